@@ -1,0 +1,352 @@
+//! Compile a `#![no_std]` Rust kernel crate to PTX from a build script.
+//!
+//! No nvcc, libNVVM or CUDA toolkit is involved: rustc's NVPTX backend emits PTX directly. The
+//! kernel crate is built as a `staticlib` with fat LTO and `--emit=asm`, which makes the emitted
+//! `.s` file the complete PTX module (`core` merged in), one module per GPU architecture.
+//!
+//! ```no_run
+//! // build.rs of a crate with its kernels in `kernels/`
+//! if let Err(e) = dlkern_builder::KernelBuilder::new("kernels")
+//!     .arch(dlkern_builder::Arch::SM80)
+//!     .arch(dlkern_builder::Arch::SM90)
+//!     .build()
+//! {
+//!     eprintln!("{e}");
+//!     std::process::exit(1);
+//! }
+//! // then, in the crate: include!(concat!(env!("OUT_DIR"), "/kernels_ptx.rs"));
+//! // which defines `pub const PTX_MODULES: &[(u32, &str)]` (sm number, PTX text).
+//! ```
+//!
+//! The kernel crate needs `crate-type = ["staticlib"]`, `panic = "abort"`, `lto = "fat"` and
+//! `codegen-units = 1` in its release profile, its own `[workspace]` table, and a
+//! `#[panic_handler]`. See `toolchain` for how the compiler is found.
+
+mod toolchain;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub use toolchain::{Toolchain, ToolchainSource, find_toolchain};
+
+/// Environment variable naming the directory for the inner kernel build (default: beside the
+/// outer cargo's target directory, so `cargo build`, `test`, `clippy` and `doc` share one copy
+/// of the compiled `core`).
+pub const TARGET_DIR_ENV: &str = "DLKERN_KERNEL_TARGET_DIR";
+
+/// A GPU architecture, by its `sm_XY` number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Arch(u32);
+
+impl Arch {
+    /// Ampere A100 (and the baseline for all sm_8x parts).
+    pub const SM80: Arch = Arch(80);
+    /// Hopper H100/H200.
+    pub const SM90: Arch = Arch(90);
+
+    /// The architecture `sm_{number}`, e.g. `Arch::new(86)`. The NVPTX backend must know it.
+    pub const fn new(number: u32) -> Arch {
+        Arch(number)
+    }
+
+    /// The `XY` of `sm_XY`.
+    pub const fn number(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sm_{}", self.0)
+    }
+}
+
+/// Why a kernel build failed. The `Display` text is meant to be shown to the user as is.
+#[derive(Debug)]
+pub enum BuildError {
+    /// No compiler that can build `core` for nvptx64 was found.
+    NoToolchain(String),
+    /// The kernel crate's manifest could not be read or has no package name.
+    BadKernelCrate(String),
+    /// The inner cargo failed; its output is attached.
+    CompileFailed { arch: Arch, command: String, output: String },
+    /// The emitted file is missing or is not a PTX module for the requested architecture.
+    BadPtx { arch: Arch, reason: String },
+    /// An I/O error around the build.
+    Io(String),
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::NoToolchain(msg) => write!(f, "dlkern-builder: {msg}"),
+            BuildError::BadKernelCrate(msg) => write!(f, "dlkern-builder: kernel crate: {msg}"),
+            BuildError::CompileFailed { arch, command, output } => {
+                write!(f, "dlkern-builder: compiling kernels for {arch} failed.\ncommand: {command}\n{output}")
+            }
+            BuildError::BadPtx { arch, reason } => write!(f, "dlkern-builder: PTX for {arch}: {reason}"),
+            BuildError::Io(msg) => write!(f, "dlkern-builder: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// One PTX module produced by [`KernelBuilder::build`].
+#[derive(Clone, Debug)]
+pub struct BuiltPtx {
+    pub arch: Arch,
+    /// Where the module was written (in the output directory).
+    pub path: PathBuf,
+}
+
+/// Builds a kernel crate to one PTX module per architecture. See the crate docs.
+#[derive(Clone, Debug)]
+pub struct KernelBuilder {
+    crate_dir: PathBuf,
+    archs: Vec<Arch>,
+    out_dir: Option<PathBuf>,
+    target_dir: Option<PathBuf>,
+    emit_cargo_directives: bool,
+}
+
+impl KernelBuilder {
+    /// A builder for the kernel crate at `crate_dir` (relative paths are taken from
+    /// `CARGO_MANIFEST_DIR`, i.e. the crate whose build script runs this).
+    pub fn new(crate_dir: impl AsRef<Path>) -> Self {
+        let dir = crate_dir.as_ref();
+        let crate_dir = if dir.is_absolute() {
+            dir.to_path_buf()
+        } else {
+            std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).unwrap_or_default().join(dir)
+        };
+        KernelBuilder { crate_dir, archs: Vec::new(), out_dir: None, target_dir: None, emit_cargo_directives: true }
+    }
+
+    /// Adds an architecture to build for.
+    pub fn arch(mut self, arch: Arch) -> Self {
+        if !self.archs.contains(&arch) {
+            self.archs.push(arch);
+        }
+        self
+    }
+
+    /// Where to write the PTX modules and `<crate>_ptx.rs` (default: `OUT_DIR`).
+    pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.out_dir = Some(dir.into());
+        self
+    }
+
+    /// Target directory of the inner build (default: see [`TARGET_DIR_ENV`]).
+    pub fn target_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.target_dir = Some(dir.into());
+        self
+    }
+
+    /// Whether to print `cargo:rerun-if-*` lines (default: yes; turn off outside build scripts).
+    pub fn cargo_directives(mut self, emit: bool) -> Self {
+        self.emit_cargo_directives = emit;
+        self
+    }
+
+    /// Compiles the kernel crate once per architecture (in parallel) and writes
+    /// `<out>/<crate>.<sm_XY>.ptx` for each, plus `<out>/<crate>_ptx.rs` defining
+    /// `PTX_MODULES: &[(u32, &str)]`, newest architecture first.
+    pub fn build(self) -> Result<Vec<BuiltPtx>, BuildError> {
+        let crate_name = package_name(&self.crate_dir)?;
+        let file_stem = crate_name.replace('-', "_");
+        if self.emit_cargo_directives {
+            // Only the kernel sources and the knobs below can change the PTX.
+            println!("cargo:rerun-if-changed={}", self.crate_dir.join("src").display());
+            println!("cargo:rerun-if-changed={}", self.crate_dir.join("Cargo.toml").display());
+            for var in [toolchain::RUSTC_ENV, toolchain::CARGO_ENV, TARGET_DIR_ENV] {
+                println!("cargo:rerun-if-env-changed={var}");
+            }
+        }
+        let out_dir = match self.out_dir.clone() {
+            Some(dir) => dir,
+            None => std::env::var_os("OUT_DIR")
+                .map(PathBuf::from)
+                .ok_or_else(|| BuildError::Io("OUT_DIR is not set; call out_dir() outside a build script".into()))?,
+        };
+        let target_root = self.inner_target_root(&out_dir).join(&file_stem);
+        if self.archs.is_empty() {
+            return Err(BuildError::BadKernelCrate("no architecture requested; call arch()".into()));
+        }
+        let toolchain = find_toolchain()?;
+
+        let this = &self;
+        let results: Vec<Result<BuiltPtx, BuildError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = this
+                .archs
+                .iter()
+                .map(|&arch| {
+                    let (toolchain, target_root, out_dir, name) = (&toolchain, &target_root, &out_dir, &crate_name);
+                    scope.spawn(move || {
+                        this.build_arch(toolchain, arch, &target_root.join(arch.to_string()), out_dir, name)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(BuildError::Io("kernel build thread panicked".into()))))
+                .collect()
+        });
+        let mut built = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        built.sort_by_key(|b| std::cmp::Reverse(b.arch));
+        write_module_table(&out_dir, &file_stem, &built)?;
+        Ok(built)
+    }
+
+    fn inner_target_root(&self, out_dir: &Path) -> PathBuf {
+        if let Some(dir) = &self.target_dir {
+            return dir.clone();
+        }
+        if let Some(dir) = std::env::var_os(TARGET_DIR_ENV) {
+            return PathBuf::from(dir);
+        }
+        // OUT_DIR is <target>[/<triple>]/<profile>/build/<pkg>-<hash>/out: share one inner
+        // target directory across profiles so `core` is compiled once per architecture.
+        out_dir
+            .ancestors()
+            .find(|p| p.file_name().is_some_and(|n| n == "build"))
+            .and_then(|build| build.parent()?.parent())
+            .map(|target| target.join("dlkern-kernels"))
+            .unwrap_or_else(|| out_dir.join("dlkern-kernels"))
+    }
+
+    fn build_arch(
+        &self,
+        toolchain: &Toolchain,
+        arch: Arch,
+        target_dir: &Path,
+        out_dir: &Path,
+        crate_name: &str,
+    ) -> Result<BuiltPtx, BuildError> {
+        let file_stem = crate_name.replace('-', "_");
+        let emitted = target_dir.join(format!("{file_stem}.ptx"));
+        let mut command = self.inner_cargo(toolchain, arch, target_dir, &emitted);
+        let mut output = run(&mut command, arch)?;
+        if !emitted.exists() {
+            // Cargo considered the crate fresh but the emitted file is gone: rebuild it.
+            let mut clean = toolchain.command(&toolchain.cargo);
+            clean.arg("clean").arg("--release").arg("--target").arg("nvptx64-nvidia-cuda");
+            clean.arg("--manifest-path").arg(self.crate_dir.join("Cargo.toml")).arg("-p").arg(crate_name);
+            clean.env("CARGO_TARGET_DIR", target_dir);
+            run(&mut clean, arch)?;
+            output = run(&mut self.inner_cargo(toolchain, arch, target_dir, &emitted), arch)?;
+        }
+        let ptx = std::fs::read_to_string(&emitted).map_err(|e| BuildError::BadPtx {
+            arch,
+            reason: format!(
+                "cannot read {} after a successful build ({e}); build output:\n{output}",
+                emitted.display()
+            ),
+        })?;
+        check_ptx(&ptx, arch)?;
+        let path = out_dir.join(format!("{file_stem}.{arch}.ptx"));
+        write_if_changed(&path, &ptx)?;
+        Ok(BuiltPtx { arch, path })
+    }
+
+    fn inner_cargo(&self, toolchain: &Toolchain, arch: Arch, target_dir: &Path, emitted: &Path) -> Command {
+        let mut command = toolchain.command(&toolchain.cargo);
+        command
+            .arg("rustc")
+            .arg("--release")
+            .arg("--manifest-path")
+            .arg(self.crate_dir.join("Cargo.toml"))
+            .arg("-Zbuild-std=core")
+            .arg("--target")
+            .arg("nvptx64-nvidia-cuda")
+            .arg("--")
+            .arg(format!("--emit=asm={}", emitted.display()));
+        // RUSTFLAGS reach `core` too, so the whole module is generated for `arch`.
+        // -JumpThreading: rustc's MIR pass can duplicate a barrier into divergent branches and
+        // hang a block (rust-lang/rust#137086).
+        let flags = [format!("-Ctarget-cpu={arch}"), "-Zmir-enable-passes=-JumpThreading".to_string()];
+        command.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"));
+        command.env("CARGO_TARGET_DIR", target_dir);
+        command
+    }
+}
+
+fn run(command: &mut Command, arch: Arch) -> Result<String, BuildError> {
+    let shown = format!("{command:?}");
+    let output = command.output().map_err(|e| BuildError::CompileFailed {
+        arch,
+        command: shown.clone(),
+        output: format!("could not start: {e}"),
+    })?;
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    if output.status.success() {
+        Ok(text)
+    } else {
+        Err(BuildError::CompileFailed { arch, command: shown, output: text })
+    }
+}
+
+/// The `name` in the `[package]` table of `<dir>/Cargo.toml`.
+fn package_name(dir: &Path) -> Result<String, BuildError> {
+    let manifest = dir.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest)
+        .map_err(|e| BuildError::BadKernelCrate(format!("cannot read {}: {e}", manifest.display())))?;
+    let mut in_package = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+        } else if in_package && let Some(value) = line.strip_prefix("name") {
+            let value = value.trim_start();
+            if let Some(value) = value.strip_prefix('=') {
+                return Ok(value.trim().trim_matches('"').to_string());
+            }
+        }
+    }
+    Err(BuildError::BadKernelCrate(format!("no [package] name in {}", manifest.display())))
+}
+
+/// A PTX module for `arch` has the matching `.target` line and at least one kernel.
+fn check_ptx(ptx: &str, arch: Arch) -> Result<(), BuildError> {
+    let target = format!(".target {arch}");
+    if !ptx.lines().any(|l| l.trim() == target) {
+        return Err(BuildError::BadPtx { arch, reason: format!("no `{target}` line") });
+    }
+    if !ptx.contains(".entry ") {
+        return Err(BuildError::BadPtx { arch, reason: "no kernel entry points (`.entry`)".into() });
+    }
+    Ok(())
+}
+
+fn write_module_table(out_dir: &Path, file_stem: &str, built: &[BuiltPtx]) -> Result<(), BuildError> {
+    let mut table = String::from("/// PTX modules built from the kernel crate: (sm number, PTX text), newest first.\n");
+    table.push_str("pub const PTX_MODULES: &[(u32, &str)] = &[\n");
+    for module in built {
+        table.push_str(&format!(
+            "    ({}, include_str!({:?})),\n",
+            module.arch.number(),
+            module.path.display().to_string()
+        ));
+    }
+    table.push_str("];\n");
+    write_if_changed(&out_dir.join(format!("{file_stem}_ptx.rs")), &table)
+}
+
+/// Writes only when the content differs, so unchanged PTX does not trigger recompiles.
+fn write_if_changed(path: &Path, content: &str) -> Result<(), BuildError> {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == content) {
+        return Ok(());
+    }
+    std::fs::write(path, content).map_err(|e| BuildError::Io(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Variables of the environment that the inner cargo may see. Everything else the outer cargo
+/// set (RUSTFLAGS, RUSTC_WRAPPER from clippy, CARGO_TARGET_DIR, the jobserver in
+/// CARGO_MAKEFLAGS, CARGO_CFG_*, profile settings) is dropped.
+pub(crate) const PASSED_ENV: &[&str] =
+    &["PATH", "HOME", "CARGO_HOME", "RUSTUP_HOME", "TMPDIR", "TMP", "TEMP", "LANG", "LC_ALL", "USER"];
+
+pub(crate) fn scrubbed_env() -> Vec<(OsString, OsString)> {
+    std::env::vars_os().filter(|(k, _)| PASSED_ENV.iter().any(|p| k == *p)).collect()
+}

@@ -1,0 +1,239 @@
+//! Devices, their primary contexts, and dlkern's kernels loaded on them.
+//!
+//! [`Device::get`] retains the device's *primary* context (the one the CUDA runtime, PyTorch
+//! and ONNX Runtime use), so dlkern's launches and theirs share one context and one address
+//! space. Each device loads dlkern's PTX module once, lazily, on first launch; function handles
+//! are cached. All of it is thread-safe.
+
+mod driver;
+pub mod ptx;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction, CUfunction_attribute, CUstream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::Ptx;
+
+pub use driver::driver_available;
+use driver::guarded;
+
+use crate::error::{DriverContext, Error, Result};
+
+/// Number of CUDA devices, or an error without a driver.
+pub fn device_count() -> Result<usize> {
+    guarded("device_count", || CudaContext::device_count().during("cuDeviceGetCount").map(|n| n.max(0) as usize))
+}
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+/// A CUDA device with dlkern's kernels: its primary context, the PTX module chosen for its
+/// architecture (loaded on first use) and a cache of function handles.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    name: String,
+    compute_capability: (i32, i32),
+    module_arch: u32,
+    module: OnceLock<Arc<CudaModule>>,
+    module_init: Mutex<()>,
+    functions: Mutex<HashMap<&'static str, Arc<CudaFunction>>>,
+    max_shared_optin: u32,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.ctx.ordinal())
+            .field("name", &self.name)
+            .field("compute_capability", &self.compute_capability)
+            .field("module_arch", &self.module_arch)
+            .finish()
+    }
+}
+
+impl Device {
+    /// The device with this ordinal, created once per process and shared.
+    ///
+    /// Errors (never panics) when there is no driver, no such device, or the GPU is older than
+    /// compute capability 8.0.
+    pub fn get(ordinal: usize) -> Result<Arc<Device>> {
+        static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
+        let devices = DEVICES.get_or_init(Default::default);
+        let mut devices = devices.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(device) = devices.get(&ordinal) {
+            return Ok(device.clone());
+        }
+        let device = Arc::new(guarded("Device::get", || Device::open(ordinal))?);
+        devices.insert(ordinal, device.clone());
+        Ok(device)
+    }
+
+    /// The device of the calling thread's current CUDA context (as ONNX Runtime or PyTorch left
+    /// it), or device 0 when no context is current.
+    pub fn current() -> Result<Arc<Device>> {
+        let ordinal = guarded("Device::current", || {
+            let ctx = cudarc::driver::result::ctx::get_current().during("cuCtxGetCurrent")?;
+            if ctx.is_none() {
+                return Ok(0);
+            }
+            let mut device = 0;
+            // SAFETY: a context is current; cuCtxGetDevice writes one CUdevice.
+            unsafe { cudarc::driver::sys::cuCtxGetDevice(&mut device) }.result().during("cuCtxGetDevice")?;
+            Ok(device.max(0) as usize)
+        })?;
+        Device::get(ordinal)
+    }
+
+    fn open(ordinal: usize) -> Result<Device> {
+        let count = CudaContext::device_count().during("cuDeviceGetCount")?.max(0) as usize;
+        if ordinal >= count {
+            return Err(Error::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).during("cuDevicePrimaryCtxRetain")?;
+        let name = ctx.name().during("cuDeviceGetName")?;
+        let (major, minor) = ctx.compute_capability().during("cuDeviceGetAttribute")?;
+        let (module_arch, _) =
+            ptx::select(major, minor).ok_or_else(|| Error::UnsupportedGpu { name: name.clone(), major, minor })?;
+        let max_shared_optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .during("cuDeviceGetAttribute")?
+            .max(0) as u32;
+        Ok(Device {
+            ctx,
+            name,
+            compute_capability: (major, minor),
+            module_arch,
+            module: OnceLock::new(),
+            module_init: Mutex::new(()),
+            functions: Mutex::new(HashMap::new()),
+            max_shared_optin,
+        })
+    }
+
+    /// The primary context (cudarc), for allocations, streams and copies.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// Marketing name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// The `sm_XY` number of the PTX module this device runs.
+    pub fn module_arch(&self) -> u32 {
+        self.module_arch
+    }
+
+    /// Largest dynamic shared memory one block may opt in to, in bytes.
+    pub fn max_shared_bytes_per_block(&self) -> u32 {
+        self.max_shared_optin
+    }
+
+    fn module(&self) -> Result<&Arc<CudaModule>> {
+        if let Some(module) = self.module.get() {
+            return Ok(module);
+        }
+        // One thread JIT-compiles the module; others wait rather than compile it again.
+        let _guard = self.module_init.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(module) = self.module.get() {
+            return Ok(module);
+        }
+        let text = ptx::module_for_arch(self.module_arch).ok_or(Error::UnsupportedGpu {
+            name: self.name.clone(),
+            major: self.compute_capability.0,
+            minor: self.compute_capability.1,
+        })?;
+        let module =
+            guarded("load PTX module", || self.ctx.load_module(Ptx::from_src(text)).during("cuModuleLoadData"))?;
+        Ok(self.module.get_or_init(|| module))
+    }
+
+    /// The handle of kernel `name`, loading the module on first use.
+    pub fn function(&self, name: &'static str) -> Result<Arc<CudaFunction>> {
+        let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(f) = functions.get(name) {
+            return Ok(f.clone());
+        }
+        let module = self.module()?;
+        let function = Arc::new(guarded("load kernel", || module.load_function(name).during("cuModuleGetFunction"))?);
+        functions.insert(name, function.clone());
+        Ok(function)
+    }
+
+    /// Checks `dims` against the device limits, raising the function's dynamic shared memory
+    /// limit when the launch needs more than the default 48 KiB.
+    fn prepare(&self, kernel: &'static str, function: &CudaFunction, dims: &LaunchDims) -> Result<()> {
+        let (bx, by, bz) = dims.block;
+        let threads = bx as u64 * by as u64 * bz as u64;
+        if threads == 0 || threads > 1024 {
+            return Err(Error::LaunchLimit { kernel, message: format!("block of {threads} threads (1..=1024)") });
+        }
+        let (gx, gy, gz) = dims.grid;
+        if gx == 0 || gy == 0 || gz == 0 || gx > i32::MAX as u32 || gy > 65535 || gz > 65535 {
+            return Err(Error::LaunchLimit { kernel, message: format!("grid {:?}", dims.grid) });
+        }
+        if dims.shared_bytes > self.max_shared_optin {
+            return Err(Error::LaunchLimit {
+                kernel,
+                message: format!(
+                    "{} bytes of shared memory, device allows {}",
+                    dims.shared_bytes, self.max_shared_optin
+                ),
+            });
+        }
+        if dims.shared_bytes > 48 * 1024 {
+            function
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dims.shared_bytes as i32,
+                )
+                .during("cuFuncSetAttribute")?;
+        }
+        Ok(())
+    }
+
+    /// Launches kernel `name` on `stream` with the given parameters.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list exactly (count, order, types), and every
+    /// pointer among them must satisfy the kernel's launch contract for the whole time the
+    /// kernel runs. `stream` must belong to this device's primary context (or be null, the
+    /// legacy default stream).
+    pub unsafe fn launch(
+        &self,
+        name: &'static str,
+        dims: LaunchDims,
+        stream: CUstream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let function = self.function(name)?;
+        self.prepare(name, &function, &dims)?;
+        let raw: CUfunction = function.cu_function();
+        guarded("launch", || {
+            self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+            // SAFETY: the caller guarantees the parameters and the stream; dims were checked.
+            unsafe {
+                cudarc::driver::result::launch_kernel(raw, dims.grid, dims.block, dims.shared_bytes, stream, params)
+            }
+            .during("cuLaunchKernel")
+        })
+    }
+}

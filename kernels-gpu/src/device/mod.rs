@@ -1,0 +1,25 @@
+//! Device support: the one module of dlkern that contains inline PTX.
+//!
+//! Every wrapper is `#[inline(always)]`, names the PTX ISA section it uses, and states its
+//! safety contract. Kernels compose these; they never write `asm!` themselves.
+//!
+//! Conventions: shared-memory addresses are 32-bit `.shared` window addresses ([`SharedAddr`]),
+//! global memory is passed as ordinary pointers (the generic address of a global allocation is
+//! its global address on NVPTX).
+
+pub mod async_copy;
+pub mod convert;
+pub mod index;
+pub mod ldmatrix;
+pub mod math;
+pub mod memory;
+pub mod mma;
+pub mod reduce;
+pub mod shared;
+pub mod sync;
+pub mod warp;
+
+pub use shared::SharedAddr;
+
+/// Threads per warp on every NVIDIA GPU dlkern supports.
+pub const WARP_SIZE: u32 = 32;

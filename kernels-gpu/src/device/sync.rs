@@ -1,0 +1,27 @@
+//! Barriers (PTX ISA §9.7.13.4 `bar`/`barrier`, §9.7.13.3 `bar.warp.sync`).
+
+use core::arch::asm;
+
+/// `bar.sync 0` (PTX ISA §9.7.13.4): block-wide barrier that also orders shared and global
+/// memory accesses of the block.
+///
+/// # Safety
+/// Every thread of the block must reach this same call (no divergent barriers), or the block
+/// hangs. Kernels are built with `-Zmir-enable-passes=-JumpThreading` so rustc does not
+/// duplicate a barrier into divergent branches (rust-lang/rust#137086).
+#[inline(always)]
+pub unsafe fn sync_threads() {
+    // SAFETY: the caller upholds the convergence contract above.
+    unsafe { asm!("bar.sync 0;", options(nostack)) };
+}
+
+/// `bar.warp.sync 0xffffffff` (PTX ISA §9.7.13.3): converges the full warp and orders its
+/// memory accesses.
+///
+/// # Safety
+/// All 32 lanes of the warp must execute this call.
+#[inline(always)]
+pub unsafe fn sync_warp() {
+    // SAFETY: the caller guarantees all lanes participate.
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
+}

@@ -1,0 +1,106 @@
+//! Element types of kernel tensors and their conversions to the f32 compute type.
+//!
+//! 16-bit floats are carried as bit patterns (`#[repr(transparent)]` over `u16`): the NVPTX
+//! backend and inline PTX know them only as b16 registers.
+
+use crate::device::convert;
+
+/// IEEE 754 binary16, as its bit pattern.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct F16(pub u16);
+
+/// bfloat16, as its bit pattern.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+/// A floating-point element that kernels load, compute on in f32, and store.
+pub trait Element: Copy {
+    /// Elements per 16-byte vector.
+    const PER_VEC: usize;
+    /// Widen to f32 (exact).
+    fn to_f32(self) -> f32;
+    /// Narrow from f32, rounding to nearest even.
+    fn from_f32(x: f32) -> Self;
+    /// Unpack a 16-byte vector into its first [`Self::PER_VEC`] lanes of `out`.
+    fn unpack_vec(v: [u32; 4], out: &mut [f32; 8]);
+    /// Pack the first [`Self::PER_VEC`] lanes of `x` into a 16-byte vector.
+    fn pack_vec(x: &[f32; 8]) -> [u32; 4];
+}
+
+impl Element for f32 {
+    const PER_VEC: usize = 4;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[inline(always)]
+    fn unpack_vec(v: [u32; 4], out: &mut [f32; 8]) {
+        for i in 0..4 {
+            out[i] = f32::from_bits(v[i]);
+        }
+    }
+    #[inline(always)]
+    fn pack_vec(x: &[f32; 8]) -> [u32; 4] {
+        [x[0].to_bits(), x[1].to_bits(), x[2].to_bits(), x[3].to_bits()]
+    }
+}
+
+impl Element for F16 {
+    const PER_VEC: usize = 8;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        convert::f16_to_f32(self.0)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        F16(convert::f32_to_f16(x))
+    }
+    #[inline(always)]
+    fn unpack_vec(v: [u32; 4], out: &mut [f32; 8]) {
+        for i in 0..4 {
+            out[2 * i] = convert::f16_to_f32(v[i] as u16);
+            out[2 * i + 1] = convert::f16_to_f32((v[i] >> 16) as u16);
+        }
+    }
+    #[inline(always)]
+    fn pack_vec(x: &[f32; 8]) -> [u32; 4] {
+        let mut v = [0u32; 4];
+        for i in 0..4 {
+            v[i] = convert::pack_f16x2(x[2 * i], x[2 * i + 1]);
+        }
+        v
+    }
+}
+
+impl Element for Bf16 {
+    const PER_VEC: usize = 8;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        convert::bf16_to_f32(self.0)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        Bf16(convert::f32_to_bf16(x))
+    }
+    #[inline(always)]
+    fn unpack_vec(v: [u32; 4], out: &mut [f32; 8]) {
+        for i in 0..4 {
+            out[2 * i] = convert::bf16_to_f32(v[i] as u16);
+            out[2 * i + 1] = convert::bf16_to_f32((v[i] >> 16) as u16);
+        }
+    }
+    #[inline(always)]
+    fn pack_vec(x: &[f32; 8]) -> [u32; 4] {
+        let mut v = [0u32; 4];
+        for i in 0..4 {
+            v[i] = convert::pack_bf16x2(x[2 * i], x[2 * i + 1]);
+        }
+        v
+    }
+}

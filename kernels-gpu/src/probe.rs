@@ -1,0 +1,167 @@
+//! Device self-test kernels: each runs one device-module primitive on data from the host, so
+//! the host test suite can check the wrappers' fragment layouts and accuracy on a real GPU
+//! against CPU references before larger kernels build on them.
+//!
+//! # Launch contract
+//! - `probe_mma_m16n8k16_{f16,bf16}`: grid `(tiles, 1, 1)`, block `(32, 1, 1)`, no dynamic
+//!   shared memory. `a`: `[tiles][16][16]` row-major; `b`: `[tiles][8][16]` (n-major, k
+//!   contiguous); `c`: `[tiles][16][8]` f32 row-major. All 16-byte aligned.
+//! - `probe_mma_m16n8k16_f16_ktrans`: as above but `b` is `[tiles][16][8]` (k-major, n
+//!   contiguous), loaded with `ldmatrix.trans`.
+//! - `probe_mma_m16n8k32_s8`: as above with `a`: `[tiles][16][32]` i8, `b`: `[tiles][8][32]`
+//!   i8, `c`: `[tiles][16][8]` i32.
+//! - `probe_fast_math_f32`: grid `(ceil(n / 256), 1, 1)`, block `(256, 1, 1)`; `x` and the
+//!   three outputs are `[n]` f32: `2^x`, `1/x`, `1/sqrt(x)`.
+
+use crate::device::async_copy::{commit_group, cp_async_16, wait_group};
+use crate::device::ldmatrix::{ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4};
+use crate::device::mma::{mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f32, mma_m16n8k32_s8_s32};
+use crate::device::{SharedAddr, index, math, sync};
+use crate::shared_array;
+
+/// A tile: 16 rows of 32 bytes. B: 8 rows of 32 bytes (or 16 rows of 16 bytes, k-major).
+const A_TILE_BYTES: usize = 512;
+const B_TILE_BYTES: usize = 256;
+
+/// Copies this tile's A and B into shared memory with `cp.async` (one 16-byte chunk per lane for
+/// A, lanes 0..16 for B) and waits for the copies of the whole warp.
+#[inline(always)]
+unsafe fn stage_tiles(a: *const u8, b: *const u8, a_tile: SharedAddr, b_tile: SharedAddr) {
+    let tile = index::block_idx_x() as usize;
+    let lane = index::lane_id();
+    // SAFETY: the launch contract sizes and aligns the tiles; the warp is converged.
+    unsafe {
+        cp_async_16(a_tile.offset(lane * 16), a.add(tile * A_TILE_BYTES + lane as usize * 16));
+        if lane < 16 {
+            cp_async_16(b_tile.offset(lane * 16), b.add(tile * B_TILE_BYTES + lane as usize * 16));
+        }
+        commit_group();
+        wait_group::<0>();
+        sync::sync_warp();
+    }
+}
+
+/// Row address lane `lane` passes to `ldmatrix.x4` for a 16-row tile with 32-byte rows:
+/// matrices 0/1 are rows 0..8/8..16 of the low 16 bytes, matrices 2/3 the high 16 bytes.
+#[inline(always)]
+fn a_fragment_row(tile: SharedAddr, lane: u32) -> SharedAddr {
+    tile.offset((lane % 16) * 32 + (lane / 16) * 16)
+}
+
+/// Row address for `ldmatrix.x2` on an 8-row, 32-byte-row (n-major) B tile.
+#[inline(always)]
+fn b_fragment_row(tile: SharedAddr, lane: u32) -> SharedAddr {
+    tile.offset((lane % 8) * 32 + ((lane / 8) % 2) * 16)
+}
+
+#[inline(always)]
+unsafe fn store_c<T: Copy>(c: *mut T, d: [T; 4]) {
+    let tile = index::block_idx_x() as usize;
+    let lane = index::lane_id() as usize;
+    let (group, tig) = (lane / 4, lane % 4);
+    // SAFETY: the launch contract sizes `c` as [tiles][16][8].
+    unsafe {
+        let base = c.add(tile * 128);
+        base.add(group * 8 + tig * 2).write(d[0]);
+        base.add(group * 8 + tig * 2 + 1).write(d[1]);
+        base.add((group + 8) * 8 + tig * 2).write(d[2]);
+        base.add((group + 8) * 8 + tig * 2 + 1).write(d[3]);
+    }
+}
+
+#[inline(always)]
+unsafe fn probe_mma_16bit<const BF16: bool, const K_MAJOR_B: bool>(a: *const u8, b: *const u8, c: *mut f32) {
+    let a_tile = shared_array!(DLKERN_PROBE_A_TILE, 512, 128);
+    let b_tile = shared_array!(DLKERN_PROBE_B_TILE, 256, 128);
+    let lane = index::lane_id();
+    // SAFETY: one converged warp per block, tiles staged before the loads.
+    unsafe {
+        stage_tiles(a, b, a_tile, b_tile);
+        let a_frag = ldmatrix_x4(a_fragment_row(a_tile, lane));
+        let b_frag = if K_MAJOR_B {
+            // k-major B: 16 rows (k) of 8 halves; lanes 0..16 address rows 0..16.
+            ldmatrix_x2_trans(b_tile.offset((lane % 16) * 16))
+        } else {
+            ldmatrix_x2(b_fragment_row(b_tile, lane))
+        };
+        let d = if BF16 {
+            mma_m16n8k16_bf16_f32([0.0; 4], a_frag, b_frag)
+        } else {
+            mma_m16n8k16_f16_f32([0.0; 4], a_frag, b_frag)
+        };
+        store_c(c, d);
+    }
+}
+
+/// f16 A x n-major B, f32 accumulate. See the module docs for the launch contract.
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn probe_mma_m16n8k16_f16(a: *const u8, b: *const u8, c: *mut f32) {
+    // SAFETY: forwarded launch contract.
+    unsafe { probe_mma_16bit::<false, false>(a, b, c) }
+}
+
+/// bf16 A x n-major B, f32 accumulate. See the module docs for the launch contract.
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn probe_mma_m16n8k16_bf16(a: *const u8, b: *const u8, c: *mut f32) {
+    // SAFETY: forwarded launch contract.
+    unsafe { probe_mma_16bit::<true, false>(a, b, c) }
+}
+
+/// f16 A x k-major B (through `ldmatrix.trans`). See the module docs for the launch contract.
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn probe_mma_m16n8k16_f16_ktrans(a: *const u8, b: *const u8, c: *mut f32) {
+    // SAFETY: forwarded launch contract.
+    unsafe { probe_mma_16bit::<false, true>(a, b, c) }
+}
+
+/// int8 A x n-major int8 B, int32 accumulate. See the module docs for the launch contract.
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn probe_mma_m16n8k32_s8(a: *const u8, b: *const u8, c: *mut i32) {
+    let a_tile = shared_array!(DLKERN_PROBE_S8_A_TILE, 512, 128);
+    let b_tile = shared_array!(DLKERN_PROBE_S8_B_TILE, 256, 128);
+    let lane = index::lane_id();
+    // SAFETY: one converged warp per block, tiles staged before the loads.
+    unsafe {
+        stage_tiles(a, b, a_tile, b_tile);
+        let a_frag = ldmatrix_x4(a_fragment_row(a_tile, lane));
+        let b_frag = ldmatrix_x2(b_fragment_row(b_tile, lane));
+        store_c(c, mma_m16n8k32_s8_s32([0; 4], a_frag, b_frag));
+    }
+}
+
+/// Elementwise `ex2.approx`, `rcp.approx`, `rsqrt.approx`. See the module docs.
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn probe_fast_math_f32(
+    x: *const f32,
+    exp2: *mut f32,
+    recip: *mut f32,
+    rsqrt: *mut f32,
+    n: u32,
+) {
+    let i = index::block_idx_x() * index::block_dim_x() + index::thread_idx_x();
+    if i < n {
+        let i = i as usize;
+        // SAFETY: i < n and the contract sizes every array as [n].
+        unsafe {
+            let v = x.add(i).read();
+            exp2.add(i).write(math::ex2_approx(v));
+            recip.add(i).write(math::rcp_approx(v));
+            rsqrt.add(i).write(math::rsqrt_approx(v));
+        }
+    }
+}

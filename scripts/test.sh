@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, then runs formatting and lint checks and every
+# CPU test (GPU tests are reported as ignored; run them on a GPU host, see README).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
+bash scripts/setup.sh
+. scripts/env.sh
+echo "== cargo fmt --check"
+$CARGO fmt --all --check
+(cd kernels-gpu && $CARGO fmt --check)
+if $CARGO clippy --version >/dev/null 2>&1; then
+  echo "== cargo clippy"
+  $CARGO clippy --workspace --all-targets -- -D warnings
+else
+  echo "== cargo clippy: not installed with this toolchain, skipped"
+fi
+echo "== cargo test"
+$CARGO test --workspace

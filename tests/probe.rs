@@ -1,0 +1,135 @@
+//! Device-module self-tests on the GPU: the `mma.sync` fragment layouts as loaded by `cp.async`
+//! and `ldmatrix` (all four variants) and the fast-math instructions, against CPU references.
+
+mod common;
+
+use common::{Rng, gpu};
+use dlkern::launch::probe::{MmaProbe, fast_math, mma};
+use dlkern::reference::matmul::{matmul_nt, matmul_nt_i8};
+use half::{bf16, f16};
+
+const TILES: usize = 7;
+
+/// f32 accumulation of 16 exact products: error bounded by k * 2^-24 * sum|a*b|.
+fn check_f32_tile(what: &str, got: &[f32], a: &[f64], b_nt: &[f64], tile: usize) {
+    let expected = matmul_nt(a, b_nt, 16, 8, 16);
+    let magnitude = matmul_nt(
+        &a.iter().map(|v| v.abs()).collect::<Vec<_>>(),
+        &b_nt.iter().map(|v| v.abs()).collect::<Vec<_>>(),
+        16,
+        8,
+        16,
+    );
+    for i in 0..128 {
+        let bound = 16.0 * f32::EPSILON as f64 * magnitude[i] + 1e-30;
+        assert!(
+            (got[i] as f64 - expected[i]).abs() <= bound,
+            "{what} tile {tile} element ({}, {}): {} vs {}",
+            i / 8,
+            i % 8,
+            got[i],
+            expected[i]
+        );
+    }
+}
+
+fn run_16bit<T: dlkern::Element>(probe: MmaProbe, seed: u64) {
+    let (device, stream) = gpu();
+    let mut rng = Rng::new(seed);
+    let a: Vec<T> = rng.vec(TILES * 256, -2.0, 2.0);
+    let b: Vec<T> = rng.vec(TILES * 128, -2.0, 2.0);
+    let a_dev = stream.clone_htod(&a).unwrap();
+    let b_dev = stream.clone_htod(&b).unwrap();
+    let mut c_dev = stream.clone_htod(&vec![f32::NAN; TILES * 128]).unwrap();
+    mma(&device, &stream, probe, &a_dev, &b_dev, &mut c_dev, TILES).unwrap();
+    let c: Vec<f32> = stream.clone_dtoh(&c_dev).unwrap();
+    for t in 0..TILES {
+        let a64: Vec<f64> = a[t * 256..(t + 1) * 256].iter().map(|v| v.to_f64()).collect();
+        let b_tile: Vec<f64> = b[t * 128..(t + 1) * 128].iter().map(|v| v.to_f64()).collect();
+        // B is n-major [8][16], or k-major [16][8] for the ldmatrix.trans probe.
+        let b_nt: Vec<f64> = if probe == MmaProbe::F16KMajorB {
+            (0..8).flat_map(|n| (0..16).map(move |k| (n, k))).map(|(n, k)| b_tile[k * 8 + n]).collect()
+        } else {
+            b_tile
+        };
+        check_f32_tile(&format!("{probe:?}"), &c[t * 128..(t + 1) * 128], &a64, &b_nt, t);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mma_f16_matches_reference() {
+    run_16bit::<f16>(MmaProbe::F16, 1);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mma_bf16_matches_reference() {
+    run_16bit::<bf16>(MmaProbe::Bf16, 2);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mma_f16_with_k_major_b_matches_reference() {
+    run_16bit::<f16>(MmaProbe::F16KMajorB, 3);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mma_s8_is_exact_including_extremes() {
+    let (device, stream) = gpu();
+    let mut rng = Rng::new(4);
+    let mut a = rng.vec_i8(TILES * 512);
+    let mut b = rng.vec_i8(TILES * 256);
+    // Tile 0 at the extremes: every product is (-128)*(-128), the largest int8 product.
+    a[..512].fill(-128);
+    b[..256].fill(-128);
+    let a_dev = stream.clone_htod(&a).unwrap();
+    let b_dev = stream.clone_htod(&b).unwrap();
+    let mut c_dev = stream.clone_htod(&vec![i32::MIN; TILES * 128]).unwrap();
+    mma(&device, &stream, MmaProbe::S8, &a_dev, &b_dev, &mut c_dev, TILES).unwrap();
+    let c: Vec<i32> = stream.clone_dtoh(&c_dev).unwrap();
+    for t in 0..TILES {
+        let expected = matmul_nt_i8(&a[t * 512..(t + 1) * 512], &b[t * 256..(t + 1) * 256], 16, 8, 32);
+        let got: Vec<i64> = c[t * 128..(t + 1) * 128].iter().map(|&v| v as i64).collect();
+        assert_eq!(got, expected, "tile {t}");
+    }
+    assert_eq!(c[0], 32 * 128 * 128);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mma_probe_rejects_wrong_element_sizes() {
+    let (device, stream) = gpu();
+    let a = stream.alloc_zeros::<f32>(256).unwrap();
+    let mut c = stream.alloc_zeros::<f32>(128).unwrap();
+    let err = mma(&device, &stream, MmaProbe::F16, &a, &a, &mut c, 1).unwrap_err();
+    assert!(err.to_string().contains("2-byte inputs"), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fast_math_is_within_its_documented_error() {
+    let (device, stream) = gpu();
+    let mut rng = Rng::new(9);
+    let x: Vec<f32> = (0..10_000).map(|_| rng.uniform(-20.0, 20.0) as f32).filter(|v| v.abs() > 1e-3).collect();
+    let positive: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+    let x_dev = stream.clone_htod(&x).unwrap();
+    let p_dev = stream.clone_htod(&positive).unwrap();
+    let n = x.len();
+    let mut e = stream.alloc_zeros::<f32>(n).unwrap();
+    let mut r = stream.alloc_zeros::<f32>(n).unwrap();
+    let mut s = stream.alloc_zeros::<f32>(n).unwrap();
+    fast_math(&device, &stream, &x_dev, &mut e, &mut r, &mut s).unwrap();
+    let (exp2, recip) = (stream.clone_dtoh(&e).unwrap(), stream.clone_dtoh(&r).unwrap());
+    fast_math(&device, &stream, &p_dev, &mut e, &mut r, &mut s).unwrap();
+    let rsqrt = stream.clone_dtoh(&s).unwrap();
+    let rel = |got: f32, want: f64| ((got as f64 - want) / want).abs();
+    for i in 0..n {
+        let v = x[i] as f64;
+        assert!(rel(exp2[i], v.exp2()) < 2f64.powi(-21), "ex2({v}) = {}", exp2[i]);
+        assert!(rel(recip[i], 1.0 / v) < 2f64.powi(-22), "rcp({v}) = {}", recip[i]);
+        let p = positive[i] as f64;
+        assert!(rel(rsqrt[i], 1.0 / p.sqrt()) < 2f64.powi(-21), "rsqrt({p}) = {}", rsqrt[i]);
+    }
+}

@@ -1,0 +1,109 @@
+//! The PTX that build.rs embeds: right targets, the instructions the kernels are meant to use,
+//! and a clean assembly by `ptxas` (from the PyPI package `nvidia-cuda-nvcc`) with no spills.
+
+mod common;
+
+use dlkern::runtime::ptx;
+
+/// Every kernel the host launches by name.
+const ENTRY_POINTS: &[&str] = &[
+    "rmsnorm_vec_f32",
+    "rmsnorm_vec_f16",
+    "rmsnorm_vec_bf16",
+    "rmsnorm_scalar_f32",
+    "rmsnorm_scalar_f16",
+    "rmsnorm_scalar_bf16",
+    "probe_mma_m16n8k16_f16",
+    "probe_mma_m16n8k16_bf16",
+    "probe_mma_m16n8k16_f16_ktrans",
+    "probe_mma_m16n8k32_s8",
+    "probe_fast_math_f32",
+];
+
+#[test]
+fn ships_sm80_and_sm90() {
+    let archs: Vec<u32> = ptx::architectures().collect();
+    assert_eq!(archs, vec![90, 80]);
+}
+
+#[test]
+fn each_module_targets_its_architecture_and_has_every_entry_point() {
+    for sm in ptx::architectures() {
+        let text = ptx::module_for_arch(sm).unwrap();
+        assert!(text.lines().any(|l| l.trim() == format!(".target sm_{sm}")), "sm_{sm}: .target line");
+        for entry in ENTRY_POINTS {
+            assert!(text.contains(&format!(".visible .entry {entry}(")), "sm_{sm}: missing entry {entry}");
+        }
+    }
+}
+
+#[test]
+fn kernels_use_the_intended_instructions() {
+    let expected = [
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+        "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+        "cp.async.cg.shared.global",
+        "cp.async.wait_group 0",
+        "ex2.approx.ftz.f32",
+        "rsqrt.approx.ftz.f32",
+        "ld.global.nc.v4.u32",
+        "st.global.v4.u32",
+        "shfl.sync.bfly.b32",
+        "cvt.rn.bf16x2.f32",
+    ];
+    for sm in ptx::architectures() {
+        let text = ptx::module_for_arch(sm).unwrap();
+        for instruction in expected {
+            assert!(text.contains(instruction), "sm_{sm}: no `{instruction}` in the PTX");
+        }
+        // A panic path compiled into a kernel would show up as a trap: the kernels have none.
+        assert!(!text.contains("trap;"), "sm_{sm}: a kernel contains a panic path (trap)");
+    }
+}
+
+#[test]
+fn module_selection_follows_compute_capability() {
+    assert_eq!(ptx::select(9, 0).map(|m| m.0), Some(90));
+    assert_eq!(ptx::select(8, 0).map(|m| m.0), Some(80));
+    assert_eq!(ptx::select(8, 6).map(|m| m.0), Some(80));
+    assert_eq!(ptx::select(8, 9).map(|m| m.0), Some(80));
+    assert_eq!(ptx::select(10, 0).map(|m| m.0), Some(90), "newer GPUs JIT the newest PTX");
+    assert_eq!(ptx::select(12, 0).map(|m| m.0), Some(90));
+    assert_eq!(ptx::select(7, 5), None, "Turing is older than every module");
+}
+
+#[test]
+fn ptxas_assembles_every_module_without_spills() {
+    let ptxas = common::find_ptxas()
+        .expect("ptxas not found: `pip install nvidia-cuda-nvcc` (the test scripts do) or set DLKERN_PTXAS");
+    let dir = std::env::temp_dir().join(format!("dlkern-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for sm in ptx::architectures() {
+        let src = dir.join(format!("dlkern.sm_{sm}.ptx"));
+        std::fs::write(&src, ptx::module_for_arch(sm).unwrap()).unwrap();
+        let out = std::process::Command::new(&ptxas)
+            .arg(format!("-arch=sm_{sm}"))
+            .arg("-v")
+            .arg("--warning-as-error")
+            .arg(&src)
+            .arg("-o")
+            .arg(dir.join(format!("dlkern.sm_{sm}.cubin")))
+            .output()
+            .expect("run ptxas");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "ptxas -arch=sm_{sm} failed:\n{log}");
+        let entries = log.matches("Compiling entry function").count();
+        assert_eq!(entries, ENTRY_POINTS.len(), "sm_{sm}: ptxas compiled {entries} entries:\n{log}");
+        for line in log.lines().filter(|l| l.contains("spill")) {
+            assert!(line.contains(" 0 bytes spill stores, 0 bytes spill loads"), "sm_{sm}: spills: {line}\n{log}");
+        }
+        assert!(
+            !log.contains("bytes stack frame") || log.matches(" 0 bytes stack frame").count() == entries,
+            "sm_{sm}: a kernel uses a stack frame (local memory):\n{log}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
