@@ -11,12 +11,14 @@ pub enum DType {
     I8,
     U8,
     I32,
+    I64,
 }
 
 impl DType {
     /// Size of one element in bytes.
     pub const fn size_bytes(self) -> usize {
         match self {
+            DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I8 | DType::U8 => 1,
@@ -32,6 +34,7 @@ impl DType {
             DType::I8 => "i8",
             DType::U8 => "u8",
             DType::I32 => "i32",
+            DType::I64 => "i64",
         }
     }
 }

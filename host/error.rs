@@ -29,9 +29,29 @@ pub enum Error {
     /// null pointer, overlap). The message names the kernel and the argument.
     #[error("{kernel}: {message}")]
     InvalidArgument { kernel: &'static str, message: String },
+    /// A DLPack tensor is malformed or not what the kernel accepts. The message says which
+    /// property and what was expected.
+    #[error("tensor '{name}': {message}")]
+    InvalidTensor { name: String, message: String },
+    /// No kernel is registered under this name.
+    #[error("no kernel named '{name}' is registered{}", suggestions_text(.suggestions))]
+    UnknownKernel { name: String, suggestions: Vec<String> },
+    /// A kernel is already registered under this name (register with `replace` to swap it).
+    #[error("a kernel named '{0}' is already registered (pass replace to swap it)")]
+    DuplicateKernel(String),
+    /// A kernel (built-in or user-registered) reported a failure.
+    #[error("kernel '{name}' failed: {message}")]
+    KernelFailed { name: String, message: String },
+    /// A plug-in library could not be loaded or registered nothing.
+    #[error("plug-in '{path}': {message}")]
+    Plugin { path: String, message: String },
     /// The launch needs more than the device offers (block size, shared memory).
     #[error("{kernel}: launch exceeds device limits: {message}")]
     LaunchLimit { kernel: &'static str, message: String },
+}
+
+fn suggestions_text(suggestions: &[String]) -> String {
+    if suggestions.is_empty() { String::new() } else { format!("; did you mean {}?", suggestions.join(", ")) }
 }
 
 impl Error {

@@ -25,10 +25,13 @@
 //! # Ok(()) }
 //! ```
 
+pub mod capi;
+pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod launch;
 pub mod reference;
+pub mod registry;
 pub mod runtime;
 
 pub use dtype::{DType, Element};

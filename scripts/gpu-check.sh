@@ -9,6 +9,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 status=0
 bash "$here/run-tests.sh" 2>&1 | tee "$out/gpu-tests.log" | grep -E "^(=== |test result)|FAILED|panicked" || true
 grep -q "FAILED\|panicked" "$out/gpu-tests.log" && status=1
+echo "=== python: PyTorch over DLPack, nvcc plug-in"
+root=$(cd "$here/.." && pwd)
+(cd "$root" && DLKERN_LIB="$here/lib/libdlkern.so" python3 -m pytest -q -p no:cacheprovider tests/python 2>&1) \
+  | tee "$out/python-tests.log" | tail -3
+grep -qE "[0-9]+ passed" "$out/python-tests.log" && ! grep -qE "[0-9]+ (failed|error)" "$out/python-tests.log" || status=1
 filter=${1:-gpu_}
 for tool in memcheck racecheck; do
   for t in "$here"/tests/rmsnorm-* "$here"/tests/probe-*; do

@@ -1,0 +1,268 @@
+//! The C ABI of `libdlkern.so`, declared in `include/dlkern.h` (read it for the ownership,
+//! lifetime and threading rules).
+//!
+//! Every exported function catches panics and returns an error code; the message of the last
+//! failure on the calling thread is available from `dlkern_last_error`.
+
+use std::cell::RefCell;
+use std::ffi::{CString, c_char, c_void};
+
+use crate::dlpack::DLTensor;
+use crate::error::Error;
+use crate::registry::{self, Attributes, CAttr, CComputeFn, CInferFn, Compute, Infer, KernelDef, UserData};
+
+/// Return codes (`DLKERN_OK`, ... in the header).
+pub const OK: i32 = 0;
+pub const ERR_INVALID_ARGUMENT: i32 = 1;
+pub const ERR_UNKNOWN_KERNEL: i32 = 2;
+pub const ERR_DUPLICATE_KERNEL: i32 = 3;
+pub const ERR_KERNEL_FAILED: i32 = 4;
+pub const ERR_CUDA: i32 = 5;
+pub const ERR_PLUGIN: i32 = 6;
+pub const ERR_INTERNAL: i32 = 7;
+pub const ERR_BUFFER_TOO_SMALL: i32 = 8;
+
+/// `dlkern_kernel_def` from `include/dlkern.h`.
+#[repr(C)]
+pub struct KernelDefC {
+    pub struct_size: u32,
+    pub name: *const c_char,
+    pub compute: Option<CComputeFn>,
+    pub infer: Option<CInferFn>,
+    pub device_mask: u32,
+    pub num_outputs: i32,
+    pub user_data: *mut c_void,
+    pub destroy: Option<unsafe extern "C" fn(*mut c_void)>,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(message: &str) {
+    let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn code_of(error: &Error) -> i32 {
+    match error {
+        Error::InvalidArgument { .. } | Error::InvalidTensor { .. } | Error::LaunchLimit { .. } => ERR_INVALID_ARGUMENT,
+        Error::UnknownKernel { .. } => ERR_UNKNOWN_KERNEL,
+        Error::DuplicateKernel(_) => ERR_DUPLICATE_KERNEL,
+        Error::KernelFailed { .. } => ERR_KERNEL_FAILED,
+        Error::NoDriver(_) | Error::NoDevice { .. } | Error::UnsupportedGpu { .. } | Error::Driver { .. } => ERR_CUDA,
+        Error::Plugin { .. } => ERR_PLUGIN,
+    }
+}
+
+/// Runs an exported function's body: errors and panics become a code and the thread's last
+/// error message. Success clears the message.
+fn guard(what: &str, body: impl FnOnce() -> Result<i32, Error>) -> i32 {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(Ok(code)) => {
+            set_last_error("");
+            code
+        }
+        Ok(Err(error)) => {
+            set_last_error(&error.to_string());
+            code_of(&error)
+        }
+        Err(_) => {
+            set_last_error(&format!("{what}: internal error (panic caught at the C boundary)"));
+            ERR_INTERNAL
+        }
+    }
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::invalid("dlkern C API", message)
+}
+
+/// # Safety
+/// `p` must be null or NUL-terminated.
+unsafe fn name_arg(p: *const c_char, what: &str) -> Result<String, Error> {
+    // SAFETY: forwarded.
+    unsafe { crate::registry::c_string(p) }.ok_or_else(|| invalid(format!("{what} is null or not UTF-8")))
+}
+
+/// # Safety
+/// `tensors` must be null with `n` 0, or point to `n` DLTensors.
+unsafe fn tensor_slice<'a>(tensors: *mut DLTensor, n: i32, what: &str) -> Result<&'a mut [DLTensor], Error> {
+    if !(0..=4096).contains(&n) {
+        return Err(invalid(format!("{what}: count {n} out of range")));
+    }
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    if tensors.is_null() {
+        return Err(invalid(format!("{what} is null with count {n}")));
+    }
+    // SAFETY: the caller guarantees n elements.
+    Ok(unsafe { std::slice::from_raw_parts_mut(tensors, n as usize) })
+}
+
+/// `int32_t dlkern_abi_version(void)`
+#[unsafe(no_mangle)]
+pub extern "C" fn dlkern_abi_version() -> i32 {
+    registry::ABI_VERSION as i32
+}
+
+/// `const char* dlkern_last_error(void)`: the message of the calling thread's last failed call
+/// ("" after a success). Valid until the thread's next dlkern call.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlkern_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// `int32_t dlkern_register_kernel(const dlkern_kernel_def* def, int32_t replace)`
+///
+/// # Safety
+/// As documented in `include/dlkern.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlkern_register_kernel(def: *const KernelDefC, replace: i32) -> i32 {
+    guard("dlkern_register_kernel", || {
+        // SAFETY: the caller passes a valid definition or null.
+        let def = unsafe { def.as_ref() }.ok_or_else(|| invalid("def is null"))?;
+        if (def.struct_size as usize) < size_of::<KernelDefC>() {
+            return Err(invalid(format!(
+                "def.struct_size = {} (expected {}; set it to sizeof(dlkern_kernel_def))",
+                def.struct_size,
+                size_of::<KernelDefC>()
+            )));
+        }
+        // SAFETY: NUL-terminated by contract.
+        let name = unsafe { name_arg(def.name, "def.name") }?;
+        let compute = def.compute.ok_or_else(|| invalid(format!("kernel '{name}': compute is null")))?;
+        let num_outputs = match def.num_outputs {
+            -1 => None,
+            n if n >= 0 => Some(n as usize),
+            n => return Err(invalid(format!("kernel '{name}': num_outputs = {n} (use -1 for any)"))),
+        };
+        let kernel = KernelDef {
+            name,
+            compute: Compute::C(compute),
+            infer: def.infer.map_or(Infer::None, Infer::C),
+            device_mask: def.device_mask,
+            num_outputs,
+            user_data: Some(UserData { ptr: def.user_data, destroy: def.destroy }),
+        };
+        registry::register(kernel, replace != 0).map(|()| OK)
+    })
+}
+
+/// `int32_t dlkern_unregister_kernel(const char* name)`
+///
+/// # Safety
+/// `name` must be null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlkern_unregister_kernel(name: *const c_char) -> i32 {
+    guard("dlkern_unregister_kernel", || {
+        // SAFETY: forwarded.
+        let name = unsafe { name_arg(name, "name") }?;
+        registry::unregister(&name).map(|()| OK)
+    })
+}
+
+/// `int64_t dlkern_list_kernels(char* buf, size_t len)`: writes the registered names, one per
+/// line, NUL-terminated, when they fit; returns the bytes needed (including the NUL), or a
+/// negative error code.
+///
+/// # Safety
+/// `buf` must be null (with `len` 0) or writable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlkern_list_kernels(buf: *mut c_char, len: usize) -> i64 {
+    let mut needed = 0i64;
+    let code = guard("dlkern_list_kernels", || {
+        let text = registry::names().join("\n");
+        needed = text.len() as i64 + 1;
+        if !buf.is_null() && len > text.len() {
+            // SAFETY: len bytes are writable by contract.
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+                *buf.add(text.len()) = 0;
+            }
+        }
+        Ok(OK)
+    });
+    if code == OK { needed } else { -(code as i64) }
+}
+
+/// `int32_t dlkern_call(name, tensors, num_inputs, num_outputs, stream, attrs, num_attrs)`
+///
+/// # Safety
+/// As documented in `include/dlkern.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlkern_call(
+    name: *const c_char,
+    tensors: *mut DLTensor,
+    num_inputs: i32,
+    num_outputs: i32,
+    stream: *mut c_void,
+    attrs: *const CAttr,
+    num_attrs: i32,
+) -> i32 {
+    guard("dlkern_call", || {
+        // SAFETY: the header's contract for every argument.
+        unsafe {
+            let name = name_arg(name, "name")?;
+            if num_inputs < 0 || num_outputs < 0 {
+                return Err(invalid(format!("negative tensor count ({num_inputs} inputs, {num_outputs} outputs)")));
+            }
+            let tensors = tensor_slice(tensors, num_inputs.saturating_add(num_outputs), "tensors")?;
+            let attrs = Attributes::from_c(attrs, num_attrs)?;
+            registry::call(&name, tensors, num_inputs as usize, stream, &attrs).map(|()| OK)
+        }
+    })
+}
+
+/// `int32_t dlkern_infer(name, inputs, num_inputs, outputs, num_outputs, attrs, num_attrs)`:
+/// fills each output's `ndim`, `dtype` and `shape` (the caller points `shape` at
+/// `DLKERN_MAX_NDIM` int64s).
+///
+/// # Safety
+/// As documented in `include/dlkern.h`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlkern_infer(
+    name: *const c_char,
+    inputs: *const DLTensor,
+    num_inputs: i32,
+    outputs: *mut DLTensor,
+    num_outputs: i32,
+    attrs: *const CAttr,
+    num_attrs: i32,
+) -> i32 {
+    guard("dlkern_infer", || {
+        // SAFETY: the header's contract for every argument.
+        unsafe {
+            let name = name_arg(name, "name")?;
+            let inputs = tensor_slice(inputs.cast_mut(), num_inputs, "inputs")?;
+            let outputs = tensor_slice(outputs, num_outputs, "outputs")?;
+            let attrs = Attributes::from_c(attrs, num_attrs)?;
+            let specs = registry::infer(&name, inputs, outputs.len(), &attrs)?;
+            for (i, (out, spec)) in outputs.iter_mut().zip(specs).enumerate() {
+                if out.shape.is_null() {
+                    return Err(invalid(format!("outputs[{i}].shape is null; point it at DLKERN_MAX_NDIM int64s")));
+                }
+                std::ptr::copy_nonoverlapping(spec.shape.as_ptr(), out.shape, spec.shape.len());
+                out.ndim = spec.shape.len() as i32;
+                out.dtype = crate::dlpack::dtype_to_dl(spec.dtype);
+            }
+            Ok(OK)
+        }
+    })
+}
+
+/// `int32_t dlkern_load_plugin(const char* path)`
+///
+/// # Safety
+/// `path` must be null or NUL-terminated and name a trusted library (its initializers run).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlkern_load_plugin(path: *const c_char) -> i32 {
+    guard("dlkern_load_plugin", || {
+        // SAFETY: forwarded; trust is the caller's decision.
+        unsafe {
+            let path = name_arg(path, "path")?;
+            registry::load_plugin(&path).map(|()| OK)
+        }
+    })
+}

@@ -1,0 +1,257 @@
+//! Kernel attributes: named ints, floats, strings and lists, as ONNX node attributes carry
+//! them, with typed getters whose errors name the attribute.
+
+use std::ffi::{CStr, c_char};
+
+use crate::error::{Error, Result};
+
+/// One attribute value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    Int(i64),
+    Float(f64),
+    String(String),
+    Ints(Vec<i64>),
+    Floats(Vec<f64>),
+}
+
+impl AttrValue {
+    fn kind(&self) -> &'static str {
+        match self {
+            AttrValue::Int(_) => "int",
+            AttrValue::Float(_) => "float",
+            AttrValue::String(_) => "string",
+            AttrValue::Ints(_) => "ints",
+            AttrValue::Floats(_) => "floats",
+        }
+    }
+}
+
+/// The attributes of one call, in order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Attributes {
+    items: Vec<(String, AttrValue)>,
+}
+
+impl Attributes {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) an attribute; builder style.
+    pub fn with(mut self, name: impl Into<String>, value: AttrValue) -> Self {
+        self.set(name, value);
+        self
+    }
+
+    /// Adds or replaces an attribute.
+    pub fn set(&mut self, name: impl Into<String>, value: AttrValue) {
+        let name = name.into();
+        match self.items.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.items.push((name, value)),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&AttrValue> {
+        self.items.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &AttrValue)> {
+        self.items.iter().map(|(n, v)| (n.as_str(), v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    fn wrong(name: &str, want: &str, got: &AttrValue) -> Error {
+        Error::InvalidArgument {
+            kernel: "attributes",
+            message: format!("attribute '{name}' is {} (expected {want})", got.kind()),
+        }
+    }
+
+    /// Integer attribute, or `None` when absent.
+    pub fn int(&self, name: &str) -> Result<Option<i64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(AttrValue::Int(v)) => Ok(Some(*v)),
+            Some(other) => Err(Self::wrong(name, "int", other)),
+        }
+    }
+
+    /// Float attribute (an int is accepted and widened), or `None` when absent.
+    pub fn float(&self, name: &str) -> Result<Option<f64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(AttrValue::Float(v)) => Ok(Some(*v)),
+            Some(AttrValue::Int(v)) => Ok(Some(*v as f64)),
+            Some(other) => Err(Self::wrong(name, "float", other)),
+        }
+    }
+
+    /// String attribute, or `None` when absent.
+    pub fn string(&self, name: &str) -> Result<Option<&str>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(AttrValue::String(v)) => Ok(Some(v)),
+            Some(other) => Err(Self::wrong(name, "string", other)),
+        }
+    }
+
+    /// Integer attribute that must be present.
+    pub fn require_int(&self, name: &str) -> Result<i64> {
+        self.int(name)?.ok_or_else(|| Self::missing(name))
+    }
+
+    fn missing(name: &str) -> Error {
+        Error::InvalidArgument { kernel: "attributes", message: format!("required attribute '{name}' is missing") }
+    }
+
+    /// Converts C attributes (see `include/dlkern.h`).
+    ///
+    /// # Safety
+    /// `attrs` must be null (with `count` 0) or point to `count` valid `dlkern_attr`s whose
+    /// strings are NUL-terminated and whose arrays hold `count` elements.
+    pub unsafe fn from_c(attrs: *const CAttr, count: i32) -> Result<Self> {
+        let bad = |message: String| Error::InvalidArgument { kernel: "attributes", message };
+        if count < 0 || (count > 0 && attrs.is_null()) {
+            return Err(bad(format!("{count} attributes at {attrs:?}")));
+        }
+        let mut out = Attributes::new();
+        for i in 0..count as usize {
+            // SAFETY: the caller guarantees count valid elements.
+            let a = unsafe { &*attrs.add(i) };
+            // SAFETY: the caller guarantees NUL-terminated strings.
+            let name = unsafe { c_string(a.name) }.ok_or_else(|| bad(format!("attribute {i} has no valid name")))?;
+            let list_len = |n: i64| -> Result<usize> {
+                if !(0..=(1 << 24)).contains(&n) {
+                    Err(bad(format!("attribute '{name}' has count {n}")))
+                } else {
+                    Ok(n as usize)
+                }
+            };
+            let value = match a.kind {
+                ATTR_INT => AttrValue::Int(a.i),
+                ATTR_FLOAT => AttrValue::Float(a.f),
+                ATTR_STRING => AttrValue::String(
+                    // SAFETY: as above.
+                    unsafe { c_string(a.s) }.ok_or_else(|| bad(format!("attribute '{name}' has no valid string")))?,
+                ),
+                ATTR_INTS | ATTR_FLOATS => {
+                    let n = list_len(a.count)?;
+                    let null = if a.kind == ATTR_INTS { a.ints.is_null() } else { a.floats.is_null() };
+                    if n > 0 && null {
+                        return Err(bad(format!("attribute '{name}' has a null array")));
+                    }
+                    // SAFETY: non-null with n elements by the caller's contract.
+                    unsafe {
+                        if a.kind == ATTR_INTS {
+                            AttrValue::Ints(if n == 0 {
+                                vec![]
+                            } else {
+                                std::slice::from_raw_parts(a.ints, n).to_vec()
+                            })
+                        } else {
+                            AttrValue::Floats(if n == 0 {
+                                vec![]
+                            } else {
+                                std::slice::from_raw_parts(a.floats, n).to_vec()
+                            })
+                        }
+                    }
+                }
+                other => return Err(bad(format!("attribute '{name}' has unknown kind {other}"))),
+            };
+            out.set(name, value);
+        }
+        Ok(out)
+    }
+}
+
+/// `dlkern_attr` kinds.
+pub const ATTR_INT: i32 = 0;
+pub const ATTR_FLOAT: i32 = 1;
+pub const ATTR_STRING: i32 = 2;
+pub const ATTR_INTS: i32 = 3;
+pub const ATTR_FLOATS: i32 = 4;
+
+/// `dlkern_attr` from `include/dlkern.h`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CAttr {
+    pub name: *const c_char,
+    pub kind: i32,
+    pub i: i64,
+    pub f: f64,
+    pub s: *const c_char,
+    pub ints: *const i64,
+    pub floats: *const f64,
+    pub count: i64,
+}
+
+/// Attributes laid out for a C kernel: the `CAttr` array and the storage it points into.
+pub(crate) struct CAttrs<'a> {
+    _source: std::marker::PhantomData<&'a Attributes>,
+    _names: Vec<std::ffi::CString>,
+    _strings: Vec<std::ffi::CString>,
+    pub attrs: Vec<CAttr>,
+}
+
+impl<'a> CAttrs<'a> {
+    pub(crate) fn new(attrs: &'a Attributes) -> Self {
+        let names: Vec<std::ffi::CString> =
+            attrs.items.iter().map(|(n, _)| std::ffi::CString::new(n.replace('\0', "")).unwrap_or_default()).collect();
+        let strings: Vec<std::ffi::CString> = attrs
+            .items
+            .iter()
+            .map(|(_, v)| match v {
+                AttrValue::String(s) => std::ffi::CString::new(s.replace('\0', "")).unwrap_or_default(),
+                _ => std::ffi::CString::default(),
+            })
+            .collect();
+        let c = attrs
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, (_, v))| {
+                let mut a = CAttr {
+                    name: names[i].as_ptr(),
+                    kind: ATTR_INT,
+                    i: 0,
+                    f: 0.0,
+                    s: std::ptr::null(),
+                    ints: std::ptr::null(),
+                    floats: std::ptr::null(),
+                    count: 0,
+                };
+                match v {
+                    AttrValue::Int(x) => a.i = *x,
+                    AttrValue::Float(x) => (a.kind, a.f) = (ATTR_FLOAT, *x),
+                    AttrValue::String(_) => (a.kind, a.s) = (ATTR_STRING, strings[i].as_ptr()),
+                    AttrValue::Ints(x) => (a.kind, a.ints, a.count) = (ATTR_INTS, x.as_ptr(), x.len() as i64),
+                    AttrValue::Floats(x) => (a.kind, a.floats, a.count) = (ATTR_FLOATS, x.as_ptr(), x.len() as i64),
+                }
+                a
+            })
+            .collect();
+        CAttrs { _source: std::marker::PhantomData, _names: names, _strings: strings, attrs: c }
+    }
+}
+
+/// A NUL-terminated UTF-8 string, or `None` for null/invalid UTF-8.
+///
+/// # Safety
+/// `p` must be null or a NUL-terminated string.
+pub(crate) unsafe fn c_string(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(p) }.to_str().ok().map(str::to_owned)
+}

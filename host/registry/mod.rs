@@ -1,0 +1,482 @@
+//! The kernel registry: kernel name -> compute function, output inference, accepted devices and
+//! user data. Built-in kernels are registered under stable names (`dlkern.rmsnorm`, ...); users
+//! add their own from Rust ([`register`]) or C (`dlkern_register_kernel`, plug-ins).
+//!
+//! Thread safety: every function here may be called from any thread at any time. A call holds
+//! its own reference to the entry, so unregistering or replacing a kernel while it runs is
+//! safe: the running call finishes with the old entry, and the old entry's `destroy(user_data)`
+//! runs when the last such call returns.
+
+mod attributes;
+pub mod builtin;
+mod plugin;
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, c_char, c_void};
+use std::sync::{Arc, LazyLock, RwLock};
+
+pub(crate) use attributes::c_string;
+pub use attributes::{ATTR_FLOAT, ATTR_FLOATS, ATTR_INT, ATTR_INTS, ATTR_STRING, AttrValue, Attributes, CAttr};
+pub use plugin::{ABI_VERSION, PluginApi, load_plugin};
+
+use crate::dlpack::{DLTensor, MAX_NDIM, TensorView, dtype_from_dl, dtype_to_dl};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// A CUDA stream handle as C sees it (`CUstream`/`cudaStream_t`); null is the legacy default
+/// stream. Ignored by CPU kernels.
+pub type StreamHandle = *mut c_void;
+
+/// The arguments of one call: tensors (inputs, then outputs), the stream and the attributes.
+pub struct KernelArgs<'a> {
+    /// The name the kernel was called by (one function may serve several names).
+    pub function_name: &'a str,
+    tensors: &'a [DLTensor],
+    num_inputs: usize,
+    /// CUDA stream to launch on (for CUDA tensors).
+    pub stream: StreamHandle,
+    pub attrs: &'a Attributes,
+}
+
+impl<'a> KernelArgs<'a> {
+    pub fn num_inputs(&self) -> usize {
+        self.num_inputs
+    }
+    pub fn num_outputs(&self) -> usize {
+        self.tensors.len() - self.num_inputs
+    }
+    /// Errors unless the call has exactly these counts.
+    pub fn expect_counts(&self, inputs: usize, outputs: usize) -> Result<()> {
+        if self.num_inputs() == inputs && self.num_outputs() == outputs {
+            Ok(())
+        } else {
+            Err(Error::KernelFailed {
+                name: self.function_name.to_string(),
+                message: format!(
+                    "called with {} inputs and {} outputs (expected {inputs} and {outputs})",
+                    self.num_inputs(),
+                    self.num_outputs()
+                ),
+            })
+        }
+    }
+    /// Input `i`, validated, named `name` in errors.
+    pub fn input(&self, i: usize, name: &'a str) -> Result<TensorView<'a>> {
+        let t = self.tensors[..self.num_inputs].get(i).ok_or_else(|| self.missing("input", i))?;
+        // SAFETY: the registry's callers guarantee the DLTensors' shape/stride arrays are valid.
+        unsafe { TensorView::from_raw(name, t) }
+    }
+    /// Output `i`, validated, named `name` in errors.
+    pub fn output(&self, i: usize, name: &'a str) -> Result<TensorView<'a>> {
+        let t = self.tensors[self.num_inputs..].get(i).ok_or_else(|| self.missing("output", i))?;
+        // SAFETY: as `input`.
+        unsafe { TensorView::from_raw(name, t) }
+    }
+    fn missing(&self, what: &str, i: usize) -> Error {
+        Error::KernelFailed { name: self.function_name.to_string(), message: format!("no {what} {i}") }
+    }
+}
+
+/// The dtype and shape of one output, as inference reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+}
+
+/// The arguments of an output inference: inputs' dtype/shape/device (data may be absent).
+pub struct InferArgs<'a> {
+    pub function_name: &'a str,
+    pub inputs: &'a [TensorView<'a>],
+    pub num_outputs: usize,
+    pub attrs: &'a Attributes,
+}
+
+/// A Rust compute function.
+pub type RustCompute = Arc<dyn Fn(&KernelArgs) -> Result<()> + Send + Sync>;
+/// A Rust inference function.
+pub type RustInfer = Arc<dyn Fn(&InferArgs) -> Result<Vec<TensorSpec>> + Send + Sync>;
+
+/// `dlkern_compute_fn` from `include/dlkern.h`.
+pub type CComputeFn = unsafe extern "C" fn(
+    tensors: *mut DLTensor,
+    num_inputs: i32,
+    num_outputs: i32,
+    function_name: *const c_char,
+    stream: StreamHandle,
+    attrs: *const CAttr,
+    num_attrs: i32,
+    user_data: *mut c_void,
+    error_buf: *mut c_char,
+    error_buf_len: usize,
+) -> i32;
+
+/// `dlkern_infer_fn` from `include/dlkern.h`.
+pub type CInferFn = unsafe extern "C" fn(
+    inputs: *const DLTensor,
+    num_inputs: i32,
+    outputs: *mut DLTensor,
+    num_outputs: i32,
+    function_name: *const c_char,
+    attrs: *const CAttr,
+    num_attrs: i32,
+    user_data: *mut c_void,
+    error_buf: *mut c_char,
+    error_buf_len: usize,
+) -> i32;
+
+/// How a kernel computes.
+#[derive(Clone)]
+pub enum Compute {
+    Rust(RustCompute),
+    C(CComputeFn),
+}
+
+/// How a kernel infers its outputs (or doesn't: callers must then allocate outputs themselves).
+#[derive(Clone)]
+pub enum Infer {
+    None,
+    Rust(RustInfer),
+    C(CInferFn),
+}
+
+/// User data of a C kernel and the function that frees it.
+pub struct UserData {
+    pub ptr: *mut c_void,
+    pub destroy: Option<unsafe extern "C" fn(*mut c_void)>,
+}
+
+// SAFETY: registering C user data promises it may be used from any thread (documented in
+// include/dlkern.h); dlkern only passes the pointer back.
+unsafe impl Send for UserData {}
+unsafe impl Sync for UserData {}
+
+impl Drop for UserData {
+    fn drop(&mut self) {
+        if let Some(destroy) = self.destroy {
+            // SAFETY: the registrant asked for exactly this call once the kernel is gone.
+            unsafe { destroy(self.ptr) };
+        }
+    }
+}
+
+/// Everything the registry knows about one kernel.
+pub struct KernelDef {
+    pub name: String,
+    pub compute: Compute,
+    pub infer: Infer,
+    /// Accepted tensor devices: [`crate::dlpack::DEVICE_MASK_CPU`] | [`crate::dlpack::DEVICE_MASK_CUDA`].
+    pub device_mask: u32,
+    /// Fixed number of outputs, or `None` for any.
+    pub num_outputs: Option<usize>,
+    pub user_data: Option<UserData>,
+}
+
+impl KernelDef {
+    /// A Rust kernel with no inference, accepting the devices in `device_mask`.
+    pub fn rust(
+        name: impl Into<String>,
+        device_mask: u32,
+        compute: impl Fn(&KernelArgs) -> Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        KernelDef {
+            name: name.into(),
+            compute: Compute::Rust(Arc::new(compute)),
+            infer: Infer::None,
+            device_mask,
+            num_outputs: None,
+            user_data: None,
+        }
+    }
+
+    /// Adds a Rust inference function.
+    pub fn with_infer(mut self, infer: impl Fn(&InferArgs) -> Result<Vec<TensorSpec>> + Send + Sync + 'static) -> Self {
+        self.infer = Infer::Rust(Arc::new(infer));
+        self
+    }
+
+    /// Fixes the number of outputs.
+    pub fn with_outputs(mut self, n: usize) -> Self {
+        self.num_outputs = Some(n);
+        self
+    }
+}
+
+type Entries = BTreeMap<String, Arc<KernelDef>>;
+
+static REGISTRY: LazyLock<RwLock<Entries>> = LazyLock::new(|| {
+    let mut entries = Entries::new();
+    for def in builtin::definitions() {
+        entries.insert(def.name.clone(), Arc::new(def));
+    }
+    RwLock::new(entries)
+});
+
+fn read() -> std::sync::RwLockReadGuard<'static, Entries> {
+    REGISTRY.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write() -> std::sync::RwLockWriteGuard<'static, Entries> {
+    REGISTRY.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Registers a kernel. A name already taken is an error unless `replace`. On failure the
+/// registry does not take ownership of the definition's user data (its `destroy` is not called).
+pub fn register(mut def: KernelDef, replace: bool) -> Result<()> {
+    let refuse = |def: &mut KernelDef, error: Error| {
+        if let Some(user) = def.user_data.as_mut() {
+            user.destroy = None; // still the caller's
+        }
+        Err(error)
+    };
+    let name = def.name.clone();
+    if name.is_empty() || name.contains('\0') || name.contains('\n') {
+        return refuse(&mut def, Error::invalid("registry", format!("invalid kernel name {name:?}")));
+    }
+    if def.device_mask & (crate::dlpack::DEVICE_MASK_CPU | crate::dlpack::DEVICE_MASK_CUDA) == 0 {
+        let message = format!("kernel '{name}' accepts no supported device (mask {:#x})", def.device_mask);
+        return refuse(&mut def, Error::invalid("registry", message));
+    }
+    let old = {
+        let mut entries = write();
+        if entries.contains_key(&name) && !replace {
+            drop(entries);
+            return refuse(&mut def, Error::DuplicateKernel(name));
+        }
+        entries.insert(name, Arc::new(def))
+    };
+    drop(old); // outside the lock: may run a user's destroy()
+    Ok(())
+}
+
+/// Removes a kernel. Calls in flight finish with it.
+pub fn unregister(name: &str) -> Result<()> {
+    let old = write().remove(name);
+    match old {
+        Some(_) => Ok(()),
+        None => Err(unknown(name)),
+    }
+}
+
+/// Registered names, sorted.
+pub fn names() -> Vec<String> {
+    read().keys().cloned().collect()
+}
+
+/// The kernel registered as `name`.
+pub fn get(name: &str) -> Result<Arc<KernelDef>> {
+    read().get(name).cloned().ok_or_else(|| unknown(name))
+}
+
+fn unknown(name: &str) -> Error {
+    let names = names();
+    let lower = name.to_lowercase();
+    let mut scored: Vec<(usize, &String)> = names
+        .iter()
+        .map(|n| (edit_distance(&lower, &n.to_lowercase()), n))
+        .filter(|(d, n)| {
+            *d <= (name.len() / 3).max(2) || n.to_lowercase().contains(&lower) || lower.contains(&n.to_lowercase())
+        })
+        .collect();
+    scored.sort();
+    Error::UnknownKernel {
+        name: name.to_string(),
+        suggestions: scored.into_iter().take(3).map(|(_, n)| n.clone()).collect(),
+    }
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// Size of the message buffer given to C kernels.
+const ERROR_BUF_LEN: usize = 1024;
+
+fn message_from(buf: &[u8], code: i32) -> String {
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let text = String::from_utf8_lossy(&buf[..end]).trim().to_string();
+    if text.is_empty() { format!("returned {code} without a message") } else { text }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Calls kernel `name` on `tensors` (the first `num_inputs` are inputs, the rest outputs).
+///
+/// Checks the output count and that every tensor is on a device the kernel accepts, then runs
+/// it. A Rust kernel that panics, or a C kernel that returns non-zero, becomes
+/// [`Error::KernelFailed`] with its message.
+///
+/// # Safety
+/// Every `DLTensor` must be valid as DLPack requires (shape/strides arrays of `ndim` elements;
+/// data valid for the described extent on its device) for the duration of the call, outputs
+/// writable; `stream` must be a stream of the tensors' CUDA context (or null).
+pub unsafe fn call(
+    name: &str,
+    tensors: &mut [DLTensor],
+    num_inputs: usize,
+    stream: StreamHandle,
+    attrs: &Attributes,
+) -> Result<()> {
+    let def = get(name)?;
+    let fail = |message: String| Error::KernelFailed { name: name.to_string(), message };
+    if num_inputs > tensors.len() {
+        return Err(fail(format!("{num_inputs} inputs but only {} tensors", tensors.len())));
+    }
+    let num_outputs = tensors.len() - num_inputs;
+    if let Some(n) = def.num_outputs
+        && n != num_outputs
+    {
+        return Err(fail(format!("called with {num_outputs} outputs, the kernel has {n}")));
+    }
+    for (i, t) in tensors.iter().enumerate() {
+        let label = if i < num_inputs { format!("input {i}") } else { format!("output {}", i - num_inputs) };
+        // SAFETY: the caller guarantees valid DLTensors.
+        let view = unsafe { TensorView::metadata_only(&label, t) }?;
+        if def.device_mask & view.device().mask_bit() == 0 {
+            return Err(fail(format!("{label} is on {:?}, which this kernel does not accept", view.device())));
+        }
+    }
+    match &def.compute {
+        Compute::Rust(f) => {
+            let args = KernelArgs { function_name: name, tensors, num_inputs, stream, attrs };
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args))) {
+                Ok(result) => result,
+                Err(payload) => Err(fail(format!("panicked: {}", panic_message(payload)))),
+            }
+        }
+        Compute::C(f) => {
+            let c_name = CString::new(name).map_err(|_| fail("name contains NUL".into()))?;
+            let c_attrs = attributes::CAttrs::new(attrs);
+            let mut buf = [0u8; ERROR_BUF_LEN];
+            let user = def.user_data.as_ref().map_or(std::ptr::null_mut(), |u| u.ptr);
+            // SAFETY: the C kernel's contract (include/dlkern.h); all pointers live for the call.
+            let code = unsafe {
+                f(
+                    tensors.as_mut_ptr(),
+                    num_inputs as i32,
+                    num_outputs as i32,
+                    c_name.as_ptr(),
+                    stream,
+                    c_attrs.attrs.as_ptr(),
+                    c_attrs.attrs.len() as i32,
+                    user,
+                    buf.as_mut_ptr().cast(),
+                    ERROR_BUF_LEN,
+                )
+            };
+            if code == 0 { Ok(()) } else { Err(fail(message_from(&buf, code))) }
+        }
+    }
+}
+
+/// Infers the dtype and shape of `num_outputs` outputs of kernel `name` from its inputs'
+/// metadata.
+///
+/// # Safety
+/// Every `DLTensor` in `inputs` must have valid shape/strides arrays; data is not read.
+pub unsafe fn infer(
+    name: &str,
+    inputs: &[DLTensor],
+    num_outputs: usize,
+    attrs: &Attributes,
+) -> Result<Vec<TensorSpec>> {
+    let def = get(name)?;
+    let fail = |message: String| Error::KernelFailed { name: name.to_string(), message };
+    if let Some(n) = def.num_outputs
+        && n != num_outputs
+    {
+        return Err(fail(format!("asked to infer {num_outputs} outputs, the kernel has {n}")));
+    }
+    let labels: Vec<String> = (0..inputs.len()).map(|i| format!("input {i}")).collect();
+    let views = inputs
+        .iter()
+        .zip(&labels)
+        // SAFETY: the caller guarantees valid shape/strides arrays.
+        .map(|(t, label)| unsafe { TensorView::metadata_only(label, t) })
+        .collect::<Result<Vec<_>>>()?;
+    let specs = match &def.infer {
+        Infer::None => return Err(fail("has no output inference; allocate its outputs yourself".into())),
+        Infer::Rust(f) => {
+            let args = InferArgs { function_name: name, inputs: &views, num_outputs, attrs };
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args))) {
+                Ok(result) => result?,
+                Err(payload) => return Err(fail(format!("inference panicked: {}", panic_message(payload)))),
+            }
+        }
+        Infer::C(f) => {
+            let c_name = CString::new(name).map_err(|_| fail("name contains NUL".into()))?;
+            let c_attrs = attributes::CAttrs::new(attrs);
+            let mut shapes = vec![[0i64; MAX_NDIM]; num_outputs];
+            let mut outputs: Vec<DLTensor> = shapes
+                .iter_mut()
+                .map(|shape| DLTensor {
+                    data: std::ptr::null_mut(),
+                    device: inputs.first().map_or(crate::dlpack::DeviceKind::Cpu.to_dl(), |t| t.device),
+                    ndim: -1,
+                    dtype: dtype_to_dl(DType::F32),
+                    shape: shape.as_mut_ptr(),
+                    strides: std::ptr::null_mut(),
+                    byte_offset: 0,
+                })
+                .collect();
+            let mut buf = [0u8; ERROR_BUF_LEN];
+            let user = def.user_data.as_ref().map_or(std::ptr::null_mut(), |u| u.ptr);
+            // SAFETY: the C inference contract; shape buffers hold MAX_NDIM entries.
+            let code = unsafe {
+                f(
+                    inputs.as_ptr(),
+                    inputs.len() as i32,
+                    outputs.as_mut_ptr(),
+                    num_outputs as i32,
+                    c_name.as_ptr(),
+                    c_attrs.attrs.as_ptr(),
+                    c_attrs.attrs.len() as i32,
+                    user,
+                    buf.as_mut_ptr().cast(),
+                    ERROR_BUF_LEN,
+                )
+            };
+            if code != 0 {
+                return Err(fail(message_from(&buf, code)));
+            }
+            outputs
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    if t.ndim < 0 || t.ndim as usize > MAX_NDIM || t.shape != shapes[i].as_mut_ptr() {
+                        return Err(fail(format!("inference left output {i} with ndim {} or moved its shape", t.ndim)));
+                    }
+                    let dtype = dtype_from_dl(t.dtype)
+                        .ok_or_else(|| fail(format!("inference gave output {i} an unsupported dtype")))?;
+                    Ok(TensorSpec { dtype, shape: shapes[i][..t.ndim as usize].to_vec() })
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    if specs.len() != num_outputs {
+        return Err(fail(format!("inference returned {} outputs, {num_outputs} requested", specs.len())));
+    }
+    if let Some((i, s)) =
+        specs.iter().enumerate().find(|(_, s)| s.shape.iter().any(|&d| d < 0) || s.shape.len() > MAX_NDIM)
+    {
+        return Err(fail(format!("inference gave output {i} the invalid shape {:?}", s.shape)));
+    }
+    Ok(specs)
+}

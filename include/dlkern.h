@@ -1,0 +1,157 @@
+/*
+ * dlkern C ABI: a registry of kernels that take DLPack tensors, found by name.
+ *
+ * Kernels come from dlkern itself (built-ins, e.g. "dlkern.rmsnorm") or from users: any C
+ * function with the dlkern_compute_fn signature, registered at run time directly
+ * (dlkern_register_kernel) or by a plug-in library the host application loads
+ * (dlkern_load_plugin). Link against libdlkern.so, or receive the function table in a plug-in.
+ *
+ * OWNERSHIP AND LIFETIME
+ * - Tensors are always borrowed. dlkern never frees, retains or reallocates a DLTensor, its
+ *   shape/strides arrays or its data beyond the call it was passed to.
+ * - Outputs are allocated by the caller. dlkern_infer tells the caller their dtype and shape
+ *   when the kernel provides inference (ONNX Runtime's ops allocate through ORT this way).
+ * - Strings passed in (names, attribute strings) are copied if kept; pass any storage.
+ * - dlkern_register_kernel copies the definition. If it succeeds, user_data is owned by the
+ *   registry from then on (if it fails, user_data stays the caller's and destroy is not called): destroy(user_data) runs exactly once, when the kernel is unregistered or replaced and
+ *   the last call using it has returned (or never, if it stays registered until exit).
+ * - dlkern_last_error's string belongs to the calling thread and is valid until that thread's
+ *   next dlkern call.
+ * - Plug-in libraries are never unloaded.
+ *
+ * THREADING
+ * - Every function may be called from any thread, concurrently. Registration, unregistration,
+ *   listing, inference and calls are safe against each other. A compute function may run on
+ *   several threads at once, with the same user_data: make it thread-safe or serialize inside.
+ * - A call in flight keeps the kernel it found: unregistering or replacing it does not affect
+ *   the running call.
+ *
+ * CUDA
+ * - For kDLCUDA tensors, `stream` is a CUstream / cudaStream_t of the tensors' device's primary
+ *   context (NULL = legacy default stream). dlkern's kernels only enqueue work on it: results
+ *   are ready when the stream is synchronized. Compute functions must do the same (no implicit
+ *   device synchronization is required or performed).
+ *
+ * ERRORS
+ * - Functions return DLKERN_OK (0) or a DLKERN_ERR_* code; dlkern_last_error() says why.
+ * - Compute/infer functions return 0, or non-zero after writing a NUL-terminated message of at
+ *   most error_buf_len bytes into error_buf (snprintf). The message reaches the caller.
+ * - No C++ exception or Rust panic may cross these functions (dlkern catches its own panics).
+ */
+#ifndef DLKERN_H_
+#define DLKERN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlpack/dlpack.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DLKERN_ABI_VERSION 1
+/* Most dimensions of a tensor dlkern accepts; size of the shape buffers dlkern_infer fills. */
+#define DLKERN_MAX_NDIM 16
+
+/* Return codes. */
+#define DLKERN_OK 0
+#define DLKERN_ERR_INVALID_ARGUMENT 1 /* bad tensor, shape, dtype, stride, attribute, pointer */
+#define DLKERN_ERR_UNKNOWN_KERNEL 2   /* no such name (the message suggests close matches) */
+#define DLKERN_ERR_DUPLICATE_KERNEL 3 /* name taken and replace == 0 */
+#define DLKERN_ERR_KERNEL_FAILED 4    /* the kernel reported a failure */
+#define DLKERN_ERR_CUDA 5             /* no driver/device, or a CUDA call failed */
+#define DLKERN_ERR_PLUGIN 6           /* a plug-in failed to load or register */
+#define DLKERN_ERR_INTERNAL 7         /* a bug in dlkern, contained */
+
+/* Device masks for dlkern_kernel_def.device_mask: bit (1 << DLDeviceType). */
+#define DLKERN_DEVICE_CPU (1u << kDLCPU)
+#define DLKERN_DEVICE_CUDA (1u << kDLCUDA)
+
+/* Attribute kinds. */
+#define DLKERN_ATTR_INT 0
+#define DLKERN_ATTR_FLOAT 1
+#define DLKERN_ATTR_STRING 2
+#define DLKERN_ATTR_INTS 3
+#define DLKERN_ATTR_FLOATS 4
+
+/* One named attribute. Only the field(s) of its kind are read: i, f, s, or ints/floats with
+ * count elements. */
+typedef struct dlkern_attr {
+  const char* name;
+  int32_t kind;
+  int64_t i;
+  double f;
+  const char* s;
+  const int64_t* ints;
+  const double* floats;
+  int64_t count;
+} dlkern_attr;
+
+/* A kernel. tensors[0 .. num_inputs) are inputs, tensors[num_inputs .. num_inputs+num_outputs)
+ * are caller-allocated outputs to write. function_name is the name it was called by. */
+typedef int32_t (*dlkern_compute_fn)(DLTensor* tensors, int32_t num_inputs, int32_t num_outputs,
+                                     const char* function_name, void* stream,
+                                     const dlkern_attr* attrs, int32_t num_attrs, void* user_data,
+                                     char* error_buf, size_t error_buf_len);
+
+/* Output inference: from the inputs' dtype/shape/device (data may be NULL), set each output's
+ * ndim (<= DLKERN_MAX_NDIM), dtype, and shape[0 .. ndim) (shape points to DLKERN_MAX_NDIM
+ * int64s owned by dlkern). */
+typedef int32_t (*dlkern_infer_fn)(const DLTensor* inputs, int32_t num_inputs, DLTensor* outputs,
+                                   int32_t num_outputs, const char* function_name,
+                                   const dlkern_attr* attrs, int32_t num_attrs, void* user_data,
+                                   char* error_buf, size_t error_buf_len);
+
+typedef struct dlkern_kernel_def {
+  uint32_t struct_size;       /* sizeof(dlkern_kernel_def) */
+  const char* name;           /* unique; no NUL or newline */
+  dlkern_compute_fn compute;  /* required */
+  dlkern_infer_fn infer;      /* optional (NULL: callers must know the output shapes) */
+  uint32_t device_mask;       /* DLKERN_DEVICE_CPU | DLKERN_DEVICE_CUDA */
+  int32_t num_outputs;        /* fixed count, or -1 for any */
+  void* user_data;            /* passed to compute/infer; owned by the registry */
+  void (*destroy)(void* user_data); /* optional; see OWNERSHIP */
+} dlkern_kernel_def;
+
+/* The table a plug-in's dlkern_plugin_init receives. */
+typedef struct dlkern_plugin_api {
+  uint32_t abi_version; /* DLKERN_ABI_VERSION of the loading dlkern */
+  int32_t (*register_kernel)(const dlkern_kernel_def* def, int32_t replace);
+  const char* (*last_error)(void);
+} dlkern_plugin_api;
+
+/* A plug-in library exports this; it registers its kernels and returns 0. */
+typedef int32_t (*dlkern_plugin_init_fn)(const dlkern_plugin_api* api);
+#define DLKERN_PLUGIN_INIT_SYMBOL "dlkern_plugin_init"
+
+int32_t dlkern_abi_version(void);
+const char* dlkern_last_error(void);
+
+/* Registers a kernel; replace != 0 swaps an existing one of the same name. */
+int32_t dlkern_register_kernel(const dlkern_kernel_def* def, int32_t replace);
+int32_t dlkern_unregister_kernel(const char* name);
+
+/* Names of all kernels, '\n'-separated, NUL-terminated, written when len suffices. Returns the
+ * bytes needed including the NUL (call with buf = NULL, len = 0 to size), or -code on error. */
+int64_t dlkern_list_kernels(char* buf, size_t len);
+
+/* Calls kernel `name`: tensors holds num_inputs inputs then num_outputs outputs. */
+int32_t dlkern_call(const char* name, DLTensor* tensors, int32_t num_inputs, int32_t num_outputs,
+                    void* stream, const dlkern_attr* attrs, int32_t num_attrs);
+
+/* Infers the outputs of kernel `name` (each outputs[i].shape must point to DLKERN_MAX_NDIM
+ * int64s; ndim, dtype and shape are written). */
+int32_t dlkern_infer(const char* name, const DLTensor* inputs, int32_t num_inputs,
+                     DLTensor* outputs, int32_t num_outputs, const dlkern_attr* attrs,
+                     int32_t num_attrs);
+
+/* Host applications only: loads a plug-in library by path and runs its dlkern_plugin_init.
+ * Nothing in dlkern (in particular no ONNX model or operator attribute) loads code by itself. */
+int32_t dlkern_load_plugin(const char* path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DLKERN_H_ */

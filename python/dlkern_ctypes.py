@@ -1,0 +1,173 @@
+"""Call dlkern kernels on any DLPack-capable arrays (NumPy, PyTorch, CuPy, JAX) through the C ABI
+of libdlkern.so, with ctypes only.
+
+    import dlkern_ctypes as dk
+    lib = dk.Library("target/release/libdlkern.so")
+    lib.call("dlkern.rmsnorm", [x, w], [y], stream=torch.cuda.current_stream().cuda_stream,
+             epsilon=1e-6)
+
+Inputs and outputs are borrowed for the call (outputs are written in place); for CUDA arrays the
+kernel is enqueued on `stream` (a CUstream handle as an int; None = legacy default stream).
+"""
+
+import ctypes
+from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_void_p
+
+DLKERN_OK = 0
+K_DL_CPU, K_DL_CUDA = 1, 2
+ATTR_INT, ATTR_FLOAT, ATTR_STRING, ATTR_INTS, ATTR_FLOATS = range(5)
+MAX_NDIM = 16
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", c_uint32), ("device_id", c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("device", DLDevice),
+        ("ndim", c_int32),
+        ("dtype", DLDataType),
+        ("shape", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLKernAttr(ctypes.Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("kind", c_int32),
+        ("i", c_int64),
+        ("f", c_double),
+        ("s", c_char_p),
+        ("ints", POINTER(c_int64)),
+        ("floats", POINTER(c_double)),
+        ("count", c_int64),
+    ]
+
+
+assert ctypes.sizeof(DLTensor) == 48 and ctypes.sizeof(DLKernAttr) == 64
+
+_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get_pointer.restype = c_void_p
+_capsule_get_pointer.argtypes = [ctypes.py_object, c_char_p]
+_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_is_valid.restype = ctypes.c_int
+_capsule_is_valid.argtypes = [ctypes.py_object, c_char_p]
+
+# Offset of dl_tensor in DLManagedTensorVersioned (version, manager_ctx, deleter, flags).
+_VERSIONED_DL_TENSOR_OFFSET = 32
+
+
+class DLKernError(RuntimeError):
+    def __init__(self, code, message):
+        super().__init__(f"dlkern error {code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def borrow(obj, stream=None, versioned=False):
+    """Exports `obj` through __dlpack__ and returns (capsule, DLTensor copy). Keep the capsule
+    alive while the DLTensor is used: releasing it releases the producer's tensor."""
+    kwargs = {}
+    if obj.__dlpack_device__()[0] == K_DL_CUDA:
+        # DLPack numbers the legacy default stream 1 (its CUstream handle is 0/NULL).
+        kwargs["stream"] = 1 if stream in (None, 0) else stream
+    if versioned:
+        capsule = obj.__dlpack__(max_version=(1, 0), **kwargs)
+        if not _capsule_is_valid(capsule, b"dltensor_versioned"):
+            raise TypeError("the producer did not return a versioned DLPack capsule")
+        address = _capsule_get_pointer(capsule, b"dltensor_versioned") + _VERSIONED_DL_TENSOR_OFFSET
+    else:
+        capsule = obj.__dlpack__(**kwargs)
+        address = _capsule_get_pointer(capsule, b"dltensor")
+    return capsule, DLTensor.from_address(address)
+
+
+def _attrs(attrs):
+    keep = []
+    arr = (DLKernAttr * max(len(attrs), 1))()
+    for slot, (name, value) in zip(arr, attrs.items()):
+        slot.name = name.encode()
+        keep.append(slot.name)
+        if isinstance(value, bool) or isinstance(value, int):
+            slot.kind, slot.i = ATTR_INT, int(value)
+        elif isinstance(value, float):
+            slot.kind, slot.f = ATTR_FLOAT, value
+        elif isinstance(value, str):
+            slot.kind, slot.s = ATTR_STRING, value.encode()
+        elif all(isinstance(v, int) for v in value):
+            data = (c_int64 * len(value))(*value)
+            keep.append(data)
+            slot.kind, slot.ints, slot.count = ATTR_INTS, data, len(value)
+        else:
+            data = (c_double * len(value))(*[float(v) for v in value])
+            keep.append(data)
+            slot.kind, slot.floats, slot.count = ATTR_FLOATS, data, len(value)
+    return arr, len(attrs), keep
+
+
+class Library:
+    """libdlkern.so loaded with ctypes."""
+
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        L = self.lib
+        L.dlkern_last_error.restype = c_char_p
+        L.dlkern_call.argtypes = [c_char_p, POINTER(DLTensor), c_int32, c_int32, c_void_p, POINTER(DLKernAttr), c_int32]
+        L.dlkern_call.restype = c_int32
+        L.dlkern_infer.argtypes = [c_char_p, POINTER(DLTensor), c_int32, POINTER(DLTensor), c_int32, POINTER(DLKernAttr), c_int32]
+        L.dlkern_infer.restype = c_int32
+        L.dlkern_list_kernels.argtypes = [POINTER(c_char), c_size_t]
+        L.dlkern_list_kernels.restype = c_int64
+        L.dlkern_load_plugin.argtypes = [c_char_p]
+        L.dlkern_load_plugin.restype = c_int32
+        L.dlkern_unregister_kernel.argtypes = [c_char_p]
+        L.dlkern_unregister_kernel.restype = c_int32
+
+    def _check(self, code):
+        if code != DLKERN_OK:
+            raise DLKernError(code, self.lib.dlkern_last_error().decode())
+
+    def kernels(self):
+        need = self.lib.dlkern_list_kernels(None, 0)
+        buf = ctypes.create_string_buffer(need)
+        self.lib.dlkern_list_kernels(buf, need)
+        return buf.value.decode().split("\n")
+
+    def load_plugin(self, path):
+        self._check(self.lib.dlkern_load_plugin(str(path).encode()))
+
+    def call(self, name, inputs, outputs, stream=None, versioned=False, **attrs):
+        borrowed = [borrow(t, stream, versioned) for t in list(inputs) + list(outputs)]
+        tensors = (DLTensor * len(borrowed))(*[dl for _, dl in borrowed])
+        arr, n_attrs, keep = _attrs(attrs)
+        code = self.lib.dlkern_call(name.encode(), tensors, len(inputs), len(outputs), stream, arr, n_attrs)
+        del borrowed, keep
+        self._check(code)
+
+    def call_raw(self, name, tensors, num_inputs, num_outputs, stream=None, **attrs):
+        """Calls with DLTensor structs the caller built (for malformed-input tests)."""
+        arr, n_attrs, keep = _attrs(attrs)
+        array = (DLTensor * max(len(tensors), 1))(*tensors)
+        self._check(self.lib.dlkern_call(name.encode(), array, num_inputs, num_outputs, stream, arr, n_attrs))
+        del keep
+
+    def infer(self, name, inputs, num_outputs, **attrs):
+        """Output (dtype code, bits, shape) triples inferred from the inputs' metadata."""
+        borrowed = [borrow(t) for t in inputs]
+        ins = (DLTensor * max(len(borrowed), 1))(*[dl for _, dl in borrowed])
+        shapes = [(c_int64 * MAX_NDIM)() for _ in range(num_outputs)]
+        outs = (DLTensor * max(num_outputs, 1))()
+        for o, s in zip(outs, shapes):
+            o.shape = ctypes.cast(s, POINTER(c_int64))
+        arr, n_attrs, keep = _attrs(attrs)
+        self._check(self.lib.dlkern_infer(name.encode(), ins, len(borrowed), outs, num_outputs, arr, n_attrs))
+        del borrowed, keep
+        return [(o.dtype.code, o.dtype.bits, tuple(s[: o.ndim])) for o, s in zip(outs[:num_outputs], shapes)]

@@ -1,0 +1,28 @@
+/* A plug-in as a user would write it: registers "plugin.negate" (CPU, f32) through the table
+ * dlkern passes, without linking against libdlkern. */
+#include <stdio.h>
+
+#include "dlkern.h"
+
+static int32_t negate(DLTensor* t, int32_t num_inputs, int32_t num_outputs, const char* name,
+                      void* stream, const dlkern_attr* attrs, int32_t num_attrs, void* user_data,
+                      char* err, size_t err_len) {
+  (void)stream; (void)attrs; (void)num_attrs; (void)user_data;
+  if (num_inputs != 1 || num_outputs != 1 || t[0].dtype.code != kDLFloat || t[0].dtype.bits != 32) {
+    snprintf(err, err_len, "%s: needs one f32 input and one output", name);
+    return 1;
+  }
+  int64_t n = 1;
+  for (int i = 0; i < t[0].ndim; ++i) n *= t[0].shape[i];
+  const float* x = (const float*)((const char*)t[0].data + t[0].byte_offset);
+  float* y = (float*)((char*)t[1].data + t[1].byte_offset);
+  for (int64_t i = 0; i < n; ++i) y[i] = -x[i];
+  return 0;
+}
+
+int32_t dlkern_plugin_init(const dlkern_plugin_api* api) {
+  if (api->abi_version != DLKERN_ABI_VERSION) return 1;
+  dlkern_kernel_def def = {sizeof(dlkern_kernel_def), "plugin.negate", negate, NULL,
+                           DLKERN_DEVICE_CPU, 1, NULL, NULL};
+  return api->register_kernel(&def, 0);
+}
