@@ -30,6 +30,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod launch;
+pub mod ort;
 pub mod reference;
 pub mod registry;
 pub mod runtime;

@@ -10,5 +10,5 @@ CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=symbols \
   bash "$shared/gpu/bundle.sh" "$@" >/dev/null
 # bundle.sh copies every .so cargo produced, proc-macro crates included; only ours is needed.
 find .gpu/lib -name '*.so' ! -name 'libdlkern*' -delete
-cp scripts/gpu-check.sh .gpu/
+cp scripts/gpu-check.sh scripts/gpu-bench.sh .gpu/
 du -sh .gpu

@@ -16,6 +16,8 @@ else
 fi
 echo "== cargo test"
 $CARGO test --workspace
+echo "== cargo bench --no-run (GPU benches must build)"
+$CARGO bench --workspace --no-run
 echo "== python tests (C ABI through ctypes; GPU ones skip without torch and a GPU)"
 $CARGO build --workspace
 DLKERN_LIB="$root/target/debug/libdlkern.so" "$PYTHON" -m pytest -q -p no:cacheprovider tests/python

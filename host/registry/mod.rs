@@ -265,7 +265,10 @@ pub fn names() -> Vec<String> {
 
 /// The kernel registered as `name`.
 pub fn get(name: &str) -> Result<Arc<KernelDef>> {
-    read().get(name).cloned().ok_or_else(|| unknown(name))
+    // Release the read lock before building the error: `unknown` reads the registry again, and
+    // a second read while a writer waits would deadlock (std's RwLock prefers writers).
+    let found = read().get(name).cloned();
+    found.ok_or_else(|| unknown(name))
 }
 
 fn unknown(name: &str) -> Error {

@@ -65,9 +65,24 @@ static int32_t saxpy(DLTensor* t, int32_t num_inputs, int32_t num_outputs, const
   return 0;
 }
 
+// Output inference, so ONNX Runtime's DLPackKernel can allocate y: same type and shape as x.
+static int32_t saxpy_infer(const DLTensor* in, int32_t num_inputs, DLTensor* out, int32_t num_outputs,
+                           const char* name, const dlkern_attr* attrs, int32_t num_attrs,
+                           void* user_data, char* err, size_t err_len) {
+  (void)attrs; (void)num_attrs; (void)user_data;
+  if (num_inputs != 1 || num_outputs != 1) {
+    snprintf(err, err_len, "%s: needs 1 input and 1 output", name);
+    return 1;
+  }
+  out[0].ndim = in[0].ndim;
+  out[0].dtype = in[0].dtype;
+  for (int d = 0; d < in[0].ndim; ++d) out[0].shape[d] = in[0].shape[d];
+  return 0;
+}
+
 extern "C" int32_t dlkern_plugin_init(const dlkern_plugin_api* api) {
   if (api->abi_version != DLKERN_ABI_VERSION) return 1;
-  dlkern_kernel_def def = {sizeof(dlkern_kernel_def), "plugin.saxpy", saxpy, NULL,
+  dlkern_kernel_def def = {sizeof(dlkern_kernel_def), "plugin.saxpy", saxpy, saxpy_infer,
                            DLKERN_DEVICE_CUDA, 1, NULL, NULL};
   return api->register_kernel(&def, 0);
 }

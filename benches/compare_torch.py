@@ -1,0 +1,104 @@
+"""GPU host: dlkern's kernels called on PyTorch tensors through the DLPack C ABI, next to PyTorch's
+own implementations on the same shapes in the same run. Inputs rotate through enough copies that each call reads device memory, not L2. Both sides
+are captured in CUDA graphs
+and timed by graph replay with CUDA events, so Python and ctypes overhead stays out of the GPU
+time. Writes JSON records to the path given (default: stdout).
+
+    DLKERN_LIB=.gpu/lib/libdlkern.so python3 benches/compare_torch.py out.json
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import dlkern_ctypes as dk  # noqa: E402
+
+LIB = dk.Library(os.environ["DLKERN_LIB"])
+CALLS_PER_GRAPH = 20
+REPLAYS = 30
+
+
+def graph_time_us(fn, calls=CALLS_PER_GRAPH):
+    """Median time of one call of `fn`, from replays of a CUDA graph of `calls` calls, timed
+    with events."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()  # warm-up: module load, JIT, allocator
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def rotation(nbytes):
+    """Copies of a working set to cycle through so each call reads device memory, not L2."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, min(64, -(-4 * l2 // nbytes)))
+
+
+def rmsnorm_records():
+    out = []
+    for dtype in (torch.float16, torch.bfloat16):
+        for rows, cols in [(64, 4096), (2048, 4096), (16384, 4096), (4096, 8192), (16384, 8192)]:
+            g = torch.Generator(device="cuda").manual_seed(rows * cols)
+            w = torch.randn(cols, device="cuda", dtype=dtype, generator=g)
+            moved = (2 * rows * cols + cols) * w.element_size()
+            sets = rotation(moved)
+            xs = [torch.randn(rows, cols, device="cuda", dtype=dtype, generator=g) for _ in range(sets)]
+            ys = [torch.empty_like(xs[0]) for _ in range(sets)]
+            x, y = xs[0], ys[0]
+            turn = [0]
+
+            def dlkern_call():
+                k = turn[0] = (turn[0] + 1) % sets
+                LIB.call("dlkern.rmsnorm", [xs[k], w], [ys[k]], stream=torch.cuda.current_stream().cuda_stream, epsilon=1e-6)
+
+            def torch_call():
+                k = turn[0] = (turn[0] + 1) % sets
+                torch.nn.functional.rms_norm(xs[k], (cols,), w, 1e-6)
+
+            ref = torch.nn.functional.rms_norm(x.double(), (cols,), w.double(), 1e-6)
+            LIB.call("dlkern.rmsnorm", [x, w], [y], stream=torch.cuda.current_stream().cuda_stream, epsilon=1e-6)
+            torch.cuda.synchronize()
+            err = ((y.double() - ref).abs().max() / ref.abs().max()).item()
+            for impl, fn in (("dlkern", dlkern_call), ("torch.nn.functional.rms_norm", torch_call)):
+                out.append({"family": "rmsnorm", "implementation": impl, "shape": f"{rows}x{cols}",
+                            "dtype": str(dtype).replace("torch.", "").replace("float16", "f16").replace("bfloat16", "bf16"),
+                            "time_us": graph_time_us(fn, max(CALLS_PER_GRAPH, sets)), "bytes": moved, "flops": 4 * rows * cols,
+                            "max_rel_err": err if impl == "dlkern" else None})
+    return out
+
+
+def main():
+    records = rmsnorm_records()
+    text = json.dumps(records, indent=1)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    for r in records:
+        print(f"{r['family']:8} {r['dtype']:5} {r['shape']:>11} {r['implementation']:30} {r['time_us']:9.2f} us "
+              f"{r['bytes'] / r['time_us'] / 1e6:7.3f} TB/s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+//! Thin `Result` wrappers over the ONNX Runtime C API calls the ops use.
+
+use std::ffi::{CStr, CString, c_char, c_void};
+
+use ort_sys::*;
+
+/// The lowest ORT C API version dlkern needs: custom-op shape inference
+/// (`InferOutputShapeFn`, `ShapeInferContext_*`) and `CreateKernelV2`/`KernelComputeV2` arrived
+/// in 1.17.
+pub const ORT_API_VERSION_NEEDED: u32 = 17;
+
+/// The ORT C API table with error handling.
+#[derive(Clone, Copy)]
+pub(crate) struct Api(pub &'static OrtApi);
+
+// SAFETY: the OrtApi table is immutable and valid for the life of the process.
+unsafe impl Send for Api {}
+unsafe impl Sync for Api {}
+
+pub(crate) type OrtResult<T> = Result<T, String>;
+
+impl Api {
+    /// Turns a returned status into a Result (releasing the status).
+    pub fn check(self, status: OrtStatusPtr) -> OrtResult<()> {
+        if status.0.is_null() {
+            return Ok(());
+        }
+        // SAFETY: a non-null status from ORT; we own it.
+        unsafe {
+            let message = CStr::from_ptr((self.0.GetErrorMessage)(status.0)).to_string_lossy().into_owned();
+            (self.0.ReleaseStatus)(status.0);
+            Err(message)
+        }
+    }
+
+    /// A new error status with `message`.
+    pub fn error(self, message: &str) -> *mut OrtStatus {
+        let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: CreateStatus copies the message.
+        unsafe { (self.0.CreateStatus)(OrtErrorCode::ORT_FAIL, c.as_ptr()).0 }
+    }
+
+    pub fn attr_f32(self, info: *const OrtKernelInfo, name: &CStr) -> OrtResult<f32> {
+        let mut v = 0f32;
+        // SAFETY: valid info and out-pointer.
+        self.check(unsafe { (self.0.KernelInfoGetAttribute_float)(info, name.as_ptr(), &mut v) })?;
+        Ok(v)
+    }
+
+    pub fn attr_i64(self, info: *const OrtKernelInfo, name: &CStr) -> OrtResult<i64> {
+        let mut v = 0i64;
+        // SAFETY: valid info and out-pointer.
+        self.check(unsafe { (self.0.KernelInfoGetAttribute_int64)(info, name.as_ptr(), &mut v) })?;
+        Ok(v)
+    }
+
+    pub fn attr_string(self, info: *const OrtKernelInfo, name: &CStr) -> OrtResult<String> {
+        let mut size = 0usize;
+        // SAFETY: size query with a null buffer, then a read into a buffer of that size.
+        unsafe {
+            self.check((self.0.KernelInfoGetAttribute_string)(info, name.as_ptr(), std::ptr::null_mut(), &mut size))?;
+            let mut buf = vec![0u8; size.max(1)];
+            self.check((self.0.KernelInfoGetAttribute_string)(
+                info,
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                &mut size,
+            ))?;
+            Ok(CStr::from_bytes_until_nul(&buf).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default())
+        }
+    }
+
+    pub fn attr_i64s(self, info: *const OrtKernelInfo, name: &CStr) -> OrtResult<Vec<i64>> {
+        let mut size = 0usize;
+        // SAFETY: size query, then a read into a buffer of that size.
+        unsafe {
+            self.check((self.0.KernelInfoGetAttributeArray_int64)(
+                info,
+                name.as_ptr(),
+                std::ptr::null_mut(),
+                &mut size,
+            ))?;
+            let mut v = vec![0i64; size];
+            self.check((self.0.KernelInfoGetAttributeArray_int64)(info, name.as_ptr(), v.as_mut_ptr(), &mut size))?;
+            Ok(v)
+        }
+    }
+
+    pub fn attr_f32s(self, info: *const OrtKernelInfo, name: &CStr) -> OrtResult<Vec<f32>> {
+        let mut size = 0usize;
+        // SAFETY: size query, then a read into a buffer of that size.
+        unsafe {
+            self.check((self.0.KernelInfoGetAttributeArray_float)(
+                info,
+                name.as_ptr(),
+                std::ptr::null_mut(),
+                &mut size,
+            ))?;
+            let mut v = vec![0f32; size];
+            self.check((self.0.KernelInfoGetAttributeArray_float)(info, name.as_ptr(), v.as_mut_ptr(), &mut size))?;
+            Ok(v)
+        }
+    }
+
+    pub fn node_name(self, info: *const OrtKernelInfo) -> String {
+        let mut size = 0usize;
+        // SAFETY: size query, then a read into a buffer of that size.
+        unsafe {
+            if self.check((self.0.KernelInfo_GetNodeName)(info, std::ptr::null_mut(), &mut size)).is_err() {
+                return String::new();
+            }
+            let mut buf = vec![0u8; size.max(1)];
+            if self.check((self.0.KernelInfo_GetNodeName)(info, buf.as_mut_ptr().cast::<c_char>(), &mut size)).is_err()
+            {
+                return String::new();
+            }
+            CStr::from_bytes_until_nul(&buf).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+        }
+    }
+
+    /// Element type and dimensions of a type-and-shape info (released here when `owned`).
+    pub fn type_and_shape(
+        self,
+        info: *mut OrtTensorTypeAndShapeInfo,
+        owned: bool,
+    ) -> OrtResult<(ONNXTensorElementDataType, Vec<i64>)> {
+        // SAFETY: a valid info from ORT.
+        let result = unsafe {
+            let mut ty = ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+            let mut n = 0usize;
+            self.check((self.0.GetTensorElementType)(info, &mut ty)).and_then(|()| {
+                self.check((self.0.GetDimensionsCount)(info, &mut n))?;
+                let mut dims = vec![0i64; n];
+                self.check((self.0.GetDimensions)(info, dims.as_mut_ptr(), n))?;
+                Ok((ty, dims))
+            })
+        };
+        if owned {
+            // SAFETY: we own it.
+            unsafe { (self.0.ReleaseTensorTypeAndShapeInfo)(info) };
+        }
+        result
+    }
+
+    pub fn value_type_and_shape(self, value: *const OrtValue) -> OrtResult<(ONNXTensorElementDataType, Vec<i64>)> {
+        let mut info = std::ptr::null_mut();
+        // SAFETY: a valid value from ORT.
+        self.check(unsafe { (self.0.GetTensorTypeAndShape)(value, &mut info) })?;
+        self.type_and_shape(info, true)
+    }
+
+    pub fn mutable_data(self, value: *mut OrtValue) -> OrtResult<*mut c_void> {
+        let mut data = std::ptr::null_mut();
+        // SAFETY: a valid tensor value.
+        self.check(unsafe { (self.0.GetTensorMutableData)(value, &mut data) })?;
+        Ok(data)
+    }
+
+    /// The device id of the memory a value lives in.
+    pub fn device_id(self, value: *const OrtValue) -> OrtResult<i32> {
+        let mut info = std::ptr::null();
+        let mut id = 0;
+        // SAFETY: a valid value; the memory info is owned by the value.
+        unsafe {
+            self.check((self.0.GetTensorMemoryInfo)(value, &mut info))?;
+            self.check((self.0.MemoryInfoGetId)(info, &mut id))?;
+        }
+        Ok(id)
+    }
+}
+
+impl Api {
+    /// An attribute of the node under shape inference, read as `ty`; `None` when absent or of
+    /// another type.
+    fn op_attr_raw(
+        self,
+        ctx: *const OrtShapeInferContext,
+        name: &CStr,
+        ty: OrtOpAttrType,
+        elem: usize,
+    ) -> Option<Vec<u8>> {
+        let mut attr = std::ptr::null();
+        // SAFETY: a valid context; the attribute is owned by it.
+        unsafe {
+            self.check((self.0.ShapeInferContext_GetAttribute)(ctx, name.as_ptr(), &mut attr)).ok()?;
+            if attr.is_null() {
+                return None;
+            }
+            let mut size = 0usize;
+            // A size query fails for a wrong type (and for an empty buffer with data).
+            let _ = self.check((self.0.ReadOpAttr)(attr, ty, std::ptr::null_mut(), 0, &mut size));
+            let mut buf = vec![0u8; size.max(elem)];
+            self.check((self.0.ReadOpAttr)(attr, ty, buf.as_mut_ptr().cast(), buf.len(), &mut size)).ok()?;
+            buf.truncate(size);
+            Some(buf)
+        }
+    }
+
+    /// A string attribute under shape inference.
+    pub fn infer_attr_string(self, ctx: *const OrtShapeInferContext, name: &CStr) -> Option<String> {
+        let bytes = self.op_attr_raw(ctx, name, OrtOpAttrType::ORT_OP_ATTR_STRING, 1)?;
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        Some(String::from_utf8_lossy(&bytes[..end]).into_owned())
+    }
+
+    /// An attribute of any numeric or string type under shape inference.
+    pub fn infer_attr_any(self, ctx: *const OrtShapeInferContext, name: &CStr) -> Option<crate::registry::AttrValue> {
+        use crate::registry::AttrValue;
+        if let Some(b) = self.op_attr_raw(ctx, name, OrtOpAttrType::ORT_OP_ATTR_INT, 8) {
+            return Some(AttrValue::Int(i64::from_ne_bytes(b.get(..8)?.try_into().ok()?)));
+        }
+        if let Some(b) = self.op_attr_raw(ctx, name, OrtOpAttrType::ORT_OP_ATTR_FLOAT, 4) {
+            return Some(AttrValue::Float(f32::from_ne_bytes(b.get(..4)?.try_into().ok()?) as f64));
+        }
+        if let Some(s) = self.infer_attr_string(ctx, name) {
+            return Some(AttrValue::String(s));
+        }
+        if let Some(b) = self.op_attr_raw(ctx, name, OrtOpAttrType::ORT_OP_ATTR_INTS, 0) {
+            return Some(AttrValue::Ints(
+                b.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap_or_default())).collect(),
+            ));
+        }
+        let b = self.op_attr_raw(ctx, name, OrtOpAttrType::ORT_OP_ATTR_FLOATS, 0)?;
+        Some(AttrValue::Floats(
+            b.chunks_exact(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap_or_default()) as f64).collect(),
+        ))
+    }
+
+    /// Sets output `index` of the node under shape inference; dimensions < 0 become symbolic
+    /// (named by `symbol(axis)`) so ORT does not take them as fixed sizes.
+    pub fn set_output(
+        self,
+        ctx: *mut OrtShapeInferContext,
+        index: usize,
+        elem: ONNXTensorElementDataType,
+        dims: &[i64],
+        symbol: impl Fn(usize) -> String,
+    ) -> OrtResult<()> {
+        let names: Vec<CString> = (0..dims.len())
+            .map(|a| CString::new(if dims[a] < 0 { symbol(a) } else { String::new() }).unwrap_or_default())
+            .collect();
+        let mut name_ptrs: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        let mut info = std::ptr::null_mut();
+        // SAFETY: we create, fill, hand over (ORT copies) and release the info.
+        unsafe {
+            self.check((self.0.CreateTensorTypeAndShapeInfo)(&mut info))?;
+            let result = self
+                .check((self.0.SetTensorElementType)(info, elem))
+                .and_then(|()| self.check((self.0.SetDimensions)(info, dims.as_ptr(), dims.len())))
+                .and_then(|()| {
+                    self.check((self.0.SetSymbolicDimensions)(info, name_ptrs.as_mut_ptr(), name_ptrs.len()))
+                })
+                .and_then(|()| self.check((self.0.ShapeInferContext_SetOutputTypeShape)(ctx, index, info)));
+            (self.0.ReleaseTensorTypeAndShapeInfo)(info);
+            result
+        }
+    }
+}

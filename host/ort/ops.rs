@@ -1,0 +1,538 @@
+//! dlkern's ops as `OrtCustomOp`s: one struct per (op, element type, execution provider), all
+//! of them thin wrappers that turn ORT values into DLPack tensors and call the registry.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::{Mutex, OnceLock};
+
+use ort_sys::ONNXTensorElementDataType as Elem;
+use ort_sys::*;
+
+use super::api::{Api, ORT_API_VERSION_NEEDED, OrtResult};
+use crate::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
+use crate::dtype::DType;
+use crate::registry::{self, AttrValue, Attributes, TensorSpec};
+
+/// Which ONNX Runtime execution provider an op instance serves.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Provider {
+    Cpu,
+    Cuda,
+}
+
+/// What an op does.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// A typed op for one built-in kernel: fixed name, arity and element type.
+    Typed {
+        op: &'static CStr,
+        kernel: &'static str,
+        inputs: usize,
+        outputs: usize,
+        elem: Elem,
+        attrs: &'static [TypedAttr],
+    },
+    /// `DLPackKernel`: any registered kernel, variadic heterogeneous inputs and outputs.
+    Generic,
+}
+
+/// An attribute of a typed op, read at kernel creation and passed to the kernel.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct TypedAttr {
+    name: &'static CStr,
+    kind: AttrKind,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum AttrKind {
+    /// A float with a default.
+    Float(u32),
+}
+
+const RMSNORM_ATTRS: &[TypedAttr] = &[TypedAttr { name: c"epsilon", kind: AttrKind::Float(0x3727_c5ac) }]; // 1e-5
+
+/// One registered `OrtCustomOp` and what it stands for. `base` comes first so ORT's
+/// `*const OrtCustomOp` can be cast back.
+#[repr(C)]
+struct DlkernOp {
+    base: OrtCustomOp,
+    kind: Kind,
+    provider: Provider,
+}
+
+// SAFETY: immutable after construction; ORT reads it from any thread.
+unsafe impl Send for DlkernOp {}
+unsafe impl Sync for DlkernOp {}
+
+const GENERIC_OP: &CStr = c"DLPackKernel";
+
+fn op_of(op: *const OrtCustomOp) -> &'static DlkernOp {
+    // SAFETY: every OrtCustomOp dlkern registers is the first field of a leaked DlkernOp.
+    unsafe { &*op.cast::<DlkernOp>() }
+}
+
+static API: OnceLock<Api> = OnceLock::new();
+
+fn api() -> Api {
+    *API.get().expect("the API is set before any op is registered")
+}
+
+/// Runs an ORT callback body, turning errors and panics into an error status.
+fn guarded(what: &str, body: impl FnOnce() -> OrtResult<()>) -> OrtStatusPtr {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(Ok(())) => OrtStatusPtr(std::ptr::null_mut()),
+        Ok(Err(message)) => OrtStatusPtr(api().error(&message)),
+        Err(_) => OrtStatusPtr(api().error(&format!("{what}: internal error in dlkern (panic contained)"))),
+    }
+}
+
+fn all_ops() -> &'static [DlkernOp] {
+    // Never modified after initialisation, so the elements keep their addresses (ORT holds them).
+    static OPS: OnceLock<Vec<DlkernOp>> = OnceLock::new();
+    OPS.get_or_init(|| {
+        let mut kinds = Vec::new();
+        for elem in [
+            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
+        ] {
+            kinds.push(Kind::Typed {
+                op: c"RMSNorm",
+                kernel: registry::builtin::RMSNORM,
+                inputs: 2,
+                outputs: 1,
+                elem,
+                attrs: RMSNORM_ATTRS,
+            });
+        }
+        kinds.push(Kind::Generic);
+        let mut ops = Vec::new();
+        for provider in [Provider::Cuda, Provider::Cpu] {
+            for &kind in &kinds {
+                ops.push(DlkernOp { base: custom_op_table(), kind, provider });
+            }
+        }
+        ops
+    })
+}
+
+fn custom_op_table() -> OrtCustomOp {
+    OrtCustomOp {
+        // The struct layout dlkern fills (through GetEndVersion).
+        version: ORT_API_VERSION_NEEDED,
+        CreateKernel: None,
+        GetName: Some(get_name),
+        GetExecutionProviderType: Some(get_provider),
+        GetInputType: Some(get_input_type),
+        GetInputTypeCount: Some(get_input_count),
+        GetOutputType: Some(get_output_type),
+        GetOutputTypeCount: Some(get_output_count),
+        KernelCompute: None,
+        KernelDestroy: Some(kernel_destroy),
+        GetInputCharacteristic: Some(get_characteristic),
+        GetOutputCharacteristic: Some(get_characteristic),
+        GetInputMemoryType: Some(get_input_memory_type),
+        GetVariadicInputMinArity: Some(variadic_min_arity),
+        GetVariadicInputHomogeneity: Some(variadic_homogeneity),
+        GetVariadicOutputMinArity: Some(variadic_min_arity),
+        GetVariadicOutputHomogeneity: Some(variadic_homogeneity),
+        CreateKernelV2: Some(create_kernel),
+        KernelComputeV2: Some(kernel_compute),
+        InferOutputShapeFn: Some(infer_output_shape),
+        GetStartVersion: Some(start_version),
+        GetEndVersion: Some(end_version),
+    }
+}
+
+unsafe extern "system" fn get_name(op: *const OrtCustomOp) -> *const c_char {
+    match op_of(op).kind {
+        Kind::Typed { op, .. } => op.as_ptr(),
+        Kind::Generic => GENERIC_OP.as_ptr(),
+    }
+}
+
+unsafe extern "system" fn get_provider(op: *const OrtCustomOp) -> *const c_char {
+    match op_of(op).provider {
+        Provider::Cuda => c"CUDAExecutionProvider".as_ptr(),
+        Provider::Cpu => c"CPUExecutionProvider".as_ptr(),
+    }
+}
+
+unsafe extern "system" fn get_input_type(op: *const OrtCustomOp, _index: usize) -> Elem {
+    match op_of(op).kind {
+        Kind::Typed { elem, .. } => elem,
+        Kind::Generic => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
+    }
+}
+
+unsafe extern "system" fn get_output_type(op: *const OrtCustomOp, index: usize) -> Elem {
+    // SAFETY: forwarded.
+    unsafe { get_input_type(op, index) }
+}
+
+unsafe extern "system" fn get_input_count(op: *const OrtCustomOp) -> usize {
+    match op_of(op).kind {
+        Kind::Typed { inputs, .. } => inputs,
+        Kind::Generic => 1,
+    }
+}
+
+unsafe extern "system" fn get_output_count(op: *const OrtCustomOp) -> usize {
+    match op_of(op).kind {
+        Kind::Typed { outputs, .. } => outputs,
+        Kind::Generic => 1,
+    }
+}
+
+unsafe extern "system" fn get_characteristic(
+    op: *const OrtCustomOp,
+    _index: usize,
+) -> OrtCustomOpInputOutputCharacteristic {
+    match op_of(op).kind {
+        Kind::Typed { .. } => OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED,
+        Kind::Generic => OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_VARIADIC,
+    }
+}
+
+unsafe extern "system" fn get_input_memory_type(_op: *const OrtCustomOp, _index: usize) -> OrtMemType {
+    OrtMemType::OrtMemTypeDefault
+}
+
+unsafe extern "system" fn variadic_min_arity(_op: *const OrtCustomOp) -> c_int {
+    1
+}
+
+unsafe extern "system" fn variadic_homogeneity(_op: *const OrtCustomOp) -> c_int {
+    0 // heterogeneous: each input/output has its own type
+}
+
+unsafe extern "system" fn start_version(_op: *const OrtCustomOp) -> c_int {
+    1
+}
+
+unsafe extern "system" fn end_version(_op: *const OrtCustomOp) -> c_int {
+    c_int::MAX
+}
+
+/// A kernel instance: one node of a session.
+struct NodeKernel {
+    op: &'static DlkernOp,
+    /// "dlkern RMSNorm node 'n1'" for messages.
+    label: String,
+    function_name: String,
+    attrs: Attributes,
+    num_outputs: usize,
+}
+
+fn op_name(op: &DlkernOp) -> &'static str {
+    match op.kind {
+        Kind::Typed { op, .. } => op.to_str().unwrap_or("?"),
+        Kind::Generic => "DLPackKernel",
+    }
+}
+
+unsafe extern "system" fn create_kernel(
+    op: *const OrtCustomOp,
+    _api: *const OrtApi,
+    info: *const OrtKernelInfo,
+    kernel: *mut *mut c_void,
+) -> OrtStatusPtr {
+    let op = op_of(op);
+    guarded("CreateKernel", || {
+        let api = api();
+        let label = format!("dlkern {} node '{}'", op_name(op), api.node_name(info));
+        let with_label = |m: String| format!("{label}: {m}");
+        let mut n_out = 0usize;
+        // SAFETY: valid info.
+        api.check(unsafe { (api.0.KernelInfo_GetOutputCount)(info, &mut n_out) }).map_err(with_label)?;
+        let mut attrs = Attributes::new();
+        let function_name = match op.kind {
+            Kind::Typed { kernel, attrs: typed, .. } => {
+                for a in typed {
+                    let AttrKind::Float(default_bits) = a.kind;
+                    let value = api.attr_f32(info, a.name).unwrap_or(f32::from_bits(default_bits));
+                    attrs.set(a.name.to_string_lossy(), AttrValue::Float(value as f64));
+                }
+                kernel.to_string()
+            }
+            Kind::Generic => {
+                let name = api
+                    .attr_string(info, c"function_name")
+                    .map_err(|_| with_label("missing required string attribute 'function_name'".into()))?;
+                registry::get(&name).map_err(|e| with_label(e.to_string()))?;
+                if let Ok(list) = api.attr_string(info, c"attribute_names") {
+                    for attr in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                        let value = read_any_attr(api, info, attr).ok_or_else(|| {
+                            with_label(format!("attribute_names lists '{attr}', which the node does not have"))
+                        })?;
+                        attrs.set(attr, value);
+                    }
+                }
+                name
+            }
+        };
+        let state = Box::new(NodeKernel { op, label, function_name, attrs, num_outputs: n_out });
+        // SAFETY: ORT passes a valid out-pointer; KernelDestroy frees the box.
+        unsafe { *kernel = Box::into_raw(state).cast() };
+        Ok(())
+    })
+}
+
+/// An attribute of unknown type: tries each type ORT can return for a name.
+fn read_any_attr(api: Api, info: *const OrtKernelInfo, name: &str) -> Option<AttrValue> {
+    let c = CString::new(name).ok()?;
+    if let Ok(v) = api.attr_i64(info, &c) {
+        return Some(AttrValue::Int(v));
+    }
+    if let Ok(v) = api.attr_f32(info, &c) {
+        return Some(AttrValue::Float(v as f64));
+    }
+    if let Ok(v) = api.attr_string(info, &c) {
+        return Some(AttrValue::String(v));
+    }
+    if let Ok(v) = api.attr_i64s(info, &c) {
+        return Some(AttrValue::Ints(v));
+    }
+    api.attr_f32s(info, &c).ok().map(|v| AttrValue::Floats(v.into_iter().map(f64::from).collect()))
+}
+
+unsafe extern "system" fn kernel_destroy(kernel: *mut c_void) {
+    if !kernel.is_null() {
+        // SAFETY: created by create_kernel.
+        drop(unsafe { Box::from_raw(kernel.cast::<NodeKernel>()) });
+    }
+}
+
+fn dtype_of(elem: Elem) -> Option<DType> {
+    Some(match elem {
+        Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => DType::F32,
+        Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 => DType::F16,
+        Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 => DType::BF16,
+        Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 => DType::I8,
+        Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 => DType::U8,
+        Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => DType::I32,
+        Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => DType::I64,
+        _ => return None,
+    })
+}
+
+/// A DLTensor over an ORT tensor (borrowing `shape`, which must outlive it).
+fn dl_tensor(data: *mut c_void, device: DLDevice, dtype: DType, shape: &mut [i64]) -> DLTensor {
+    DLTensor {
+        data,
+        device,
+        ndim: shape.len() as i32,
+        dtype: dtype_to_dl(dtype),
+        shape: shape.as_mut_ptr(),
+        strides: std::ptr::null_mut(), // ORT tensors are dense row-major
+        byte_offset: 0,
+    }
+}
+
+unsafe extern "system" fn kernel_compute(kernel: *mut c_void, context: *mut OrtKernelContext) -> OrtStatusPtr {
+    // SAFETY: created by create_kernel, alive until KernelDestroy.
+    let kernel = unsafe { &*kernel.cast::<NodeKernel>() };
+    guarded("Compute", || compute(kernel, context).map_err(|m| format!("{}: {m}", kernel.label)))
+}
+
+fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()> {
+    let api = api();
+    let (mut n_in, mut n_out) = (0usize, 0usize);
+    // SAFETY: a valid context for the duration of the call.
+    unsafe {
+        api.check((api.0.KernelContext_GetInputCount)(context, &mut n_in))?;
+        api.check((api.0.KernelContext_GetOutputCount)(context, &mut n_out))?;
+    }
+    let mut stream: *mut c_void = std::ptr::null_mut();
+    if kernel.op.provider == Provider::Cuda {
+        // SAFETY: a valid context; the stream stays ORT's.
+        api.check(unsafe { (api.0.KernelContext_GetGPUComputeStream)(context, &mut stream) })?;
+    }
+    // Inputs: metadata first (shapes must live as long as the DLTensors).
+    let mut shapes: Vec<Vec<i64>> = Vec::with_capacity(n_in + n_out);
+    let mut metas = Vec::with_capacity(n_in);
+    for i in 0..n_in {
+        let mut value: *const OrtValue = std::ptr::null();
+        // SAFETY: index < input count.
+        api.check(unsafe { (api.0.KernelContext_GetInput)(context, i, &mut value) })?;
+        if value.is_null() {
+            return Err(format!("input {i} is missing"));
+        }
+        let (elem, dims) = api.value_type_and_shape(value)?;
+        let dtype =
+            dtype_of(elem).ok_or_else(|| format!("input {i} has element type {elem:?}, which dlkern does not take"))?;
+        let device = device_of(api, kernel.op.provider, value)?;
+        let data = api.mutable_data(value.cast_mut())?;
+        shapes.push(dims);
+        metas.push((data, device, dtype));
+    }
+    let mut tensors: Vec<DLTensor> = Vec::with_capacity(n_in + n_out);
+    for (i, &(data, device, dtype)) in metas.iter().enumerate() {
+        tensors.push(dl_tensor(data, device, dtype, &mut shapes[i]));
+    }
+    // Outputs: shapes from the kernel's inference, memory from ORT.
+    // SAFETY: the input DLTensors borrow live shape vectors (not moved: capacity reserved).
+    let specs: Vec<TensorSpec> =
+        unsafe { registry::infer(&kernel.function_name, &tensors, n_out, &kernel.attrs) }.map_err(|e| e.to_string())?;
+    for (i, spec) in specs.into_iter().enumerate() {
+        let mut value: *mut OrtValue = std::ptr::null_mut();
+        // SAFETY: index < output count; ORT allocates on the op's provider.
+        api.check(unsafe {
+            (api.0.KernelContext_GetOutput)(context, i, spec.shape.as_ptr(), spec.shape.len(), &mut value)
+        })?;
+        if value.is_null() {
+            return Err(format!("ORT could not allocate output {i} of shape {:?}", spec.shape));
+        }
+        let device = device_of(api, kernel.op.provider, value)?;
+        let data = api.mutable_data(value)?;
+        shapes.push(spec.shape);
+        let shape = shapes.last_mut().expect("just pushed");
+        tensors.push(dl_tensor(data, device, spec.dtype, shape));
+    }
+    debug_assert_eq!(kernel.num_outputs, n_out);
+    // SAFETY: ORT's tensors are valid on their device for this call; `stream` is ORT's compute
+    // stream of the node's device (or null on the CPU provider).
+    unsafe { registry::call(&kernel.function_name, &mut tensors, n_in, stream, &kernel.attrs) }
+        .map_err(|e| e.to_string())
+}
+
+fn device_of(api: Api, provider: Provider, value: *const OrtValue) -> OrtResult<DLDevice> {
+    Ok(match provider {
+        Provider::Cpu => DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
+        Provider::Cuda => DLDevice { device_type: DLDeviceType::CUDA, device_id: api.device_id(value)? },
+    })
+}
+
+unsafe extern "system" fn infer_output_shape(
+    op: *const OrtCustomOp,
+    context: *mut OrtShapeInferContext,
+) -> OrtStatusPtr {
+    let op = op_of(op);
+    guarded("InferOutputShape", || infer_shapes(op, context).map_err(|m| format!("dlkern {}: {m}", op_name(op))))
+}
+
+fn infer_shapes(op: &DlkernOp, context: *mut OrtShapeInferContext) -> OrtResult<()> {
+    let api = api();
+    match op.kind {
+        // The typed ops' first output has the first input's type and shape, symbolic
+        // dimensions included: hand ORT the input's own type-and-shape info.
+        Kind::Typed { .. } => {
+            let mut info = std::ptr::null_mut();
+            // SAFETY: a valid context; the info stays owned by it and ORT copies it.
+            unsafe {
+                api.check((api.0.ShapeInferContext_GetInputTypeShape)(context, 0, &mut info))?;
+                api.check((api.0.ShapeInferContext_SetOutputTypeShape)(context, 0, info))
+            }
+        }
+        Kind::Generic => infer_generic(api, context),
+    }
+}
+
+/// `DLPackKernel` outputs: the registered kernel's inference on the inputs' metadata. Unknown
+/// (symbolic) input dimensions are taken as 1 to learn the output types and ranks; output
+/// dimensions that depend on them are left symbolic.
+fn infer_generic(api: Api, context: *mut OrtShapeInferContext) -> OrtResult<()> {
+    let function_name =
+        api.infer_attr_string(context, c"function_name").ok_or("missing required string attribute 'function_name'")?;
+    let mut attrs = Attributes::new();
+    if let Some(list) = api.infer_attr_string(context, c"attribute_names") {
+        for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let c = CString::new(name).map_err(|e| e.to_string())?;
+            if let Some(value) = api.infer_attr_any(context, &c) {
+                attrs.set(name, value);
+            }
+        }
+    }
+    let (mut n_in, mut n_out) = (0usize, 0usize);
+    // SAFETY: a valid context.
+    api.check(unsafe { (api.0.ShapeInferContext_GetInputCount)(context, &mut n_in) })?;
+    let mut shapes = Vec::with_capacity(n_in);
+    let mut dtypes = Vec::with_capacity(n_in);
+    let mut any_unknown = false;
+    for i in 0..n_in {
+        let mut info = std::ptr::null_mut();
+        // SAFETY: index < count; the info is owned by the context.
+        api.check(unsafe { (api.0.ShapeInferContext_GetInputTypeShape)(context, i, &mut info) })?;
+        let (elem, dims) = api.type_and_shape(info, false)?;
+        dtypes.push(
+            dtype_of(elem).ok_or_else(|| format!("input {i} has element type {elem:?}, which dlkern does not take"))?,
+        );
+        any_unknown |= dims.iter().any(|&d| d < 0);
+        shapes.push(dims.iter().map(|&d| if d < 0 { 1 } else { d }).collect::<Vec<i64>>());
+    }
+    let device = DLDevice { device_type: DLDeviceType::CPU, device_id: 0 };
+    let tensors: Vec<DLTensor> =
+        shapes.iter_mut().zip(&dtypes).map(|(s, &d)| dl_tensor(std::ptr::null_mut(), device, d, s)).collect();
+    // The node's output count is not in the shape-inference context: ask the kernel for as many
+    // outputs as it declares (or one).
+    let kernel = registry::get(&function_name).map_err(|e| e.to_string())?;
+    n_out = kernel.num_outputs.unwrap_or(n_out.max(1));
+    // SAFETY: metadata-only tensors with live shape arrays.
+    let specs = unsafe { registry::infer(&function_name, &tensors, n_out, &attrs) }.map_err(|e| e.to_string())?;
+    for (i, spec) in specs.iter().enumerate() {
+        let dims: Vec<i64> = if any_unknown { vec![-1; spec.shape.len()] } else { spec.shape.clone() };
+        api.set_output(context, i, elem_of(spec.dtype), &dims, |axis| format!("{function_name}_out{i}_{axis}"))?;
+    }
+    Ok(())
+}
+
+fn elem_of(dtype: DType) -> Elem {
+    match dtype {
+        DType::F32 => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+        DType::F16 => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+        DType::BF16 => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
+        DType::I8 => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,
+        DType::U8 => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
+        DType::I32 => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
+        DType::I64 => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
+    }
+}
+
+/// Custom-op domains handed to sessions; ORT requires them to outlive the sessions, so they
+/// are kept for the life of the process.
+struct Domains(Vec<usize>);
+static DOMAINS: Mutex<Domains> = Mutex::new(Domains(Vec::new()));
+
+/// `RegisterCustomOps`: adds the `dlkern` domain with every op to `options`.
+///
+/// # Safety
+/// ORT's arguments.
+pub(super) unsafe fn register(options: *mut OrtSessionOptions, api_base: *const OrtApiBase) -> *mut OrtStatus {
+    if api_base.is_null() || options.is_null() {
+        return std::ptr::null_mut(); // no API to build a status with
+    }
+    // SAFETY: ORT's API base.
+    let table = unsafe { ((*api_base).GetApi)(ORT_API_VERSION_NEEDED) };
+    if table.is_null() {
+        // SAFETY: version 1 of the API exists in every runtime; CreateStatus is in its prefix.
+        let v1 = unsafe { ((*api_base).GetApi)(1) };
+        if v1.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: as above.
+        let version = unsafe { super::runtime_version(api_base) };
+        let message = format!(
+            "libdlkern needs ONNX Runtime C API version {ORT_API_VERSION_NEEDED} (ONNX Runtime 1.{ORT_API_VERSION_NEEDED}) or newer; this runtime is {version}"
+        );
+        return Api(unsafe { &*v1 }).error(&message);
+    }
+    // SAFETY: a valid table for the life of the process.
+    let api = *API.get_or_init(|| Api(unsafe { &*table }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> OrtResult<()> {
+        let mut domain = std::ptr::null_mut();
+        let name = CString::new(super::DOMAIN).expect("no NUL");
+        // SAFETY: ORT calls with valid arguments; ops are 'static.
+        unsafe {
+            api.check((api.0.CreateCustomOpDomain)(name.as_ptr(), &mut domain))?;
+            DOMAINS.lock().unwrap_or_else(|p| p.into_inner()).0.push(domain as usize);
+            for op in all_ops() {
+                api.check((api.0.CustomOpDomain_Add)(domain, &op.base))?;
+            }
+            api.check((api.0.AddCustomOpDomain)(options, domain))
+        }
+    }));
+    match result {
+        Ok(Ok(())) => std::ptr::null_mut(),
+        Ok(Err(message)) => api.error(&format!("dlkern: registering custom ops failed: {message}")),
+        Err(_) => api.error("dlkern: registering custom ops failed (internal error, panic contained)"),
+    }
+}

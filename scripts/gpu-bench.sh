@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On the GPU host: runs every criterion bench (ceilings first) and the PyTorch comparison, then
+# gathers everything into $OUT/results.json for python/bench_report.py.
+# Usage: bash .gpu/gpu-bench.sh   (from the repository root, after scripts/gpu-bundle.sh here)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/.." && pwd); cd "$root"
+out=${OUT:-/tmp}; work=$(mktemp -d)
+export CRITERION_HOME="$work/criterion" DLKERN_BENCH_META="$work/meta.jsonl"
+export DLKERN_LIB="$here/lib/libdlkern.so"
+for b in "$here"/benches/ceilings-* "$here"/benches/rmsnorm-*; do
+  echo "=== $(basename "$b")"
+  "$b" --bench --warm-up-time 1 --measurement-time 2 --noplot 2>&1 | grep -E "time:|thrpt:|^[a-z]" || true
+done
+echo "=== PyTorch comparison"
+python3 benches/compare_torch.py "$work/torch.json"
+python3 - "$work" "$out/results.json" <<'PY'
+import glob, json, os, subprocess, sys, datetime
+work, dest = sys.argv[1], sys.argv[2]
+crit = []
+for est in glob.glob(os.path.join(work, "criterion", "**", "new", "estimates.json"), recursive=True):
+    bench = json.load(open(os.path.join(os.path.dirname(est), "benchmark.json")))
+    crit.append({"id": bench["full_id"], "median_ns": json.load(open(est))["median"]["point_estimate"]})
+meta = [json.loads(l) for l in open(os.path.join(work, "meta.jsonl"))]
+smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+import torch
+json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].strip(), "driver": smi.split(",")[-1].strip(),
+           "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; bash .gpu/gpu-bench.sh on the GPU host",
+           "criterion": sorted(crit, key=lambda r: r["id"]), "meta": meta,
+           "comparison": json.load(open(os.path.join(work, "torch.json")))}, open(dest, "w"), indent=1)
+print("wrote", dest, len(crit), "criterion results")
+PY

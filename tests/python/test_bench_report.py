@@ -1,0 +1,44 @@
+"""The benchmark report generator on the recorded results of the last GPU run (CI): it must run,
+draw a plot per family, and reproduce the committed BENCHMARKS.md exactly, so that no number
+there was typed by hand."""
+
+import json
+import os
+import sys
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import bench_report  # noqa: E402
+
+
+def test_report_reproduces_benchmarks_md(tmp_path):
+    with open(os.path.join(ROOT, "benches", "results", "latest.json")) as f:
+        results = json.load(f)
+    text = bench_report.render(results, str(tmp_path), "benches/plots")
+    with open(os.path.join(ROOT, "BENCHMARKS.md")) as f:
+        committed = f.read()
+    assert text == committed, "BENCHMARKS.md differs from the generator's output: regenerate it with python/bench_report.py"
+    families = {m["family"] for m in results["meta"]} - {"ceilings"}
+    for family in families:
+        assert f"## {family}" in text
+        assert (tmp_path / f"{family}.png").stat().st_size > 1000
+    assert results["gpu"] in text and results["date"] in text
+
+
+def test_ceiling_and_ratios_follow_the_data():
+    results = {
+        "date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c",
+        "criterion": [{"id": "ceilings/copy", "median_ns": 1000.0}, {"id": "fam/k", "median_ns": 2000.0}],
+        "meta": [
+            {"family": "ceilings", "id": "ceilings/copy", "implementation": "copy", "shape": "s", "dtype": "u8", "bytes": 4_000_000, "flops": 0, "workspace_bytes": 0},
+            {"family": "rmsnorm", "id": "fam/k", "implementation": "dlkern", "shape": "8x8", "dtype": "f16", "bytes": 2_000_000, "flops": 0, "workspace_bytes": 0},
+        ],
+        "comparison": [
+            {"family": "rmsnorm", "implementation": "dlkern", "shape": "8x8", "dtype": "f16", "time_us": 1.0, "bytes": 2_000_000, "flops": 0},
+            {"family": "rmsnorm", "implementation": "base", "shape": "8x8", "dtype": "f16", "time_us": 3.0, "bytes": 2_000_000, "flops": 0},
+        ],
+    }
+    assert abs(bench_report.ceiling_tbps(results) - 4.0) < 1e-9
+    text = bench_report.render(results)
+    row = [l for l in text.splitlines() if l.startswith("| f16 | 8x8")][0]
+    assert "| base | 3.00 us | 3.00 |" in row and "2.00 TB/s" in row and "50%" in row, row

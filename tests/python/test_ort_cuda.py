@@ -1,0 +1,96 @@
+"""GPU host, with onnxruntime-gpu: dlkern's ops on the CUDA execution provider against the CPU
+EP, with I/O binding on device memory, and DLPackKernel calling a CUDA kernel registered
+through the C ABI (the nvcc-built plug-in). Skipped where the CUDA EP is unavailable."""
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+ort = pytest.importorskip("onnxruntime")
+if "CUDAExecutionProvider" not in ort.get_available_providers():
+    pytest.skip("needs onnxruntime-gpu with the CUDA execution provider", allow_module_level=True)
+
+from onnx import TensorProto, helper  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import dlkern_ctypes as dk  # noqa: E402
+import dlkern_onnx as dx  # noqa: E402
+
+LIB_PATH = os.path.abspath(os.environ["DLKERN_LIB"])
+LIB = dk.Library(LIB_PATH)
+CUDA = "CUDAExecutionProvider"
+
+
+def providers_of(sess):
+    with open(sess.end_profiling()) as f:
+        events = json.load(f)
+    used = collections.defaultdict(set)
+    for e in events:
+        if e.get("cat") == "Node":
+            used[e["args"].get("op_name")].add(e["args"].get("provider"))
+    return used
+
+
+def run_bound(sess, feeds, device):
+    io = sess.io_binding()
+    for name, arr in feeds.items():
+        io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr, device, 0))
+    io.bind_output(sess.get_outputs()[0].name, device)
+    sess.run_with_iobinding(io)
+    return io.copy_outputs_to_cpu()[0]
+
+
+@pytest.mark.parametrize("generic", [False, True])
+@pytest.mark.parametrize("np_dtype,elem", [(np.float32, TensorProto.FLOAT), (np.float16, TensorProto.FLOAT16)])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 3, 97), (1, 5, 80), (4, 64, 4096), (1, 2, 1025)])
+def test_cuda_ep_matches_cpu_ep(generic, np_dtype, elem, shape):
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-3, 3, shape).astype(np_dtype)
+    w = rng.uniform(-1, 1, shape[-1]).astype(np_dtype)
+    model = dx.rmsnorm_model(elem, shape[-1], 1e-6, generic)
+    gpu = dx.session(LIB_PATH, model, CUDA, profile=True)
+    y_gpu = run_bound(gpu, {"X": x, "scale": w}, "cuda")
+    assert providers_of(gpu)["DLPackKernel" if generic else "RMSNorm"] == {CUDA}
+    (y_cpu,) = dx.session(LIB_PATH, model).run(None, {"X": x, "scale": w})
+    # The CPU EP rounds the f64 reference once; the GPU adds f32 accumulation: 2 roundoffs.
+    np.testing.assert_allclose(y_gpu.astype(np.float64), y_cpu.astype(np.float64), rtol=4 * np.finfo(np_dtype).eps, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def cuda_plugin():
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    out = os.path.join(tempfile.mkdtemp(), "libdlkern_cuda_plugin.so")
+    subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", "-I", os.path.join(ROOT, "include"),
+                    os.path.join(ROOT, "tests", "plugin", "cuda_plugin.cu"), "-o", out], check=True)
+    if "plugin.saxpy" not in LIB.kernels():
+        LIB.load_plugin(out)
+    return out
+
+
+def test_generic_op_runs_a_c_abi_cuda_kernel_on_ort_stream(cuda_plugin):
+    node = helper.make_node("DLPackKernel", ["X"], ["H"], domain="dlkern", name="saxpy", function_name="plugin.saxpy",
+                            a=3.0, b=0.5, attribute_names="a, b")
+    relu = helper.make_node("Relu", ["H"], ["Y"])
+    model = dx.model([node, relu], [dx.value("X", TensorProto.FLOAT, ["n", 1000])], [dx.value("Y", TensorProto.FLOAT, None)])
+    sess = dx.session(LIB_PATH, model, CUDA, profile=True)
+    x = np.random.default_rng(2).standard_normal((7, 1000)).astype(np.float32)
+    y = run_bound(sess, {"X": x}, "cuda")
+    np.testing.assert_allclose(y, np.maximum(3.0 * x + 0.5, 0), rtol=1e-6, atol=1e-6)
+    assert providers_of(sess)["DLPackKernel"] == {CUDA}
+
+
+def test_cuda_ep_reports_kernel_errors():
+    node = helper.make_node("RMSNorm", ["X", "scale"], ["Y"], domain="dlkern", name="bad")
+    model = dx.model([node], [dx.value("X", TensorProto.FLOAT16, [2, 8]), dx.value("scale", TensorProto.FLOAT16, ["d"])],
+                     [dx.value("Y", TensorProto.FLOAT16, None)])
+    sess = dx.session(LIB_PATH, model, CUDA)
+    with pytest.raises(Exception, match=r"dlkern RMSNorm node 'bad'.*tensor 'weight': shape \[3\] \(expected \[8\]\)"):
+        sess.run(None, {"X": np.ones((2, 8), np.float16), "scale": np.ones(3, np.float16)})
