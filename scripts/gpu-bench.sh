@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU host: runs every criterion bench (ceilings first) and the PyTorch comparison, then
-# gathers everything into $OUT/results.json for python/bench_report.py.
+# gathers everything into $OUT/results.json and renders $OUT/BENCHMARKS.md and $OUT/plots/
+# with python/bench_report.py (commit results.json as benches/results/latest.json and rerun
+# the generator here to update the repository's copies).
 # Usage: bash .gpu/gpu-bench.sh   (from the repository root, after scripts/gpu-bundle.sh here)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/.." && pwd); cd "$root"
@@ -29,3 +31,5 @@ json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].s
            "comparison": json.load(open(os.path.join(work, "torch.json")))}, open(dest, "w"), indent=1)
 print("wrote", dest, len(crit), "criterion results")
 PY
+mkdir -p "$out/plots"
+python3 python/bench_report.py "$out/results.json" --out "$out/BENCHMARKS.md" --plots "$out/plots"

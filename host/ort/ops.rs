@@ -249,15 +249,31 @@ unsafe extern "system" fn create_kernel(
             Kind::Typed { kernel, attrs: typed, .. } => {
                 for a in typed {
                     let AttrKind::Float(default_bits) = a.kind;
-                    let value = api.attr_f32(info, a.name).unwrap_or(f32::from_bits(default_bits));
-                    attrs.set(a.name.to_string_lossy(), AttrValue::Float(value as f64));
+                    let name = a.name.to_string_lossy();
+                    let value = match api.attr_f32(info, a.name) {
+                        Ok(v) => v,
+                        // Absent: the default. Present with another type: the node is wrong.
+                        Err(_) => match read_any_attr(api, info, &name) {
+                            None => f32::from_bits(default_bits),
+                            Some(other) => {
+                                return Err(with_label(format!("attribute '{name}' must be a float, got {other:?}")));
+                            }
+                        },
+                    };
+                    if !value.is_finite() || value < 0.0 {
+                        return Err(with_label(format!("attribute '{name}' = {value} must be finite and >= 0")));
+                    }
+                    attrs.set(name, AttrValue::Float(value as f64));
                 }
                 kernel.to_string()
             }
             Kind::Generic => {
-                let name = api
-                    .attr_string(info, c"function_name")
-                    .map_err(|_| with_label("missing required string attribute 'function_name'".into()))?;
+                let name = api.attr_string(info, c"function_name").map_err(|_| {
+                    match read_any_attr(api, info, "function_name") {
+                        Some(other) => with_label(format!("attribute 'function_name' must be a string, got {other:?}")),
+                        None => with_label("missing required string attribute 'function_name'".into()),
+                    }
+                })?;
                 registry::get(&name).map_err(|e| with_label(e.to_string()))?;
                 if let Ok(list) = api.attr_string(info, c"attribute_names") {
                     for attr in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {

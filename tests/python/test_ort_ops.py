@@ -123,6 +123,16 @@ def test_errors_name_the_op_node_and_problem():
     m = dx.model([node], [dx.value("X", TensorProto.FLOAT, ["n", 3])], [dx.value("Y", TensorProto.FLOAT, None)])
     msg = error_of(lambda: dx.session(LIB_PATH, m))
     assert "missing required string attribute 'function_name'" in msg, msg
+    node = helper.make_node("DLPackKernel", ["X"], ["Y"], domain="dlkern", name="g2", function_name=7)
+    m = dx.model([node], [dx.value("X", TensorProto.FLOAT, ["n", 3])], [dx.value("Y", TensorProto.FLOAT, None)])
+    msg = error_of(lambda: dx.session(LIB_PATH, m))
+    assert "dlkern DLPackKernel node 'g2': attribute 'function_name' must be a string, got Int(7)" in msg, msg
+    for bad_eps, expected in [("tiny", "attribute 'epsilon' must be a float, got String"), (-1.0, "attribute 'epsilon' = -1 must be finite")]:
+        node = helper.make_node("RMSNorm", ["X", "scale"], ["Y"], domain="dlkern", name="r2", epsilon=bad_eps)
+        m = dx.model([node], [dx.value("X", TensorProto.FLOAT, [2, 8]), dx.value("scale", TensorProto.FLOAT, [8])],
+                     [dx.value("Y", TensorProto.FLOAT, None)])
+        msg = error_of(lambda: dx.session(LIB_PATH, m))
+        assert "dlkern RMSNorm node 'r2'" in msg and expected in msg, msg
     msg = error_of(lambda: dx.session(LIB_PATH, generic_model("dlkern.rmsnorm", attribute_names="nope")))
     assert "attribute_names lists 'nope'" in msg or "nope" in msg, msg
     # A kernel error at run time: the weight does not match the row length.
