@@ -20,7 +20,6 @@ pub const ERR_KERNEL_FAILED: i32 = 4;
 pub const ERR_CUDA: i32 = 5;
 pub const ERR_PLUGIN: i32 = 6;
 pub const ERR_INTERNAL: i32 = 7;
-pub const ERR_BUFFER_TOO_SMALL: i32 = 8;
 
 /// `dlkern_kernel_def` from `include/dlkern.h`.
 #[repr(C)]
