@@ -87,8 +87,36 @@ def rmsnorm_records():
     return out
 
 
+def paged_attention_records():
+    """PyTorch SDPA on a contiguous cache of the same sizes (the issue's baseline), flash and
+    cuDNN backends. dlkern's own numbers come from the criterion bench (benches/paged_attention.rs)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    for batch, hq, hkv, ctx, d in [(64, 32, 8, 4096, 128), (16, 32, 32, 4096, 128), (1, 32, 8, 65536, 128), (256, 32, 8, 1024, 128)]:
+        g = torch.Generator(device="cuda").manual_seed(ctx + batch)
+        q = torch.randn(batch, hq, 1, d, device="cuda", dtype=torch.float16, generator=g)
+        k = torch.randn(batch, hkv, ctx, d, device="cuda", dtype=torch.float16, generator=g)
+        v = torch.randn(batch, hkv, ctx, d, device="cuda", dtype=torch.float16, generator=g)
+        kv_bytes = 2 * batch * ctx * hkv * d * 2
+        for name, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
+            def call():
+                with sdpa_kernel(backend):
+                    torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
+            try:
+                t = graph_time_us(call)
+            except Exception as e:  # a backend that does not take this shape
+                print(f"paged_attention baseline {name} B{batch}: {e}", file=sys.stderr)
+                continue
+            out.append({"family": "paged_attention", "implementation": name, "shape": f"B{batch} Hq{hq} Hkv{hkv} ctx{ctx} D{d}",
+                        "dtype": "f16", "time_us": t, "bytes": kv_bytes, "flops": 4 * batch * hq * ctx * d})
+        del q, k, v
+        torch.cuda.empty_cache()
+    return out
+
+
 def main():
-    records = rmsnorm_records()
+    records = rmsnorm_records() + paged_attention_records()
     text = json.dumps(records, indent=1)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:

@@ -9,7 +9,7 @@ here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/.." && pwd); cd "$root"
 out=${OUT:-/tmp}; work=$(mktemp -d)
 export CRITERION_HOME="$work/criterion" DLKERN_BENCH_META="$work/meta.jsonl"
 export DLKERN_LIB="$here/lib/libdlkern.so"
-for b in "$here"/benches/ceilings-* "$here"/benches/rmsnorm-*; do
+for b in "$here"/benches/ceilings-* $(ls "$here"/benches/* | grep -v -e '/ceilings-' -e '/dlkern-'); do
   echo "=== $(basename "$b")"
   "$b" --bench --warm-up-time 1 --measurement-time 2 --noplot 2>&1 | grep -E "time:|thrpt:|^[a-z]" || true
 done

@@ -18,6 +18,28 @@ const ENTRY_POINTS: &[&str] = &[
     "probe_mma_m16n8k16_f16_ktrans",
     "probe_mma_m16n8k32_s8",
     "probe_fast_math_f32",
+    "paged_attention_f16_d64",
+    "paged_attention_combine_f16_d64",
+    "paged_attention_f16_d80",
+    "paged_attention_combine_f16_d80",
+    "paged_attention_f16_d96",
+    "paged_attention_combine_f16_d96",
+    "paged_attention_f16_d128",
+    "paged_attention_combine_f16_d128",
+    "paged_attention_f16_d256",
+    "paged_attention_combine_f16_d256",
+    "paged_kv_write_f16",
+    "paged_attention_bf16_d64",
+    "paged_attention_combine_bf16_d64",
+    "paged_attention_bf16_d80",
+    "paged_attention_combine_bf16_d80",
+    "paged_attention_bf16_d96",
+    "paged_attention_combine_bf16_d96",
+    "paged_attention_bf16_d128",
+    "paged_attention_combine_bf16_d128",
+    "paged_attention_bf16_d256",
+    "paged_attention_combine_bf16_d256",
+    "paged_kv_write_bf16",
 ];
 
 #[test]
@@ -53,6 +75,9 @@ fn kernels_use_the_intended_instructions() {
         "st.global.v4.u32",
         "shfl.sync.bfly.b32",
         "cvt.rn.bf16x2.f32",
+        "red.shared.add.f32",
+        "red.global.or.b32",
+        "bar.red.or.pred",
     ];
     for sm in ptx::architectures() {
         let text = ptx::module_for_arch(sm).unwrap();

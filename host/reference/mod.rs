@@ -2,4 +2,5 @@
 //! They are the oracle for every GPU test and the CPU fallback of the ONNX Runtime ops.
 
 pub mod matmul;
+pub mod paged_attention;
 pub mod rmsnorm;

@@ -45,6 +45,7 @@ pub struct Device {
     module_init: Mutex<()>,
     functions: Mutex<HashMap<&'static str, Arc<CudaFunction>>>,
     max_shared_optin: u32,
+    multiprocessors: u32,
 }
 
 impl std::fmt::Debug for Device {
@@ -105,7 +106,12 @@ impl Device {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .during("cuDeviceGetAttribute")?
             .max(0) as u32;
+        let multiprocessors = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .during("cuDeviceGetAttribute")?
+            .max(1) as u32;
         Ok(Device {
+            multiprocessors,
             ctx,
             name,
             compute_capability: (major, minor),
@@ -140,6 +146,11 @@ impl Device {
     /// The `sm_XY` number of the PTX module this device runs.
     pub fn module_arch(&self) -> u32 {
         self.module_arch
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
     }
 
     /// Largest dynamic shared memory one block may opt in to, in bytes.

@@ -14,8 +14,10 @@
 
 pub mod device;
 pub mod element;
+pub mod paged_attention;
 pub mod probe;
 pub mod rmsnorm;
+mod unroll;
 
 /// Device code cannot unwind or print: a panic (an out-of-bounds index the optimiser could not
 /// remove, say) traps, which surfaces on the host as `CUDA_ERROR_LAUNCH_FAILED`.

@@ -82,3 +82,10 @@ pub fn lane_id() -> u32 {
 pub fn warp_idx_x() -> u32 {
     thread_idx_x() / super::WARP_SIZE
 }
+
+/// `%nctaid.z` (PTX ISA §10.7).
+#[inline(always)]
+pub fn grid_dim_z() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_grid_dim_z() as u32 }
+}

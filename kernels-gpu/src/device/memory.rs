@@ -74,3 +74,13 @@ pub unsafe fn st_global_v4(ptr: *mut [u32; 4], v: [u32; 4]) {
              options(nostack))
     };
 }
+
+/// `red.global.or.b32` (PTX ISA §9.7.13.6): atomically ORs `bits` into the word at `ptr`.
+///
+/// # Safety
+/// `ptr` must be a 4-byte aligned pointer to writable global memory.
+#[inline(always)]
+pub unsafe fn red_global_or_u32(ptr: *mut u32, bits: u32) {
+    // SAFETY: the caller guarantees a valid, aligned global address; the update is atomic.
+    unsafe { asm!("red.global.or.b32 [{}], {};", in(reg64) ptr, in(reg32) bits, options(nostack)) };
+}

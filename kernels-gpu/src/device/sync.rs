@@ -25,3 +25,21 @@ pub unsafe fn sync_warp() {
     // SAFETY: the caller guarantees all lanes participate.
     unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
 }
+
+/// `bar.red.or.pred` (PTX ISA §9.7.13.4): block-wide barrier that also returns whether any
+/// thread passed `true`.
+///
+/// # Safety
+/// As [`sync_threads`].
+#[inline(always)]
+pub unsafe fn sync_threads_or(flag: bool) -> bool {
+    let out: u32;
+    // SAFETY: the caller upholds the convergence contract.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {f}, 0; bar.red.or.pred q, 0, p; selp.u32 {o}, 1, 0, q; }}",
+            f = in(reg32) flag as u32, o = out(reg32) out, options(nostack)
+        )
+    };
+    out != 0
+}
