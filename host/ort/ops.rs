@@ -535,7 +535,7 @@ pub(super) unsafe fn register(options: *mut OrtSessionOptions, api_base: *const 
     let api = *API.get_or_init(|| Api(unsafe { &*table }));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> OrtResult<()> {
         let mut domain = std::ptr::null_mut();
-        let name = CString::new(super::DOMAIN).expect("no NUL");
+        let name = CString::new(super::DOMAIN).map_err(|e| e.to_string())?;
         // SAFETY: ORT calls with valid arguments; ops are 'static.
         unsafe {
             api.check((api.0.CreateCustomOpDomain)(name.as_ptr(), &mut domain))?;
