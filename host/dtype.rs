@@ -81,3 +81,18 @@ impl Element for half::bf16 {
         half::bf16::from_f64(x)
     }
 }
+
+/// Any element type a host slice of a tensor may have (floats and the integer types).
+pub trait Scalar: Copy + bytemuck::Pod + 'static {
+    const DTYPE: DType;
+}
+
+macro_rules! scalar {
+    ($($t:ty => $d:ident),+) => {$(
+        impl Scalar for $t {
+            const DTYPE: DType = DType::$d;
+        }
+    )+};
+}
+
+scalar!(f32 => F32, half::f16 => F16, half::bf16 => BF16, u8 => U8, i8 => I8, i32 => I32, i64 => I64);

@@ -31,6 +31,7 @@ pub mod dtype;
 pub mod error;
 pub mod launch;
 pub mod ort;
+pub mod quant;
 pub mod reference;
 pub mod registry;
 pub mod runtime;

@@ -22,14 +22,14 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
 if ! .venv/bin/python - <<'PY'
 import glob, importlib.util, os, sys
-missing = [m for m in ("onnx", "onnxruntime", "numpy", "pytest", "matplotlib") if importlib.util.find_spec(m) is None]
+missing = [m for m in ("onnx", "onnxruntime", "numpy", "pytest", "matplotlib", "onnx_ir") if importlib.util.find_spec(m) is None]
 spec = importlib.util.find_spec("nvidia")
 if spec is None or not any(glob.glob(os.path.join(d, "*", "bin", "ptxas")) for d in spec.submodule_search_locations):
     missing.append("nvidia-cuda-nvcc")
 sys.exit(1 if missing else 0)
 PY
 then
-  echo "setup: pip install nvidia-cuda-nvcc onnx onnxruntime numpy pytest matplotlib (into .venv)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check nvidia-cuda-nvcc onnx onnxruntime numpy pytest matplotlib
+  echo "setup: pip install nvidia-cuda-nvcc onnx onnxruntime numpy pytest matplotlib onnx_ir (into .venv)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check nvidia-cuda-nvcc onnx onnxruntime numpy pytest matplotlib onnx_ir
 fi
 echo "setup: ok"

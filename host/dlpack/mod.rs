@@ -315,7 +315,7 @@ impl<'a> TensorView<'a> {
     ///
     /// # Safety
     /// The data must be readable host memory for the tensor's extent, not written during `'a`.
-    pub unsafe fn host_slice<T: crate::Element>(&self) -> Result<&'a [T]> {
+    pub unsafe fn host_slice<T: crate::dtype::Scalar>(&self) -> Result<&'a [T]> {
         self.check_host_access::<T>()?;
         if self.elements == 0 {
             return Ok(&[]);
@@ -330,7 +330,7 @@ impl<'a> TensorView<'a> {
     /// The data must be writable host memory for the tensor's extent, not accessed by anything
     /// else during `'a`.
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn host_slice_mut<T: crate::Element>(&self) -> Result<&'a mut [T]> {
+    pub unsafe fn host_slice_mut<T: crate::dtype::Scalar>(&self) -> Result<&'a mut [T]> {
         self.check_host_access::<T>()?;
         if self.elements == 0 {
             return Ok(&mut []);
@@ -339,7 +339,7 @@ impl<'a> TensorView<'a> {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.data_address() as *mut T, self.elements) })
     }
 
-    fn check_host_access<T: crate::Element>(&self) -> Result<()> {
+    fn check_host_access<T: crate::dtype::Scalar>(&self) -> Result<()> {
         if T::DTYPE != self.dtype {
             return Err(self.invalid(format!("dtype {} accessed as {}", self.dtype, T::DTYPE)));
         }

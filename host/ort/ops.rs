@@ -22,15 +22,9 @@ enum Provider {
 /// What an op does.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
-    /// A typed op for one built-in kernel: fixed name, arity and element type.
-    Typed {
-        op: &'static CStr,
-        kernel: &'static str,
-        inputs: usize,
-        outputs: usize,
-        elem: Elem,
-        attrs: &'static [TypedAttr],
-    },
+    /// A typed op for one built-in kernel: fixed name, inputs, element type (`elem`, ONNX's
+    /// `T`) and attributes; one output of type `elem`.
+    Typed { op: &'static CStr, kernel: &'static str, inputs: &'static [Input], elem: Elem, attrs: &'static [TypedAttr] },
     /// `DLPackKernel`: any registered kernel, variadic heterogeneous inputs and outputs.
     Generic,
 }
@@ -44,11 +38,59 @@ struct TypedAttr {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum AttrKind {
-    /// A float with a default.
+    /// A float with a default (its bits), finite and >= 0.
     Float(u32),
+    /// A required int.
+    Int,
+    /// An int that may be absent.
+    OptionalInt,
 }
 
+/// One input of a typed op: its type and whether the node may omit it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Input {
+    ty: InputType,
+    optional: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum InputType {
+    /// The op's element type `T`.
+    Elem,
+    /// A fixed type.
+    Fixed(Elem),
+    /// Any type (the kernel checks it).
+    Any,
+}
+
+const fn input(ty: InputType) -> Input {
+    Input { ty, optional: false }
+}
+
+const fn optional(ty: InputType) -> Input {
+    Input { ty, optional: true }
+}
+
+const RMSNORM_INPUTS: &[Input] = &[input(InputType::Elem), input(InputType::Elem)];
 const RMSNORM_ATTRS: &[TypedAttr] = &[TypedAttr { name: c"epsilon", kind: AttrKind::Float(0x3727_c5ac) }]; // 1e-5
+
+/// `com.microsoft` `MatMulNBits`' inputs: A, B (u8), scales, zero_points (u8 or T), g_idx
+/// (i32), bias.
+const MATMUL_NBITS_INPUTS: &[Input] = &[
+    input(InputType::Elem),
+    input(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)),
+    input(InputType::Elem),
+    optional(InputType::Any),
+    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)),
+    optional(InputType::Elem),
+];
+const MATMUL_NBITS_ATTRS: &[TypedAttr] = &[
+    TypedAttr { name: c"K", kind: AttrKind::Int },
+    TypedAttr { name: c"N", kind: AttrKind::Int },
+    TypedAttr { name: c"bits", kind: AttrKind::Int },
+    TypedAttr { name: c"block_size", kind: AttrKind::Int },
+    TypedAttr { name: c"accuracy_level", kind: AttrKind::OptionalInt },
+];
 
 /// One registered `OrtCustomOp` and what it stands for. `base` comes first so ORT's
 /// `*const OrtCustomOp` can be cast back.
@@ -98,14 +140,24 @@ fn all_ops() -> &'static [DlkernOp] {
             kinds.push(Kind::Typed {
                 op: c"RMSNorm",
                 kernel: registry::builtin::RMSNORM,
-                inputs: 2,
-                outputs: 1,
+                inputs: RMSNORM_INPUTS,
                 elem,
                 attrs: RMSNORM_ATTRS,
             });
         }
         kinds.push(Kind::Generic);
         let mut ops = Vec::new();
+        // MatMulNBits (bits = 4) has no GPU kernel yet: CPU EP only, so ORT places it there.
+        for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16] {
+            let kind = Kind::Typed {
+                op: c"MatMulNBits",
+                kernel: registry::builtin::MATMUL_NBITS,
+                inputs: MATMUL_NBITS_INPUTS,
+                elem,
+                attrs: MATMUL_NBITS_ATTRS,
+            };
+            ops.push(DlkernOp { base: custom_op_table(), kind, provider: Provider::Cpu });
+        }
         for provider in [Provider::Cuda, Provider::Cpu] {
             for &kind in &kinds {
                 ops.push(DlkernOp { base: custom_op_table(), kind, provider });
@@ -128,8 +180,8 @@ fn custom_op_table() -> OrtCustomOp {
         GetOutputTypeCount: Some(get_output_count),
         KernelCompute: None,
         KernelDestroy: Some(kernel_destroy),
-        GetInputCharacteristic: Some(get_characteristic),
-        GetOutputCharacteristic: Some(get_characteristic),
+        GetInputCharacteristic: Some(get_input_characteristic),
+        GetOutputCharacteristic: Some(get_output_characteristic),
         GetInputMemoryType: Some(get_input_memory_type),
         GetVariadicInputMinArity: Some(variadic_min_arity),
         GetVariadicInputHomogeneity: Some(variadic_homogeneity),
@@ -157,33 +209,49 @@ unsafe extern "system" fn get_provider(op: *const OrtCustomOp) -> *const c_char 
     }
 }
 
-unsafe extern "system" fn get_input_type(op: *const OrtCustomOp, _index: usize) -> Elem {
+unsafe extern "system" fn get_input_type(op: *const OrtCustomOp, index: usize) -> Elem {
+    match op_of(op).kind {
+        Kind::Typed { elem, inputs, .. } => match inputs.get(index).map(|i| i.ty) {
+            Some(InputType::Elem) => elem,
+            Some(InputType::Fixed(ty)) => ty,
+            Some(InputType::Any) | None => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
+        },
+        Kind::Generic => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
+    }
+}
+
+unsafe extern "system" fn get_output_type(op: *const OrtCustomOp, _index: usize) -> Elem {
     match op_of(op).kind {
         Kind::Typed { elem, .. } => elem,
         Kind::Generic => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
     }
 }
 
-unsafe extern "system" fn get_output_type(op: *const OrtCustomOp, index: usize) -> Elem {
-    // SAFETY: forwarded.
-    unsafe { get_input_type(op, index) }
-}
-
 unsafe extern "system" fn get_input_count(op: *const OrtCustomOp) -> usize {
     match op_of(op).kind {
-        Kind::Typed { inputs, .. } => inputs,
+        Kind::Typed { inputs, .. } => inputs.len(),
         Kind::Generic => 1,
     }
 }
 
-unsafe extern "system" fn get_output_count(op: *const OrtCustomOp) -> usize {
+unsafe extern "system" fn get_output_count(_op: *const OrtCustomOp) -> usize {
+    1 // typed ops have one output; for DLPackKernel this is the variadic output
+}
+
+unsafe extern "system" fn get_input_characteristic(
+    op: *const OrtCustomOp,
+    index: usize,
+) -> OrtCustomOpInputOutputCharacteristic {
     match op_of(op).kind {
-        Kind::Typed { outputs, .. } => outputs,
-        Kind::Generic => 1,
+        Kind::Typed { inputs, .. } if inputs.get(index).is_some_and(|i| i.optional) => {
+            OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+        }
+        Kind::Typed { .. } => OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED,
+        Kind::Generic => OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_VARIADIC,
     }
 }
 
-unsafe extern "system" fn get_characteristic(
+unsafe extern "system" fn get_output_characteristic(
     op: *const OrtCustomOp,
     _index: usize,
 ) -> OrtCustomOpInputOutputCharacteristic {
@@ -211,6 +279,12 @@ unsafe extern "system" fn start_version(_op: *const OrtCustomOp) -> c_int {
 
 unsafe extern "system" fn end_version(_op: *const OrtCustomOp) -> c_int {
     c_int::MAX
+}
+
+impl NodeKernel {
+    fn optional_input(&self, i: usize) -> bool {
+        matches!(self.op.kind, Kind::Typed { inputs, .. } if inputs.get(i).is_some_and(|x| x.optional))
+    }
 }
 
 /// A kernel instance: one node of a session.
@@ -248,22 +322,39 @@ unsafe extern "system" fn create_kernel(
         let function_name = match op.kind {
             Kind::Typed { kernel, attrs: typed, .. } => {
                 for a in typed {
-                    let AttrKind::Float(default_bits) = a.kind;
                     let name = a.name.to_string_lossy();
-                    let value = match api.attr_f32(info, a.name) {
-                        Ok(v) => v,
-                        // Absent: the default. Present with another type: the node is wrong.
-                        Err(_) => match read_any_attr(api, info, &name) {
-                            None => f32::from_bits(default_bits),
-                            Some(other) => {
-                                return Err(with_label(format!("attribute '{name}' must be a float, got {other:?}")));
+                    // Absent: the default (or an error if required). Present with another type:
+                    // the node is wrong.
+                    let wrong_type = |want: &str| match read_any_attr(api, info, &name) {
+                        Some(other) => Err(with_label(format!("attribute '{name}' must be {want}, got {other:?}"))),
+                        None => Ok(()),
+                    };
+                    match a.kind {
+                        AttrKind::Float(default_bits) => {
+                            let value = match api.attr_f32(info, a.name) {
+                                Ok(v) => v,
+                                Err(_) => {
+                                    wrong_type("a float")?;
+                                    f32::from_bits(default_bits)
+                                }
+                            };
+                            if !value.is_finite() || value < 0.0 {
+                                return Err(with_label(format!(
+                                    "attribute '{name}' = {value} must be finite and >= 0"
+                                )));
+                            }
+                            attrs.set(name, AttrValue::Float(value as f64));
+                        }
+                        AttrKind::Int | AttrKind::OptionalInt => match api.attr_i64(info, a.name) {
+                            Ok(v) => attrs.set(name, AttrValue::Int(v)),
+                            Err(_) => {
+                                wrong_type("an int")?;
+                                if a.kind == AttrKind::Int {
+                                    return Err(with_label(format!("missing required int attribute '{name}'")));
+                                }
                             }
                         },
-                    };
-                    if !value.is_finite() || value < 0.0 {
-                        return Err(with_label(format!("attribute '{name}' = {value} must be finite and >= 0")));
                     }
-                    attrs.set(name, AttrValue::Float(value as f64));
                 }
                 kernel.to_string()
             }
@@ -371,7 +462,12 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
         // SAFETY: index < input count.
         api.check(unsafe { (api.0.KernelContext_GetInput)(context, i, &mut value) })?;
         if value.is_null() {
-            return Err(format!("input {i} is missing"));
+            if !kernel.optional_input(i) {
+                return Err(format!("input {i} is missing"));
+            }
+            shapes.push(vec![0]); // an absent optional input: a 0-element tensor keeps positions
+            metas.push((std::ptr::null_mut(), device_of_provider(kernel.op.provider), DType::U8));
+            continue;
         }
         let (elem, dims) = api.value_type_and_shape(value)?;
         let dtype =
@@ -381,6 +477,16 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
         shapes.push(dims);
         metas.push((data, device, dtype));
     }
+    // Trailing optional inputs the node left out.
+    let declared = match kernel.op.kind {
+        Kind::Typed { inputs, .. } => inputs.len(),
+        Kind::Generic => n_in,
+    };
+    for _ in n_in..declared {
+        shapes.push(vec![0]);
+        metas.push((std::ptr::null_mut(), device_of_provider(kernel.op.provider), DType::U8));
+    }
+    let n_in = n_in.max(declared);
     let mut tensors: Vec<DLTensor> = Vec::with_capacity(n_in + n_out);
     for (i, &(data, device, dtype)) in metas.iter().enumerate() {
         tensors.push(dl_tensor(data, device, dtype, &mut shapes[i]));
@@ -409,6 +515,14 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
     // stream of the node's device (or null on the CPU provider).
     unsafe { registry::call(&kernel.function_name, &mut tensors, n_in, stream, &kernel.attrs) }
         .map_err(|e| e.to_string())
+}
+
+/// The DLPack device of a placeholder on `provider` (device 0 for CUDA: it is never read).
+fn device_of_provider(provider: Provider) -> DLDevice {
+    match provider {
+        Provider::Cpu => DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
+        Provider::Cuda => DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 },
+    }
 }
 
 fn device_of(api: Api, provider: Provider, value: *const OrtValue) -> OrtResult<DLDevice> {

@@ -5,6 +5,9 @@
 //! | name | inputs | outputs | attributes |
 //! | --- | --- | --- | --- |
 //! | `dlkern.rmsnorm` | `x [..., D]` f32/f16/bf16, `weight [D]` same dtype | `y`, as `x` | `epsilon` (float, default 1e-5) |
+//! | `dlkern.matmul_nbits` | `MatMulNBits`' inputs: `A [..., K]`, `B` u8 `[N, k_blocks, block_size/2]`, `scales [N, k_blocks]`, optional `zero_points`, `g_idx` (unsupported), `bias [N]`; an absent optional input is a 0-element tensor | `Y [..., N]`, A's type | `K`, `N`, `bits` (4), `block_size` (ints) |
+//!
+//! `dlkern.matmul_nbits` runs on CPU tensors only until its GPU kernel (issue 8) lands.
 
 use half::{bf16, f16};
 
@@ -15,6 +18,8 @@ use crate::error::{Error, Result};
 use crate::launch::rmsnorm::{RmsNormParams, rmsnorm_raw};
 use crate::runtime::Device;
 
+/// Registry name of the W4A16 matmul in `MatMulNBits` format.
+pub const MATMUL_NBITS: &str = "dlkern.matmul_nbits";
 /// Registry name of RMSNorm.
 pub const RMSNORM: &str = "dlkern.rmsnorm";
 /// RMSNorm's default epsilon (ONNX `SimplifiedLayerNormalization`'s).
@@ -26,7 +31,165 @@ pub fn definitions() -> Vec<KernelDef> {
         KernelDef::rust(RMSNORM, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, rmsnorm_compute)
             .with_infer(same_as_first_input)
             .with_outputs(1),
+        KernelDef::rust(MATMUL_NBITS, DEVICE_MASK_CPU, matmul_nbits_compute)
+            .with_infer(matmul_nbits_infer)
+            .with_outputs(1),
     ]
+}
+
+/// `MatMulNBits` attributes, checked.
+struct NBitsAttrs {
+    k: usize,
+    n: usize,
+    block_size: usize,
+}
+
+fn nbits_attrs(args_name: &str, attrs: &super::Attributes) -> Result<NBitsAttrs> {
+    let fail = |message: String| Error::KernelFailed { name: args_name.to_string(), message };
+    let positive = |name: &str| -> Result<usize> {
+        let v = attrs.require_int(name)?;
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or_else(|| fail(format!("attribute '{name}' = {v} must be positive")))
+    };
+    let bits = attrs.require_int("bits")?;
+    if bits != 4 {
+        return Err(fail(format!("bits = {bits}: dlkern implements bits = 4")));
+    }
+    let block_size = positive("block_size")?;
+    if !crate::quant::w4::valid_block_size(block_size) {
+        return Err(fail(format!("block_size = {block_size} must be a power of two >= 16")));
+    }
+    Ok(NBitsAttrs { k: positive("K")?, n: positive("N")?, block_size })
+}
+
+fn matmul_nbits_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+    let at = nbits_attrs(args.function_name, args.attrs)?;
+    let a = args
+        .inputs
+        .first()
+        .ok_or_else(|| Error::KernelFailed { name: args.function_name.to_string(), message: "needs input A".into() })?;
+    let mut shape = a.shape().to_vec();
+    match shape.last_mut() {
+        Some(last) => *last = at.n as i64,
+        None => shape.push(at.n as i64),
+    }
+    Ok(vec![TensorSpec { dtype: a.dtype(), shape }])
+}
+
+/// An optional input: `None` when absent (missing or 0 elements).
+fn optional<'a>(args: &'a KernelArgs, i: usize, name: &'a str) -> Result<Option<TensorView<'a>>> {
+    if i >= args.num_inputs() {
+        return Ok(None);
+    }
+    let t = args.input(i, name)?;
+    Ok(if t.is_empty() { None } else { Some(t) })
+}
+
+fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
+    use crate::quant::w4::{W4Weights, ZeroPoints, matmul_reference};
+    if !(3..=6).contains(&args.num_inputs()) || args.num_outputs() != 1 {
+        return Err(Error::KernelFailed {
+            name: args.function_name.to_string(),
+            message: format!("takes 3 to 6 inputs and 1 output, got {} and {}", args.num_inputs(), args.num_outputs()),
+        });
+    }
+    let at = nbits_attrs(args.function_name, args.attrs)?;
+    let a = args.input(0, "A")?;
+    let b = args.input(1, "B")?;
+    let scales = args.input(2, "scales")?;
+    let zero_points = optional(args, 3, "zero_points")?;
+    let g_idx = optional(args, 4, "g_idx")?;
+    let bias = optional(args, 5, "bias")?;
+    let y = args.output(0, "Y")?;
+    let dtype = a.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
+    a.expect_device(DeviceKind::Cpu)?;
+    if g_idx.is_some() {
+        return Err(Error::invalid("matmul_nbits", "g_idx (deprecated in MatMulNBits) is not supported"));
+    }
+    let k_blocks = at.k.div_ceil(at.block_size);
+    if a.dim(-1) != Some(at.k) {
+        return Err(Error::InvalidTensor {
+            name: "A".into(),
+            message: format!("last dimension of {:?} is not K = {}", a.shape(), at.k),
+        });
+    }
+    b.expect_dtype(&[DType::U8])?;
+    b.expect_shape(&[at.n as i64, k_blocks as i64, (at.block_size / 2) as i64])?;
+    scales.expect_same_dtype(&a)?;
+    if scales.len() != at.n * k_blocks {
+        return Err(Error::InvalidTensor {
+            name: "scales".into(),
+            message: format!("shape {:?} (expected [{}, {k_blocks}])", scales.shape(), at.n),
+        });
+    }
+    let mut out_shape = a.shape().to_vec();
+    if let Some(last) = out_shape.last_mut() {
+        *last = at.n as i64;
+    }
+    y.expect_shape(&out_shape)?;
+    y.expect_same_dtype(&a)?;
+    // SAFETY: CPU tensors (the kernel's device mask), valid for the call by the registry's
+    // contract; Y does not alias the inputs (ORT allocates it; C callers are told outputs are
+    // distinct buffers).
+    unsafe {
+        let to_f32 = |t: &TensorView| -> Result<Vec<f32>> {
+            Ok(match t.dtype() {
+                DType::F32 => t.host_slice::<f32>()?.to_vec(),
+                DType::F16 => t.host_slice::<f16>()?.iter().map(|v| v.to_f32()).collect(),
+                _ => t.host_slice::<bf16>()?.iter().map(|v| v.to_f32()).collect(),
+            })
+        };
+        let zero_points = match &zero_points {
+            None => ZeroPoints::Default,
+            Some(zp) if zp.dtype() == DType::U8 => {
+                if zp.len() != at.n * k_blocks.div_ceil(2) {
+                    return Err(Error::InvalidTensor {
+                        name: "zero_points".into(),
+                        message: format!("{} packed bytes (expected [{}, {}])", zp.len(), at.n, k_blocks.div_ceil(2)),
+                    });
+                }
+                ZeroPoints::Packed(zp.host_slice::<u8>()?.to_vec())
+            }
+            Some(zp) => {
+                zp.expect_same_dtype(&a)?;
+                if zp.len() != at.n * k_blocks {
+                    return Err(Error::InvalidTensor {
+                        name: "zero_points".into(),
+                        message: format!("{} values (expected [{}, {k_blocks}])", zp.len(), at.n),
+                    });
+                }
+                ZeroPoints::Unpacked(to_f32(zp)?)
+            }
+        };
+        let w = W4Weights {
+            n: at.n,
+            k: at.k,
+            block_size: at.block_size,
+            b: b.host_slice::<u8>()?.to_vec(),
+            scales: to_f32(&scales)?,
+            zero_points,
+        };
+        w.validate()?;
+        let bias = match &bias {
+            Some(bias) => {
+                bias.expect_same_dtype(&a)?;
+                bias.expect_shape(&[at.n as i64])?;
+                Some(to_f32(bias)?.into_iter().map(f64::from).collect::<Vec<f64>>())
+            }
+            None => None,
+        };
+        let a64: Vec<f64> = to_f32(&a)?.into_iter().map(f64::from).collect();
+        let m = a.len() / at.k;
+        let out = matmul_reference(&a64, m, &w, bias.as_deref());
+        match dtype {
+            DType::F32 => y.host_slice_mut::<f32>()?.iter_mut().zip(&out).for_each(|(o, v)| *o = *v as f32),
+            DType::F16 => y.host_slice_mut::<f16>()?.iter_mut().zip(&out).for_each(|(o, v)| *o = f16::from_f64(*v)),
+            _ => y.host_slice_mut::<bf16>()?.iter_mut().zip(&out).for_each(|(o, v)| *o = bf16::from_f64(*v)),
+        }
+    }
+    Ok(())
 }
 
 fn same_as_first_input(args: &InferArgs) -> Result<Vec<TensorSpec>> {

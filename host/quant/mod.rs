@@ -1,0 +1,3 @@
+//! Weight quantizers for the quantized matmul kernels, and the exact dequantization they imply.
+
+pub mod w4;

@@ -1,0 +1,182 @@
+//! 4-bit block-wise weights in ONNX Runtime's `MatMulNBits` format (bits = 4).
+//!
+//! For a weight matrix `W [N, K]` (output features by input features; `Y = A W^T`):
+//! - `b`: u8 `[N, k_blocks, block_size / 2]`, `k_blocks = ceil(K / block_size)`; each block's 4-bit
+//!   values are packed along K, element `2i` in the low nibble of byte `i`, `2i + 1` in the high.
+//! - `scales`: `[N, k_blocks]` (A's element type in ORT; f32 here).
+//! - zero points: absent (every block's zero point is 8), packed u8 `[N, ceil(k_blocks / 2)]`
+//!   (block `2j` in the low nibble of byte `j`), or unpacked `[N, k_blocks]` in A's type.
+//! - `dequantized = (q - zero_point) * scale`. Positions past K in the last block are padding.
+
+use crate::error::{Error, Result};
+
+const KERNEL: &str = "w4 quantizer";
+
+/// How the zero points are given.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ZeroPoints {
+    /// None: 8 for every block (symmetric quantization).
+    Default,
+    /// 4-bit, packed two blocks per byte: `[N, ceil(k_blocks / 2)]`.
+    Packed(Vec<u8>),
+    /// One value per block in A's type (may be fractional): `[N, k_blocks]`.
+    Unpacked(Vec<f32>),
+}
+
+/// A `MatMulNBits` (bits = 4) weight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct W4Weights {
+    pub n: usize,
+    pub k: usize,
+    pub block_size: usize,
+    pub b: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub zero_points: ZeroPoints,
+}
+
+/// Whether `block_size` is one `MatMulNBits` accepts (a power of two, at least 16).
+pub fn valid_block_size(block_size: usize) -> bool {
+    block_size >= 16 && block_size.is_power_of_two()
+}
+
+impl W4Weights {
+    pub fn k_blocks(&self) -> usize {
+        self.k.div_ceil(self.block_size)
+    }
+
+    /// Bytes of one block's packed values.
+    pub fn blob_size(&self) -> usize {
+        self.block_size / 2
+    }
+
+    /// The 4-bit value of `W[n][k]`.
+    pub fn code(&self, n: usize, k: usize) -> u8 {
+        let (blk, within) = (k / self.block_size, k % self.block_size);
+        let byte = self.b[(n * self.k_blocks() + blk) * self.blob_size() + within / 2];
+        if within % 2 == 0 { byte & 0x0f } else { byte >> 4 }
+    }
+
+    /// The zero point of block `blk` of row `n`.
+    pub fn zero_point(&self, n: usize, blk: usize) -> f32 {
+        match &self.zero_points {
+            ZeroPoints::Default => 8.0,
+            ZeroPoints::Packed(zp) => {
+                let byte = zp[n * self.k_blocks().div_ceil(2) + blk / 2];
+                (if blk.is_multiple_of(2) { byte & 0x0f } else { byte >> 4 }) as f32
+            }
+            ZeroPoints::Unpacked(zp) => zp[n * self.k_blocks() + blk],
+        }
+    }
+
+    /// `W [N, K]` dequantized exactly as `MatMulNBits` defines it, in f64.
+    pub fn dequantize(&self) -> Vec<f64> {
+        let mut w = Vec::with_capacity(self.n * self.k);
+        for n in 0..self.n {
+            for k in 0..self.k {
+                let blk = k / self.block_size;
+                let scale = self.scales[n * self.k_blocks() + blk] as f64;
+                w.push((self.code(n, k) as f64 - self.zero_point(n, blk) as f64) * scale);
+            }
+        }
+        w
+    }
+
+    /// Checks that the buffers have the sizes the shape implies.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Error::invalid(KERNEL, m);
+        if !valid_block_size(self.block_size) {
+            return Err(bad(format!("block_size {} must be a power of two >= 16", self.block_size)));
+        }
+        if self.n == 0 || self.k == 0 {
+            return Err(bad(format!("empty weight [{}, {}]", self.n, self.k)));
+        }
+        let blocks = self.n * self.k_blocks();
+        if self.b.len() != blocks * self.blob_size() {
+            return Err(bad(format!("B has {} bytes, expected {}", self.b.len(), blocks * self.blob_size())));
+        }
+        if self.scales.len() != blocks {
+            return Err(bad(format!("{} scales, expected {blocks}", self.scales.len())));
+        }
+        match &self.zero_points {
+            ZeroPoints::Default => Ok(()),
+            ZeroPoints::Packed(zp) if zp.len() == self.n * self.k_blocks().div_ceil(2) => Ok(()),
+            ZeroPoints::Unpacked(zp) if zp.len() == blocks => Ok(()),
+            _ => Err(bad("zero points have the wrong length".into())),
+        }
+    }
+}
+
+/// Quantizes `w` (`[N, K]` row-major, f32) to 4 bits in blocks of `block_size` along K.
+///
+/// Symmetric: `scale = max|w| / 7`, codes `round(w / scale) + 8` in `1..=15`, default zero
+/// point. Asymmetric: the block's range widened to include 0, `scale = (max - min) / 15`, a packed
+/// zero point `round(-min / scale)`, codes `round(w / scale) + zp` clamped to `0..=15`. All-zero
+/// blocks get scale 0 (dequantizing to exact zeros).
+pub fn quantize(w: &[f32], n: usize, k: usize, block_size: usize, symmetric: bool) -> Result<W4Weights> {
+    if w.len() != n * k {
+        return Err(Error::invalid(KERNEL, format!("{} weights for [{n}, {k}]", w.len())));
+    }
+    if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+        return Err(Error::invalid(KERNEL, format!("weight {i} is not finite ({})", w[i])));
+    }
+    let k_blocks = k.div_ceil(block_size.max(1));
+    let mut q = W4Weights {
+        n,
+        k,
+        block_size,
+        b: vec![0; n * k_blocks * (block_size / 2)],
+        scales: vec![0.0; n * k_blocks],
+        zero_points: if symmetric {
+            ZeroPoints::Default
+        } else {
+            ZeroPoints::Packed(vec![0; n * k_blocks.div_ceil(2)])
+        },
+    };
+    if !valid_block_size(block_size) {
+        return Err(Error::invalid(KERNEL, format!("block_size {block_size} must be a power of two >= 16")));
+    }
+    for row in 0..n {
+        for blk in 0..k_blocks {
+            let lo = blk * block_size;
+            let hi = (lo + block_size).min(k);
+            let values = &w[row * k + lo..row * k + hi];
+            let (scale, zp) = if symmetric {
+                let max_abs = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                (max_abs / 7.0, 8u8)
+            } else {
+                let min = values.iter().fold(0.0f32, |m, &v| m.min(v));
+                let max = values.iter().fold(0.0f32, |m, &v| m.max(v));
+                let scale = (max - min) / 15.0;
+                let zp = if scale > 0.0 { (-min / scale).round().clamp(0.0, 15.0) as u8 } else { 8 };
+                (scale, zp)
+            };
+            q.scales[row * k_blocks + blk] = scale;
+            if let ZeroPoints::Packed(zps) = &mut q.zero_points {
+                zps[row * k_blocks.div_ceil(2) + blk / 2] |= zp << (4 * (blk % 2));
+            }
+            for within in 0..block_size {
+                // Padding past K holds the zero point, so it dequantizes to 0.
+                let code = match values.get(within) {
+                    Some(&v) if scale > 0.0 => ((v / scale).round() + zp as f32).clamp(0.0, 15.0) as u8,
+                    _ => zp,
+                };
+                q.b[(row * k_blocks + blk) * (block_size / 2) + within / 2] |= code << (4 * (within % 2));
+            }
+        }
+    }
+    Ok(q)
+}
+
+/// `Y [M, N] = A [M, K] * dequantize(W)^T (+ bias)` in f64: the reference for the W4A16 kernels
+/// and for `MatMulNBits`.
+pub fn matmul_reference(a: &[f64], m: usize, w: &W4Weights, bias: Option<&[f64]>) -> Vec<f64> {
+    let deq = w.dequantize();
+    let mut y = vec![0.0; m * w.n];
+    for i in 0..m {
+        for j in 0..w.n {
+            let dot: f64 = (0..w.k).map(|p| a[i * w.k + p] * deq[j * w.k + p]).sum();
+            y[i * w.n + j] = dot + bias.map_or(0.0, |b| b[j]);
+        }
+    }
+    y
+}
