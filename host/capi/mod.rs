@@ -84,20 +84,32 @@ unsafe fn name_arg(p: *const c_char, what: &str) -> Result<String, Error> {
     unsafe { crate::registry::c_string(p) }.ok_or_else(|| invalid(format!("{what} is null or not UTF-8")))
 }
 
-/// # Safety
-/// `tensors` must be null with `n` 0, or point to `n` DLTensors.
-unsafe fn tensor_slice<'a>(tensors: *mut DLTensor, n: i32, what: &str) -> Result<&'a mut [DLTensor], Error> {
+/// Checks a tensor array's count against its pointer; `Ok(0)` for an empty array.
+fn tensor_count(tensors: *const DLTensor, n: i32, what: &str) -> Result<usize, Error> {
     if !(0..=4096).contains(&n) {
         return Err(invalid(format!("{what}: count {n} out of range")));
     }
-    if n == 0 {
-        return Ok(&mut []);
-    }
-    if tensors.is_null() {
+    if n > 0 && tensors.is_null() {
         return Err(invalid(format!("{what} is null with count {n}")));
     }
-    // SAFETY: the caller guarantees n elements.
-    Ok(unsafe { std::slice::from_raw_parts_mut(tensors, n as usize) })
+    Ok(n as usize)
+}
+
+/// # Safety
+/// `tensors` must be null with `n` 0, or point to `n` DLTensors dlkern may write (outputs) for
+/// the call.
+unsafe fn tensor_slice_mut<'a>(tensors: *mut DLTensor, n: i32, what: &str) -> Result<&'a mut [DLTensor], Error> {
+    let n = tensor_count(tensors, n, what)?;
+    // SAFETY: non-null with n elements by the checks and the caller's contract.
+    Ok(if n == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(tensors, n) } })
+}
+
+/// # Safety
+/// `tensors` must be null with `n` 0, or point to `n` readable DLTensors.
+unsafe fn tensor_slice<'a>(tensors: *const DLTensor, n: i32, what: &str) -> Result<&'a [DLTensor], Error> {
+    let n = tensor_count(tensors, n, what)?;
+    // SAFETY: non-null with n elements by the checks and the caller's contract.
+    Ok(if n == 0 { &[] } else { unsafe { std::slice::from_raw_parts(tensors, n) } })
 }
 
 /// `int32_t dlkern_abi_version(void)`
@@ -207,7 +219,7 @@ pub unsafe extern "C" fn dlkern_call(
             if num_inputs < 0 || num_outputs < 0 {
                 return Err(invalid(format!("negative tensor count ({num_inputs} inputs, {num_outputs} outputs)")));
             }
-            let tensors = tensor_slice(tensors, num_inputs.saturating_add(num_outputs), "tensors")?;
+            let tensors = tensor_slice_mut(tensors, num_inputs.saturating_add(num_outputs), "tensors")?;
             let attrs = Attributes::from_c(attrs, num_attrs)?;
             registry::call(&name, tensors, num_inputs as usize, stream, &attrs).map(|()| OK)
         }
@@ -234,8 +246,9 @@ pub unsafe extern "C" fn dlkern_infer(
         // SAFETY: the header's contract for every argument.
         unsafe {
             let name = name_arg(name, "name")?;
-            let inputs = tensor_slice(inputs.cast_mut(), num_inputs, "inputs")?;
-            let outputs = tensor_slice(outputs, num_outputs, "outputs")?;
+            // Inputs are only read: a shared slice, never a `&mut` over the caller's memory.
+            let inputs = tensor_slice(inputs, num_inputs, "inputs")?;
+            let outputs = tensor_slice_mut(outputs, num_outputs, "outputs")?;
             let attrs = Attributes::from_c(attrs, num_attrs)?;
             let specs = registry::infer(&name, inputs, outputs.len(), &attrs)?;
             for (i, (out, spec)) in outputs.iter_mut().zip(specs).enumerate() {

@@ -492,7 +492,8 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
         tensors.push(dl_tensor(data, device, dtype, &mut shapes[i]));
     }
     // Outputs: shapes from the kernel's inference, memory from ORT.
-    // SAFETY: the input DLTensors borrow live shape vectors (not moved: capacity reserved).
+    // SAFETY: the DLTensors point into the inner shape vectors' heap buffers, which stay put
+    // while `shapes` itself grows.
     let specs: Vec<TensorSpec> =
         unsafe { registry::infer(&kernel.function_name, &tensors, n_out, &kernel.attrs) }.map_err(|e| e.to_string())?;
     for (i, spec) in specs.into_iter().enumerate() {
