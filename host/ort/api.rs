@@ -142,6 +142,28 @@ impl Api {
         result
     }
 
+    /// The symbolic names of an info's `n` dimensions ("" where a dimension has none).
+    pub fn symbolic_dims(self, info: *const OrtTensorTypeAndShapeInfo, n: usize) -> Vec<String> {
+        let mut names: Vec<*const c_char> = vec![std::ptr::null(); n];
+        // SAFETY: a valid info; ORT fills n pointers to strings it owns.
+        if self.check(unsafe { (self.0.GetSymbolicDimensions)(info, names.as_mut_ptr(), n) }).is_err() {
+            return vec![String::new(); n];
+        }
+        names
+            .into_iter()
+            // SAFETY: null or a NUL-terminated string owned by the info.
+            .map(
+                |p| {
+                    if p.is_null() {
+                        String::new()
+                    } else {
+                        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+                    }
+                },
+            )
+            .collect()
+    }
+
     pub fn value_type_and_shape(self, value: *const OrtValue) -> OrtResult<(ONNXTensorElementDataType, Vec<i64>)> {
         let mut info = std::ptr::null_mut();
         // SAFETY: a valid value from ORT.

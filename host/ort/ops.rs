@@ -84,6 +84,18 @@ const MATMUL_NBITS_INPUTS: &[Input] = &[
     optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)),
     optional(InputType::Elem),
 ];
+/// `com.microsoft` `MatMulIntegerToFloat`'s inputs (int8 only): A, B, a_scale, b_scale,
+/// a_zero_point, b_zero_point, bias.
+const MATMUL_ITF_INPUTS: &[Input] = &[
+    input(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)),
+    input(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)),
+    input(InputType::Elem),
+    input(InputType::Elem),
+    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)),
+    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)),
+    optional(InputType::Elem),
+];
+
 const MATMUL_NBITS_ATTRS: &[TypedAttr] = &[
     TypedAttr { name: c"K", kind: AttrKind::Int },
     TypedAttr { name: c"N", kind: AttrKind::Int },
@@ -147,7 +159,8 @@ fn all_ops() -> &'static [DlkernOp] {
         }
         kinds.push(Kind::Generic);
         let mut ops = Vec::new();
-        // MatMulNBits (bits = 4) has no GPU kernel yet: CPU EP only, so ORT places it there.
+        // MatMulNBits (bits = 4) and MatMulIntegerToFloat have no GPU kernels yet: CPU EP only,
+        // so ORT places them there.
         for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16] {
             let kind = Kind::Typed {
                 op: c"MatMulNBits",
@@ -155,6 +168,14 @@ fn all_ops() -> &'static [DlkernOp] {
                 inputs: MATMUL_NBITS_INPUTS,
                 elem,
                 attrs: MATMUL_NBITS_ATTRS,
+            };
+            ops.push(DlkernOp { base: custom_op_table(), kind, provider: Provider::Cpu });
+            let kind = Kind::Typed {
+                op: c"MatMulIntegerToFloat",
+                kernel: registry::builtin::MATMUL_INTEGER_TO_FLOAT,
+                inputs: MATMUL_ITF_INPUTS,
+                elem,
+                attrs: &[],
             };
             ops.push(DlkernOp { base: custom_op_table(), kind, provider: Provider::Cpu });
         }
@@ -541,67 +562,107 @@ unsafe extern "system" fn infer_output_shape(
     guarded("InferOutputShape", || infer_shapes(op, context).map_err(|m| format!("dlkern {}: {m}", op_name(op))))
 }
 
+/// Output types and shapes from the registry kernel's own inference, for typed ops and
+/// `DLPackKernel` alike. Unknown (symbolic) input dimensions are probed twice with distinct
+/// values: an output dimension that stays put is static; one that follows an input's unknown
+/// dimension keeps that dimension's symbolic name; any other varying one gets a fresh name.
 fn infer_shapes(op: &DlkernOp, context: *mut OrtShapeInferContext) -> OrtResult<()> {
     let api = api();
-    match op.kind {
-        // The typed ops' first output has the first input's type and shape, symbolic
-        // dimensions included: hand ORT the input's own type-and-shape info.
-        Kind::Typed { .. } => {
-            let mut info = std::ptr::null_mut();
-            // SAFETY: a valid context; the info stays owned by it and ORT copies it.
-            unsafe {
-                api.check((api.0.ShapeInferContext_GetInputTypeShape)(context, 0, &mut info))?;
-                api.check((api.0.ShapeInferContext_SetOutputTypeShape)(context, 0, info))
-            }
-        }
-        Kind::Generic => infer_generic(api, context),
-    }
-}
-
-/// `DLPackKernel` outputs: the registered kernel's inference on the inputs' metadata. Unknown
-/// (symbolic) input dimensions are taken as 1 to learn the output types and ranks; output
-/// dimensions that depend on them are left symbolic.
-fn infer_generic(api: Api, context: *mut OrtShapeInferContext) -> OrtResult<()> {
-    let function_name =
-        api.infer_attr_string(context, c"function_name").ok_or("missing required string attribute 'function_name'")?;
     let mut attrs = Attributes::new();
-    if let Some(list) = api.infer_attr_string(context, c"attribute_names") {
-        for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let c = CString::new(name).map_err(|e| e.to_string())?;
-            if let Some(value) = api.infer_attr_any(context, &c) {
-                attrs.set(name, value);
+    let (function_name, n_out) = match op.kind {
+        Kind::Typed { kernel, attrs: typed, .. } => {
+            for a in typed {
+                if let Some(value) = api.infer_attr_any(context, a.name) {
+                    attrs.set(a.name.to_string_lossy(), value);
+                } else if let AttrKind::Float(bits) = a.kind {
+                    attrs.set(a.name.to_string_lossy(), AttrValue::Float(f32::from_bits(bits) as f64));
+                }
             }
+            (kernel.to_string(), 1)
         }
-    }
-    let (mut n_in, mut n_out) = (0usize, 0usize);
+        Kind::Generic => {
+            let name = api
+                .infer_attr_string(context, c"function_name")
+                .ok_or("missing required string attribute 'function_name'")?;
+            if let Some(list) = api.infer_attr_string(context, c"attribute_names") {
+                for attr in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    let c = CString::new(attr).map_err(|e| e.to_string())?;
+                    if let Some(value) = api.infer_attr_any(context, &c) {
+                        attrs.set(attr, value);
+                    }
+                }
+            }
+            // The context has no output count: the kernel's declared one (or one).
+            let kernel = registry::get(&name).map_err(|e| e.to_string())?;
+            let n_out = kernel.num_outputs.unwrap_or(1);
+            (name, n_out)
+        }
+    };
+    let mut n_in = 0usize;
     // SAFETY: a valid context.
     api.check(unsafe { (api.0.ShapeInferContext_GetInputCount)(context, &mut n_in) })?;
-    let mut shapes = Vec::with_capacity(n_in);
-    let mut dtypes = Vec::with_capacity(n_in);
-    let mut any_unknown = false;
+    // (dtype, dims, symbolic names) per input; an absent optional input is a 0-element u8.
+    let mut inputs = Vec::with_capacity(n_in);
     for i in 0..n_in {
         let mut info = std::ptr::null_mut();
         // SAFETY: index < count; the info is owned by the context.
-        api.check(unsafe { (api.0.ShapeInferContext_GetInputTypeShape)(context, i, &mut info) })?;
+        let got = api.check(unsafe { (api.0.ShapeInferContext_GetInputTypeShape)(context, i, &mut info) });
+        if got.is_err() || info.is_null() {
+            inputs.push((DType::U8, vec![0i64], vec![String::new()]));
+            continue;
+        }
         let (elem, dims) = api.type_and_shape(info, false)?;
-        dtypes.push(
-            dtype_of(elem).ok_or_else(|| format!("input {i} has element type {elem:?}, which dlkern does not take"))?,
-        );
-        any_unknown |= dims.iter().any(|&d| d < 0);
-        shapes.push(dims.iter().map(|&d| if d < 0 { 1 } else { d }).collect::<Vec<i64>>());
+        let names = api.symbolic_dims(info, dims.len());
+        let dtype =
+            dtype_of(elem).ok_or_else(|| format!("input {i} has element type {elem:?}, which dlkern does not take"))?;
+        inputs.push((dtype, dims, names));
     }
-    let device = DLDevice { device_type: DLDeviceType::CPU, device_id: 0 };
-    let tensors: Vec<DLTensor> =
-        shapes.iter_mut().zip(&dtypes).map(|(s, &d)| dl_tensor(std::ptr::null_mut(), device, d, s)).collect();
-    // The node's output count is not in the shape-inference context: ask the kernel for as many
-    // outputs as it declares (or one).
-    let kernel = registry::get(&function_name).map_err(|e| e.to_string())?;
-    n_out = kernel.num_outputs.unwrap_or(n_out.max(1));
-    // SAFETY: metadata-only tensors with live shape arrays.
-    let specs = unsafe { registry::infer(&function_name, &tensors, n_out, &attrs) }.map_err(|e| e.to_string())?;
-    for (i, spec) in specs.iter().enumerate() {
-        let dims: Vec<i64> = if any_unknown { vec![-1; spec.shape.len()] } else { spec.shape.clone() };
-        api.set_output(context, i, elem_of(spec.dtype), &dims, |axis| format!("{function_name}_out{i}_{axis}"))?;
+    // Unknown dimensions, in order: (input, axis).
+    let unknown: Vec<(usize, usize)> = inputs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, dims, _))| dims.iter().enumerate().filter(|(_, d)| **d < 0).map(move |(a, _)| (i, a)))
+        .collect();
+    let probe_value = |probe: usize, slot: usize| [101i64, 211][probe] + slot as i64;
+    let mut probes = Vec::with_capacity(2);
+    for probe in 0..2 {
+        let mut shapes: Vec<Vec<i64>> = inputs.iter().map(|(_, dims, _)| dims.clone()).collect();
+        for (slot, &(i, a)) in unknown.iter().enumerate() {
+            shapes[i][a] = probe_value(probe, slot);
+        }
+        let device = DLDevice { device_type: DLDeviceType::CPU, device_id: 0 };
+        let tensors: Vec<DLTensor> = shapes
+            .iter_mut()
+            .zip(&inputs)
+            .map(|(s, (d, _, _))| dl_tensor(std::ptr::null_mut(), device, *d, s))
+            .collect();
+        // SAFETY: metadata-only tensors with live shape arrays.
+        probes.push(unsafe { registry::infer(&function_name, &tensors, n_out, &attrs) }.map_err(|e| e.to_string())?);
+        if unknown.is_empty() {
+            break;
+        }
+    }
+    let last = probes.len() - 1;
+    for (i, spec) in probes[0].iter().enumerate() {
+        let other = &probes[last][i];
+        let mut names = Vec::with_capacity(spec.shape.len());
+        let dims: Vec<i64> = (0..spec.shape.len())
+            .map(|axis| {
+                let (d0, d1) = (spec.shape[axis], other.shape.get(axis).copied().unwrap_or(-1));
+                if d0 == d1 {
+                    names.push(String::new());
+                    return d0;
+                }
+                let source = (0..unknown.len()).find(|&slot| d0 == probe_value(0, slot) && d1 == probe_value(1, slot));
+                let name = source
+                    .map(|slot| inputs[unknown[slot].0].2.get(unknown[slot].1).cloned().unwrap_or_default())
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| format!("{function_name}_out{i}_{axis}"));
+                names.push(name);
+                -1
+            })
+            .collect();
+        api.set_output(context, i, elem_of(spec.dtype), &dims, |axis| names[axis].clone())?;
     }
     Ok(())
 }

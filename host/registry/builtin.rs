@@ -7,7 +7,14 @@
 //! | `dlkern.rmsnorm` | `x [..., D]` f32/f16/bf16, `weight [D]` same dtype | `y`, as `x` | `epsilon` (float, default 1e-5) |
 //! | `dlkern.matmul_nbits` | `MatMulNBits`' inputs: `A [..., K]`, `B` u8 `[N, k_blocks, block_size/2]`, `scales [N, k_blocks]`, optional `zero_points`, `g_idx` (unsupported), `bias [N]`; an absent optional input is a 0-element tensor | `Y [..., N]`, A's type | `K`, `N`, `bits` (4), `block_size` (ints) |
 //!
-//! `dlkern.matmul_nbits` runs on CPU tensors only until its GPU kernel (issue 8) lands.
+//! | `dlkern.quantize_per_token` | `x [..., K]` f32/f16/bf16 | `q` i8 `[..., K]`, `scales` f32 `[rows]` | |
+//! | `dlkern.matmul_w8a8` | `a_q` i8 `[..., K]`, `a_scale` f32 `[rows]` or `[1]`, `w_q` i8 `[N, K]`, `w_scale` f32 `[N]`, optional `bias` f32 `[N]` | `y [..., N]` | `out_dtype` ("f16", "bf16", "f32"; default "f16") |
+//! | `dlkern.matmul_integer_to_float` | `com.microsoft` `MatMulIntegerToFloat`'s inputs (int8 A `[..., K]` and B `[K, N]`) | `Y [..., N]`, the scales' type | |
+//!
+//! `dlkern.matmul_nbits` and the int8 kernels run on CPU tensors only until their GPU kernels
+//! (issues 8 and 9) land.
+
+mod int8;
 
 use half::{bf16, f16};
 
@@ -20,6 +27,10 @@ use crate::runtime::Device;
 
 /// Registry name of the W4A16 matmul in `MatMulNBits` format.
 pub const MATMUL_NBITS: &str = "dlkern.matmul_nbits";
+/// Registry names of the W8A8 pieces.
+pub const QUANTIZE_PER_TOKEN: &str = "dlkern.quantize_per_token";
+pub const MATMUL_W8A8: &str = "dlkern.matmul_w8a8";
+pub const MATMUL_INTEGER_TO_FLOAT: &str = "dlkern.matmul_integer_to_float";
 /// Registry name of RMSNorm.
 pub const RMSNORM: &str = "dlkern.rmsnorm";
 /// RMSNorm's default epsilon (ONNX `SimplifiedLayerNormalization`'s).
@@ -33,6 +44,13 @@ pub fn definitions() -> Vec<KernelDef> {
             .with_outputs(1),
         KernelDef::rust(MATMUL_NBITS, DEVICE_MASK_CPU, matmul_nbits_compute)
             .with_infer(matmul_nbits_infer)
+            .with_outputs(1),
+        KernelDef::rust(QUANTIZE_PER_TOKEN, DEVICE_MASK_CPU, int8::quantize_compute)
+            .with_infer(int8::quantize_infer)
+            .with_outputs(2),
+        KernelDef::rust(MATMUL_W8A8, DEVICE_MASK_CPU, int8::w8a8_compute).with_infer(int8::w8a8_infer).with_outputs(1),
+        KernelDef::rust(MATMUL_INTEGER_TO_FLOAT, DEVICE_MASK_CPU, int8::itf_compute)
+            .with_infer(int8::itf_infer)
             .with_outputs(1),
     ]
 }

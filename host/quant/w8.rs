@@ -1,0 +1,55 @@
+//! Symmetric int8 quantization (one f32 scale per row) for W8A8 matmul: per-token activations
+//! and per-output-channel weights, and the exact reference of the int8 matmul.
+//!
+//! `q = clamp(round_half_even(x / scale), -127, 127)` with `scale = max|row| / 127` (a zero row
+//! has scale 0 and codes 0). Products of codes are accumulated exactly (in i64 here; the GPU
+//! kernels accumulate in i32, exact for `K <= MAX_K_I32`), then scaled:
+//! `y[m][n] = acc * a_scale[m] * w_scale[n] (+ bias[n])`.
+
+use crate::error::{Error, Result};
+
+/// The largest K for which an i32 accumulator cannot overflow with any int8 inputs, -128
+/// included: 128 * 128 * K < 2^31.
+pub const MAX_K_I32: usize = (i32::MAX as usize) / (128 * 128);
+
+/// Quantizes each of `rows` rows of `cols` values to int8 with its own scale.
+pub fn quantize_rows(x: &[f32], rows: usize, cols: usize) -> Result<(Vec<i8>, Vec<f32>)> {
+    if x.len() != rows * cols {
+        return Err(Error::invalid("int8 quantizer", format!("{} values for [{rows}, {cols}]", x.len())));
+    }
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::invalid("int8 quantizer", format!("value {i} is not finite ({})", x[i])));
+    }
+    let mut q = Vec::with_capacity(x.len());
+    let mut scales = Vec::with_capacity(rows);
+    for row in x.chunks(cols.max(1)).take(rows) {
+        let max_abs = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let scale = max_abs / 127.0;
+        scales.push(scale);
+        q.extend(
+            row.iter().map(|&v| if scale > 0.0 { (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8 } else { 0 }),
+        );
+    }
+    Ok((q, scales))
+}
+
+/// `y [M, N] = (A_q [M, K] . W_q [N, K]^T) * a_scale[m] * w_scale[n] (+ bias)` with the dot
+/// products exact. `a_scale` has M entries (per token) or 1 (per tensor).
+pub fn matmul_reference(
+    a: &[i8],
+    a_scale: &[f32],
+    w: &[i8],
+    w_scale: &[f32],
+    (m, n, k): (usize, usize, usize),
+    bias: Option<&[f32]>,
+) -> Vec<f64> {
+    let mut y = vec![0.0; m * n];
+    for i in 0..m {
+        let sa = a_scale[if a_scale.len() == 1 { 0 } else { i }] as f64;
+        for j in 0..n {
+            let acc: i64 = (0..k).map(|p| a[i * k + p] as i64 * w[j * k + p] as i64).sum();
+            y[i * n + j] = acc as f64 * sa * w_scale[j] as f64 + bias.map_or(0.0, |b| b[j] as f64);
+        }
+    }
+    y
+}

@@ -1,0 +1,293 @@
+//! CPU implementations of the int8 (W8A8) registry kernels: per-token quantization, the W8A8
+//! matmul, and `com.microsoft` `MatMulIntegerToFloat` with int8 inputs.
+
+use half::{bf16, f16};
+
+use super::optional;
+use crate::dlpack::{DeviceKind, TensorView};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::quant::w8;
+use crate::registry::{InferArgs, KernelArgs, TensorSpec};
+
+fn fail(name: &str, message: String) -> Error {
+    Error::KernelFailed { name: name.to_string(), message }
+}
+
+/// Leading dimensions (rows) and last dimension of a rank >= 1 tensor shape.
+fn rows_cols(shape: &[i64]) -> (usize, usize) {
+    let cols = shape.last().copied().unwrap_or(1) as usize;
+    (shape[..shape.len().saturating_sub(1)].iter().product::<i64>() as usize, cols)
+}
+
+/// `shape` with its last dimension replaced by `n`.
+fn with_last(shape: &[i64], n: i64) -> Vec<i64> {
+    let mut out = shape.to_vec();
+    if let Some(last) = out.last_mut() {
+        *last = n;
+    }
+    out
+}
+
+/// f32 values of a CPU float tensor.
+///
+/// # Safety
+/// A CPU tensor valid for the call (the registry's contract).
+unsafe fn floats(t: &TensorView) -> Result<Vec<f32>> {
+    // SAFETY: forwarded.
+    unsafe {
+        Ok(match t.dtype() {
+            DType::F32 => t.host_slice::<f32>()?.to_vec(),
+            DType::F16 => t.host_slice::<f16>()?.iter().map(|v| v.to_f32()).collect(),
+            DType::BF16 => t.host_slice::<bf16>()?.iter().map(|v| v.to_f32()).collect(),
+            other => {
+                return Err(Error::InvalidTensor {
+                    name: t.name().into(),
+                    message: format!("dtype {other} (expected a float)"),
+                });
+            }
+        })
+    }
+}
+
+/// Writes `values` into a CPU float tensor of matching length.
+///
+/// # Safety
+/// As [`floats`], and the tensor writable and unaliased.
+unsafe fn store(t: &TensorView, values: &[f64]) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe {
+        match t.dtype() {
+            DType::F32 => t.host_slice_mut::<f32>()?.iter_mut().zip(values).for_each(|(o, v)| *o = *v as f32),
+            DType::F16 => t.host_slice_mut::<f16>()?.iter_mut().zip(values).for_each(|(o, v)| *o = f16::from_f64(*v)),
+            DType::BF16 => {
+                t.host_slice_mut::<bf16>()?.iter_mut().zip(values).for_each(|(o, v)| *o = bf16::from_f64(*v))
+            }
+            other => {
+                return Err(Error::InvalidTensor {
+                    name: t.name().into(),
+                    message: format!("dtype {other} (expected a float)"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn quantize_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+    let x = args.inputs.first().ok_or_else(|| fail(args.function_name, "needs input x".into()))?;
+    let (rows, _) = rows_cols(x.shape());
+    Ok(vec![
+        TensorSpec { dtype: DType::I8, shape: x.shape().to_vec() },
+        TensorSpec { dtype: DType::F32, shape: vec![rows as i64] },
+    ])
+}
+
+pub(super) fn quantize_compute(args: &KernelArgs) -> Result<()> {
+    args.expect_counts(1, 2)?;
+    let x = args.input(0, "x")?;
+    x.expect_rank(1, crate::dlpack::MAX_NDIM)?;
+    x.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
+    x.expect_device(DeviceKind::Cpu)?;
+    let (rows, cols) = rows_cols(x.shape());
+    let q = args.output(0, "q")?;
+    let scales = args.output(1, "scales")?;
+    q.expect_shape(x.shape())?;
+    q.expect_dtype(&[DType::I8])?;
+    scales.expect_shape(&[rows as i64])?;
+    scales.expect_dtype(&[DType::F32])?;
+    // SAFETY: CPU tensors valid for the call; outputs are distinct buffers.
+    unsafe {
+        let (codes, s) = w8::quantize_rows(&floats(&x)?, rows, cols)?;
+        q.host_slice_mut::<i8>()?.copy_from_slice(&codes);
+        scales.host_slice_mut::<f32>()?.copy_from_slice(&s);
+    }
+    Ok(())
+}
+
+fn out_dtype(name: &str, attrs: &crate::registry::Attributes) -> Result<DType> {
+    match attrs.string("out_dtype")?.unwrap_or("f16") {
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        "f32" => Ok(DType::F32),
+        other => Err(fail(name, format!("out_dtype '{other}' (expected f16, bf16 or f32)"))),
+    }
+}
+
+pub(super) fn w8a8_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+    let (a, w) = match args.inputs {
+        [a, _, w, ..] => (a, w),
+        _ => return Err(fail(args.function_name, "needs a_q, a_scale, w_q, w_scale".into())),
+    };
+    let n = w.shape().first().copied().unwrap_or(0);
+    Ok(vec![TensorSpec { dtype: out_dtype(args.function_name, args.attrs)?, shape: with_last(a.shape(), n) }])
+}
+
+pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
+    let name = args.function_name;
+    if !(4..=5).contains(&args.num_inputs()) || args.num_outputs() != 1 {
+        return Err(fail(
+            name,
+            format!("takes 4 or 5 inputs and 1 output, got {} and {}", args.num_inputs(), args.num_outputs()),
+        ));
+    }
+    let a = args.input(0, "a_q")?;
+    let a_scale = args.input(1, "a_scale")?;
+    let w = args.input(2, "w_q")?;
+    let w_scale = args.input(3, "w_scale")?;
+    let bias = optional(args, 4, "bias")?;
+    let y = args.output(0, "y")?;
+    for t in [&a, &w] {
+        t.expect_dtype(&[DType::I8])?;
+        t.expect_device(DeviceKind::Cpu)?;
+    }
+    a.expect_rank(1, crate::dlpack::MAX_NDIM)?;
+    w.expect_rank(2, 2)?;
+    let (m, k) = rows_cols(a.shape());
+    let n = w.shape()[0] as usize;
+    if w.shape()[1] as usize != k {
+        return Err(Error::InvalidTensor {
+            name: "w_q".into(),
+            message: format!("shape {:?} (expected [N, {k}])", w.shape()),
+        });
+    }
+    if k > w8::MAX_K_I32 {
+        return Err(fail(name, format!("K = {k} exceeds {} (int32 accumulation could overflow)", w8::MAX_K_I32)));
+    }
+    a_scale.expect_dtype(&[DType::F32])?;
+    if a_scale.len() != m && a_scale.len() != 1 {
+        return Err(Error::InvalidTensor {
+            name: "a_scale".into(),
+            message: format!("{} scales for {m} rows (expected {m} or 1)", a_scale.len()),
+        });
+    }
+    w_scale.expect_dtype(&[DType::F32])?;
+    w_scale.expect_shape(&[n as i64])?;
+    y.expect_shape(&with_last(a.shape(), n as i64))?;
+    let want = out_dtype(name, args.attrs)?;
+    if y.dtype() != want {
+        return Err(Error::InvalidTensor {
+            name: "y".into(),
+            message: format!("dtype {} (out_dtype says {want})", y.dtype()),
+        });
+    }
+    // SAFETY: CPU tensors valid for the call; y is a distinct buffer.
+    unsafe {
+        let bias = match &bias {
+            Some(b) => {
+                b.expect_dtype(&[DType::F32])?;
+                b.expect_shape(&[n as i64])?;
+                Some(b.host_slice::<f32>()?)
+            }
+            None => None,
+        };
+        let out = w8::matmul_reference(
+            a.host_slice::<i8>()?,
+            a_scale.host_slice::<f32>()?,
+            w.host_slice::<i8>()?,
+            w_scale.host_slice::<f32>()?,
+            (m, n, k),
+            bias,
+        );
+        store(&y, &out)
+    }
+}
+
+pub(super) fn itf_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+    let (a, b, a_scale) = match args.inputs {
+        [a, b, a_scale, ..] => (a, b, a_scale),
+        _ => return Err(fail(args.function_name, "needs A, B, a_scale, b_scale".into())),
+    };
+    let n = b.shape().last().copied().unwrap_or(0);
+    Ok(vec![TensorSpec { dtype: a_scale.dtype(), shape: with_last(a.shape(), n) }])
+}
+
+/// A scalar-or-per-index parameter: `len` values, or one broadcast.
+///
+/// # Safety
+/// As [`floats`].
+unsafe fn broadcast(t: &TensorView, len: usize, what: &str) -> Result<Vec<f64>> {
+    // SAFETY: forwarded.
+    let v: Vec<f64> = match t.dtype() {
+        DType::I8 => unsafe { t.host_slice::<i8>()? }.iter().map(|&x| x as f64).collect(),
+        _ => unsafe { floats(t)? }.into_iter().map(f64::from).collect(),
+    };
+    match v.len() {
+        1 => Ok(vec![v[0]; len]),
+        l if l == len => Ok(v),
+        l => Err(Error::InvalidTensor { name: what.into(), message: format!("{l} values (expected 1 or {len})") }),
+    }
+}
+
+/// `com.microsoft` `MatMulIntegerToFloat` with int8 A and B:
+/// `Y = sum_k (A[m,k] - a_zp[k]) a_scale[k] (B[k,n] - b_zp[n]) b_scale[n] + bias[n]`, where the A
+/// parameters are scalars or per column of A (per k), as that op defines them.
+pub(super) fn itf_compute(args: &KernelArgs) -> Result<()> {
+    let name = args.function_name;
+    if !(4..=7).contains(&args.num_inputs()) || args.num_outputs() != 1 {
+        return Err(fail(
+            name,
+            format!("takes 4 to 7 inputs and 1 output, got {} and {}", args.num_inputs(), args.num_outputs()),
+        ));
+    }
+    let a = args.input(0, "A")?;
+    let b = args.input(1, "B")?;
+    let a_scale = args.input(2, "a_scale")?;
+    let b_scale = args.input(3, "b_scale")?;
+    let a_zp = optional(args, 4, "a_zero_point")?;
+    let b_zp = optional(args, 5, "b_zero_point")?;
+    let bias = optional(args, 6, "bias")?;
+    let y = args.output(0, "Y")?;
+    for t in [&a, &b] {
+        t.expect_dtype(&[DType::I8])?;
+        t.expect_device(DeviceKind::Cpu)?;
+    }
+    a.expect_rank(1, crate::dlpack::MAX_NDIM)?;
+    b.expect_rank(2, 2)?;
+    let (m, k) = rows_cols(a.shape());
+    let n = b.shape()[1] as usize;
+    if b.shape()[0] as usize != k {
+        return Err(Error::InvalidTensor {
+            name: "B".into(),
+            message: format!("shape {:?} (expected [{k}, N])", b.shape()),
+        });
+    }
+    a_scale.expect_dtype(&[DType::F32, DType::F16])?;
+    b_scale.expect_same_dtype(&a_scale)?;
+    y.expect_same_dtype(&a_scale)?;
+    y.expect_shape(&with_last(a.shape(), n as i64))?;
+    // SAFETY: CPU tensors valid for the call; Y is a distinct buffer.
+    unsafe {
+        let sa = broadcast(&a_scale, k, "a_scale")?;
+        let sb = broadcast(&b_scale, n, "b_scale")?;
+        let zero_point = |t: &Option<TensorView>, len: usize, what: &str| -> Result<Vec<f64>> {
+            match t {
+                Some(t) => {
+                    t.expect_dtype(&[DType::I8])?;
+                    broadcast(t, len, what)
+                }
+                None => Ok(vec![0.0; len]),
+            }
+        };
+        let za = zero_point(&a_zp, k, "a_zero_point")?;
+        let zb = zero_point(&b_zp, n, "b_zero_point")?;
+        let bias = match &bias {
+            Some(t) => {
+                t.expect_same_dtype(&a_scale)?;
+                broadcast(t, n, "bias")?
+            }
+            None => vec![0.0; n],
+        };
+        let av = a.host_slice::<i8>()?;
+        let bv = b.host_slice::<i8>()?;
+        let mut out = vec![0.0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let dot: f64 =
+                    (0..k).map(|p| (av[i * k + p] as f64 - za[p]) * sa[p] * (bv[p * n + j] as f64 - zb[j])).sum();
+                out[i * n + j] = dot * sb[j] + bias[j];
+            }
+        }
+        store(&y, &out)
+    }
+}
