@@ -7,7 +7,7 @@
 //!   budget, then makes exactly one unsafe launch on a caller-given stream. Every kernel has a
 //!   raw-pointer entry (for DLPack, ONNX Runtime and PyTorch memory) and a safe entry over
 //!   cudarc's `CudaSlice`.
-//! - [`reference`]: CPU reference implementations in f64, the oracle of every GPU test.
+//! - [`reference`](mod@reference): CPU reference implementations in f64, the oracle of every GPU test.
 //!
 //! Device code lives in the `kernels-gpu/` crate; `build.rs` compiles it to PTX.
 //!

@@ -14,6 +14,8 @@ if $CARGO clippy --version >/dev/null 2>&1; then
 else
   echo "== cargo clippy: not installed with this toolchain, skipped"
 fi
+echo "== cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" $CARGO doc --workspace --no-deps --quiet
 echo "== cargo test"
 $CARGO test --workspace
 echo "== cargo bench --no-run (GPU benches must build)"
