@@ -105,6 +105,60 @@ fn optional<'a>(args: &'a KernelArgs, i: usize, name: &'a str) -> Result<Option<
     Ok(if t.is_empty() { None } else { Some(t) })
 }
 
+/// `shape` with its last dimension replaced by `n`.
+pub(super) fn with_last(shape: &[i64], n: i64) -> Vec<i64> {
+    let mut out = shape.to_vec();
+    if let Some(last) = out.last_mut() {
+        *last = n;
+    }
+    out
+}
+
+/// f32 values of a CPU float tensor.
+///
+/// # Safety
+/// A CPU tensor valid for the call (the registry's contract).
+pub(super) unsafe fn floats(t: &TensorView) -> Result<Vec<f32>> {
+    // SAFETY: forwarded.
+    unsafe {
+        Ok(match t.dtype() {
+            DType::F32 => t.host_slice::<f32>()?.to_vec(),
+            DType::F16 => t.host_slice::<f16>()?.iter().map(|v| v.to_f32()).collect(),
+            DType::BF16 => t.host_slice::<bf16>()?.iter().map(|v| v.to_f32()).collect(),
+            other => {
+                return Err(Error::InvalidTensor {
+                    name: t.name().into(),
+                    message: format!("dtype {other} (expected a float)"),
+                });
+            }
+        })
+    }
+}
+
+/// Writes `values` into a CPU float tensor of matching length.
+///
+/// # Safety
+/// As [`floats`], and the tensor writable and unaliased.
+pub(super) unsafe fn store(t: &TensorView, values: &[f64]) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe {
+        match t.dtype() {
+            DType::F32 => t.host_slice_mut::<f32>()?.iter_mut().zip(values).for_each(|(o, v)| *o = *v as f32),
+            DType::F16 => t.host_slice_mut::<f16>()?.iter_mut().zip(values).for_each(|(o, v)| *o = f16::from_f64(*v)),
+            DType::BF16 => {
+                t.host_slice_mut::<bf16>()?.iter_mut().zip(values).for_each(|(o, v)| *o = bf16::from_f64(*v))
+            }
+            other => {
+                return Err(Error::InvalidTensor {
+                    name: t.name().into(),
+                    message: format!("dtype {other} (expected a float)"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
     use crate::quant::w4::{W4Weights, ZeroPoints, matmul_reference};
     if !(3..=6).contains(&args.num_inputs()) || args.num_outputs() != 1 {
@@ -121,7 +175,7 @@ fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
     let g_idx = optional(args, 4, "g_idx")?;
     let bias = optional(args, 5, "bias")?;
     let y = args.output(0, "Y")?;
-    let dtype = a.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
+    a.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
     a.expect_device(DeviceKind::Cpu)?;
     if g_idx.is_some() {
         return Err(Error::invalid("matmul_nbits", "g_idx (deprecated in MatMulNBits) is not supported"));
@@ -142,23 +196,12 @@ fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
             message: format!("shape {:?} (expected [{}, {k_blocks}])", scales.shape(), at.n),
         });
     }
-    let mut out_shape = a.shape().to_vec();
-    if let Some(last) = out_shape.last_mut() {
-        *last = at.n as i64;
-    }
-    y.expect_shape(&out_shape)?;
+    y.expect_shape(&with_last(a.shape(), at.n as i64))?;
     y.expect_same_dtype(&a)?;
     // SAFETY: CPU tensors (the kernel's device mask), valid for the call by the registry's
     // contract; Y does not alias the inputs (ORT allocates it; C callers are told outputs are
     // distinct buffers).
     unsafe {
-        let to_f32 = |t: &TensorView| -> Result<Vec<f32>> {
-            Ok(match t.dtype() {
-                DType::F32 => t.host_slice::<f32>()?.to_vec(),
-                DType::F16 => t.host_slice::<f16>()?.iter().map(|v| v.to_f32()).collect(),
-                _ => t.host_slice::<bf16>()?.iter().map(|v| v.to_f32()).collect(),
-            })
-        };
         let zero_points = match &zero_points {
             None => ZeroPoints::Default,
             Some(zp) if zp.dtype() == DType::U8 => {
@@ -178,7 +221,7 @@ fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
                         message: format!("{} values (expected [{}, {k_blocks}])", zp.len(), at.n),
                     });
                 }
-                ZeroPoints::Unpacked(to_f32(zp)?)
+                ZeroPoints::Unpacked(floats(zp)?)
             }
         };
         let w = W4Weights {
@@ -186,7 +229,7 @@ fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
             k: at.k,
             block_size: at.block_size,
             b: b.host_slice::<u8>()?.to_vec(),
-            scales: to_f32(&scales)?,
+            scales: floats(&scales)?,
             zero_points,
         };
         w.validate()?;
@@ -194,20 +237,14 @@ fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
             Some(bias) => {
                 bias.expect_same_dtype(&a)?;
                 bias.expect_shape(&[at.n as i64])?;
-                Some(to_f32(bias)?.into_iter().map(f64::from).collect::<Vec<f64>>())
+                Some(floats(bias)?.into_iter().map(f64::from).collect::<Vec<f64>>())
             }
             None => None,
         };
-        let a64: Vec<f64> = to_f32(&a)?.into_iter().map(f64::from).collect();
+        let a64: Vec<f64> = floats(&a)?.into_iter().map(f64::from).collect();
         let m = a.len() / at.k;
-        let out = matmul_reference(&a64, m, &w, bias.as_deref());
-        match dtype {
-            DType::F32 => y.host_slice_mut::<f32>()?.iter_mut().zip(&out).for_each(|(o, v)| *o = *v as f32),
-            DType::F16 => y.host_slice_mut::<f16>()?.iter_mut().zip(&out).for_each(|(o, v)| *o = f16::from_f64(*v)),
-            _ => y.host_slice_mut::<bf16>()?.iter_mut().zip(&out).for_each(|(o, v)| *o = bf16::from_f64(*v)),
-        }
+        store(&y, &matmul_reference(&a64, m, &w, bias.as_deref()))
     }
-    Ok(())
 }
 
 fn same_as_first_input(args: &InferArgs) -> Result<Vec<TensorSpec>> {

@@ -1,9 +1,7 @@
 //! CPU implementations of the int8 (W8A8) registry kernels: per-token quantization, the W8A8
 //! matmul, and `com.microsoft` `MatMulIntegerToFloat` with int8 inputs.
 
-use half::{bf16, f16};
-
-use super::optional;
+use super::{floats, optional, store, with_last};
 use crate::dlpack::{DeviceKind, TensorView};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -18,60 +16,6 @@ fn fail(name: &str, message: String) -> Error {
 fn rows_cols(shape: &[i64]) -> (usize, usize) {
     let cols = shape.last().copied().unwrap_or(1) as usize;
     (shape[..shape.len().saturating_sub(1)].iter().product::<i64>() as usize, cols)
-}
-
-/// `shape` with its last dimension replaced by `n`.
-fn with_last(shape: &[i64], n: i64) -> Vec<i64> {
-    let mut out = shape.to_vec();
-    if let Some(last) = out.last_mut() {
-        *last = n;
-    }
-    out
-}
-
-/// f32 values of a CPU float tensor.
-///
-/// # Safety
-/// A CPU tensor valid for the call (the registry's contract).
-unsafe fn floats(t: &TensorView) -> Result<Vec<f32>> {
-    // SAFETY: forwarded.
-    unsafe {
-        Ok(match t.dtype() {
-            DType::F32 => t.host_slice::<f32>()?.to_vec(),
-            DType::F16 => t.host_slice::<f16>()?.iter().map(|v| v.to_f32()).collect(),
-            DType::BF16 => t.host_slice::<bf16>()?.iter().map(|v| v.to_f32()).collect(),
-            other => {
-                return Err(Error::InvalidTensor {
-                    name: t.name().into(),
-                    message: format!("dtype {other} (expected a float)"),
-                });
-            }
-        })
-    }
-}
-
-/// Writes `values` into a CPU float tensor of matching length.
-///
-/// # Safety
-/// As [`floats`], and the tensor writable and unaliased.
-unsafe fn store(t: &TensorView, values: &[f64]) -> Result<()> {
-    // SAFETY: forwarded.
-    unsafe {
-        match t.dtype() {
-            DType::F32 => t.host_slice_mut::<f32>()?.iter_mut().zip(values).for_each(|(o, v)| *o = *v as f32),
-            DType::F16 => t.host_slice_mut::<f16>()?.iter_mut().zip(values).for_each(|(o, v)| *o = f16::from_f64(*v)),
-            DType::BF16 => {
-                t.host_slice_mut::<bf16>()?.iter_mut().zip(values).for_each(|(o, v)| *o = bf16::from_f64(*v))
-            }
-            other => {
-                return Err(Error::InvalidTensor {
-                    name: t.name().into(),
-                    message: format!("dtype {other} (expected a float)"),
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 pub(super) fn quantize_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
