@@ -209,12 +209,33 @@ fn validation_rejects_bad_shapes() {
     assert!(plan_err(PagedAttentionParams { max_context_len: 0, ..ok }).contains("max_context_len = 0"));
 }
 
+/// The kernel's multiply-high division (`divmod` in the device code) with the launcher's
+/// constants, for every block size up to 4096, powers of two and large divisors.
+#[test]
+fn block_divmod_constants_divide_exactly() {
+    let divide = |n: u32, d: u32| {
+        let (magic, shift) = divmod_constants(d);
+        let hi = ((n as u64 * magic as u64) >> 32) as u32;
+        (hi + n) >> shift
+    };
+    let mut rng = Rng::new(5);
+    let divisors = (1..=4096u32).chain((0..31).map(|s| 1u32 << s)).chain([3, 7, 1000, 65537, i32::MAX as u32]);
+    for d in divisors {
+        let edges = [0, 1, d - 1, d, d + 1, 2 * d - 1, i32::MAX as u32 - 1, i32::MAX as u32];
+        for n in edges.into_iter().chain((0..200).map(|_| (rng.next_u64() >> 33) as u32)) {
+            if n <= i32::MAX as u32 {
+                assert_eq!(divide(n, d), n / d, "{n} / {d}");
+            }
+        }
+    }
+}
+
 #[test]
 fn partitioning_fills_the_gpu() {
     let sms = 132;
     let big = params(DType::F16, 64, 1, 32, 8, 128, 16, 4096).plan(sms, 227 * 1024).unwrap();
-    assert_eq!((big.partition, big.num_partitions), (512, 8));
-    assert!(big.combine.is_some() && big.workspace_bytes == 64 * 8 * 8 * 4 * 130 * 4);
+    assert_eq!((big.partition, big.num_partitions), (1024, 4));
+    assert!(big.combine.is_some() && big.workspace_bytes == 64 * 8 * 4 * 4 * 130 * 4);
     let long = params(DType::F16, 1, 1, 32, 8, 128, 16, 65536).plan(sms, 227 * 1024).unwrap();
     assert_eq!(long.num_partitions, 65536 / long.partition);
     assert!(long.num_partitions * 8 >= 4 * sms as usize, "{long:?}");

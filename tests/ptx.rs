@@ -75,7 +75,6 @@ fn kernels_use_the_intended_instructions() {
         "st.global.v4.u32",
         "shfl.sync.bfly.b32",
         "cvt.rn.bf16x2.f32",
-        "red.shared.add.f32",
         "red.global.or.b32",
         "bar.red.or.pred",
     ];

@@ -50,6 +50,35 @@ struct Dims {
     max_context: u32,
     scale: f32,
     softcap: f32,
+    m_tiles: u32,
+    block_magic: u32,
+    block_shift: u32,
+}
+
+/// Query rows per partition block (one tensor-core M tile).
+const M_TILE: usize = 16;
+const WARPS: usize = THREADS as usize / 32;
+
+/// Dynamic shared memory of the partition kernel (mirrors `shared_bytes` in the device code):
+/// permuted queries, per-warp max/sum, per-warp accumulators.
+fn partition_shared_bytes(d: usize) -> usize {
+    let d_out = d / column_split(d);
+    M_TILE * (d.div_ceil(32) * 64 + 16) + WARPS * M_TILE * 2 * 4 + WARPS * 32 * d_out.div_ceil(64) * 32 * 4
+}
+
+/// Blocks sharing one partition's output columns (mirrors `split` in the device code): head
+/// size 256 splits them in two so the accumulators stay in registers.
+fn column_split(d: usize) -> usize {
+    if d > 128 { 2 } else { 1 }
+}
+
+/// Constants for dividing `n < 2^31` by `d` with a multiply-high, a shift and an add (the
+/// round-up method of Granlund and Montgomery): `q = (mulhi(n, magic) + n) >> shift`.
+pub fn divmod_constants(d: u32) -> (u32, u32) {
+    let d = d.max(1);
+    let shift = 32 - (d - 1).leading_zeros(); // ceil(log2 d), 0 for d = 1
+    let magic = ((1u64 << 32) * ((1u64 << shift) - d as u64) / d as u64 + 1) as u32;
+    (magic, shift)
 }
 
 /// Shapes and options of one decode step.
@@ -158,7 +187,11 @@ impl PagedAttentionParams {
                 p.max_context_len, p.max_blocks_per_seq, p.block_size
             )));
         }
-        if p.batch > 65535 || p.num_kv_heads > 65535 || p.num_q_heads > 65535 || p.q_len > 65535 {
+        if p.batch > 65535
+            || p.num_kv_heads * rows.div_ceil(M_TILE) * column_split(p.head_size) > 65535
+            || p.num_q_heads > 65535
+            || p.q_len > 65535
+        {
             return Err(bad("batch, heads and q_len must each be at most 65535 (grid limits)".into()));
         }
         if !(p.scale.is_finite() && p.softcap.is_finite() && p.softcap >= 0.0) {
@@ -170,23 +203,22 @@ impl PagedAttentionParams {
             return Err(bad("cache too large".into()));
         }
         let d = p.head_size;
-        let smem = |partition: usize| 4 * (2 * rows * d + rows * partition + 2 * rows);
-        // Partitions of up to 512 tokens; halve them while there are too few blocks to fill the
-        // GPU (a few waves), or while the scores do not fit in shared memory.
-        let mut partition = if p.partition > 0 { p.partition } else { 512 };
+        let m_tiles = rows.div_ceil(M_TILE);
+        let smem = partition_shared_bytes(d);
+        // Partitions of up to 1024 tokens; halve them while there are too few blocks to fill
+        // the GPU (a few waves).
+        let mut partition = if p.partition > 0 { p.partition } else { 1024 };
         if p.partition == 0 {
             let target = 4 * multiprocessors.max(1) as usize;
-            while partition > 64 && p.batch * p.num_kv_heads * p.max_context_len.div_ceil(partition) < target {
-                partition /= 2;
-            }
-            while partition > 32 && smem(partition) > max_shared_bytes as usize {
+            while partition > 64 && p.batch * p.num_kv_heads * m_tiles * p.max_context_len.div_ceil(partition) < target
+            {
                 partition /= 2;
             }
         }
-        if smem(partition) > max_shared_bytes as usize {
+        if smem > max_shared_bytes as usize {
             return Err(Error::LaunchLimit {
                 kernel: KERNEL,
-                message: format!("{} bytes of shared memory for {rows} rows of head size {d}", smem(partition)),
+                message: format!("{smem} bytes of shared memory for head size {d}"),
             });
         }
         let num_partitions = p.max_context_len.div_ceil(partition);
@@ -206,11 +238,14 @@ impl PagedAttentionParams {
             max_context: p.max_context_len as u32,
             scale: p.scale,
             softcap: p.softcap,
+            m_tiles: m_tiles as u32,
+            block_magic: divmod_constants(p.block_size as u32).0,
+            block_shift: divmod_constants(p.block_size as u32).1,
         };
         let attention_dims = LaunchDims {
-            grid: (num_partitions as u32, p.num_kv_heads as u32, p.batch as u32),
+            grid: (num_partitions as u32, (p.num_kv_heads * m_tiles * column_split(d)) as u32, p.batch as u32),
             block: (THREADS, 1, 1),
-            shared_bytes: smem(partition) as u32,
+            shared_bytes: smem as u32,
         };
         let combine = (num_partitions > 1).then_some((
             combine,

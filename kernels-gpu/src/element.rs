@@ -104,3 +104,38 @@ impl Element for Bf16 {
         v
     }
 }
+
+/// A 16-bit float the tensor cores multiply (`mma.sync` m16n8k16 with f32 accumulation).
+pub trait TensorElement: Element {
+    /// `D = A * B + C` on one warp; fragments as [`crate::device::mma`] documents.
+    ///
+    /// # Safety
+    /// All 32 lanes of the warp must execute it.
+    unsafe fn mma(c: [f32; 4], a: [u32; 4], b: [u32; 2]) -> [f32; 4];
+    /// Two f32 rounded to a packed pair, `lo` in the low half.
+    fn pack2(lo: f32, hi: f32) -> u32;
+}
+
+impl TensorElement for F16 {
+    #[inline(always)]
+    unsafe fn mma(c: [f32; 4], a: [u32; 4], b: [u32; 2]) -> [f32; 4] {
+        // SAFETY: forwarded contract.
+        unsafe { crate::device::mma::mma_m16n8k16_f16_f32(c, a, b) }
+    }
+    #[inline(always)]
+    fn pack2(lo: f32, hi: f32) -> u32 {
+        convert::pack_f16x2(lo, hi)
+    }
+}
+
+impl TensorElement for Bf16 {
+    #[inline(always)]
+    unsafe fn mma(c: [f32; 4], a: [u32; 4], b: [u32; 2]) -> [f32; 4] {
+        // SAFETY: forwarded contract.
+        unsafe { crate::device::mma::mma_m16n8k16_bf16_f32(c, a, b) }
+    }
+    #[inline(always)]
+    fn pack2(lo: f32, hi: f32) -> u32 {
+        convert::pack_bf16x2(lo, hi)
+    }
+}

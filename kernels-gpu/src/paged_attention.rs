@@ -11,21 +11,25 @@
 //! - `alibi`: f32 `[num_q_heads]` slopes or null; `softcap > 0` applies `cap * tanh(s / cap)`.
 //!
 //! # Launch contract: `paged_attention_{f16,bf16}_d{D}`
-//! - grid `(num_partitions, num_kv_heads, batch)`, block `(128, 1, 1)`.
-//! - dynamic shared memory `4 * (2 * R * D + R * partition + 2 * R)` bytes, `R = group * q_len`
-//!   (the query heads sharing one KV head times the query tokens), `R <= 64`.
-//! - each block covers cache positions `[part * partition, (part + 1) * partition)` for the `R`
+//! - grid `(num_partitions, num_kv_heads * m_tiles * split(D), batch)`, block `(128, 1, 1)`,
+//!   dynamic shared memory [`shared_bytes`]`(D)`; `m_tiles = ceil(R / 16)`, `R = group * q_len` (the query heads
+//!   sharing one KV head times the query tokens), `R <= 64`.
+//! - each block covers cache positions `[part * partition, (part + 1) * partition)` for 16
 //!   query rows of its KV head, so each K/V row is read once for all of them (GQA sharing).
+//!   Its four warps take 16-token steps in turn: scores `Q K^T` and `P V` on tensor cores
+//!   (`mma.sync` m16n8k16, f32 accumulation, P rounded to the input type), online softmax in
+//!   registers, K and V loaded from global memory straight into `mma` fragments.
 //! - `num_partitions == 1`: writes `out`. Otherwise writes unnormalised partial sums to
-//!   `partial` (`[batch, kv_heads, num_partitions, R, D]` f32, then `[.., R, 2]` f32 max/sum)
-//!   for `paged_attention_combine_*`.
+//!   `partial` (`[batch, kv_heads, num_partitions, R, D]` f32, then `[.., R, 2]` f32 max/sum,
+//!   the max in log2 units) for `paged_attention_combine_*`.
 //! - a block id outside `[0, num_blocks)` or a context length outside `[q_len, max_blocks *
 //!   block_size]` (or above `max_context`) is never dereferenced: the kernel
 //!   ORs a bit into `*status` (1: bad block id, 2: bad context length) and writes NaN for the
 //!   affected sequence.
 //!
 //! # Launch contract: `paged_attention_combine_{f16,bf16}_d{D}`
-//! - grid `(num_q_heads, q_len, batch)`, block `(128, 1, 1)`, no dynamic shared memory; reads
+//! - grid `(num_q_heads, q_len, batch)`, block `(128, 1, 1)`, no dynamic shared memory (4 KB
+//!   static); reads
 //!   what the partition kernel wrote for the same arguments.
 //!
 //! # Launch contract: `paged_kv_write_{f16,bf16}`
@@ -33,19 +37,19 @@
 //!   into slot `slot_mapping[i]` (i32; `block * block_size + offset`; negative: skip). A slot
 //!   beyond the cache sets bit 1 of `*status` and writes nothing.
 
+use crate::device::ldmatrix::ldmatrix_x4;
 use crate::device::memory::{ld_global_nc_v4, red_global_or_u32, st_global_v4};
-use crate::device::shared::{dynamic_shared_base, ld_shared_f32, red_shared_add_f32, st_shared_f32};
+use crate::device::shared::{dynamic_shared_base, ld_shared_f32, st_shared_f32, st_shared_u32};
 use crate::device::{SharedAddr, index, math, sync, warp};
-use crate::element::{Bf16, Element, F16};
-use crate::unroll;
+use crate::element::{Bf16, Element, F16, TensorElement};
+use crate::{shared_array, unroll};
 
-const THREADS: u32 = 128;
-const WARPS: u32 = THREADS / 32;
-/// Query rows accumulated per pass over V (registers: 4 rows x 8 dims per thread).
-const ROWS_PER_PASS: usize = 4;
-/// Tokens each group loads before using them, to keep loads in flight. The `unroll!` lists
-/// below spell out `0..UNROLL`.
-const UNROLL: usize = 4;
+const WARPS: u32 = 4;
+const THREADS: u32 = WARPS * 32;
+/// Query rows per block: one `mma` M tile (rows past `R` are zero queries, never written).
+const M_TILE: usize = 16;
+/// Tokens per warp step: the K (reduction) size of the P x V `mma`, two N tiles of Q x K^T.
+const TOKENS: usize = 16;
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
 pub const STATUS_BAD_BLOCK: u32 = 1;
@@ -64,6 +68,15 @@ fn rem(a: usize, b: u32) -> usize {
     a % core::num::NonZeroUsize::new(b as usize).unwrap_or(core::num::NonZeroUsize::MIN)
 }
 
+/// `(n / d, n % d)` for `n < 2^31` by multiply-high with the host's `magic`/`shift` for `d`
+/// (round-up method; a hardware division per token would cost more than the token's math).
+#[inline(always)]
+fn divmod(n: u32, d: u32, magic: u32, shift: u32) -> (u32, u32) {
+    let hi = ((n as u64 * magic as u64) >> 32) as u32;
+    let q = (hi + n).wrapping_shr(shift);
+    (q, n - q * d)
+}
+
 /// tanh through `ex2.approx` (relative error ~2^-22 on the exponential; `tanh.approx.f32`'s
 /// 2^-11 would move soft-capped logits by up to cap * 4e-4).
 #[inline(always)]
@@ -71,29 +84,14 @@ fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (math::ex2_approx(2.0 * LOG2_E * x) + 1.0)
 }
 
-/// Lanes that share one K/V row: the row's 16-byte chunks, rounded up to a power of two.
-const fn group_size(d: usize) -> u32 {
-    let chunks = (d / 8) as u32;
-    let mut g = 1;
-    while g < chunks {
-        g *= 2;
-    }
-    g
-}
-
-/// Sum over the `size` lanes of an aligned lane group (butterfly within the group).
-///
-/// # Safety
-/// All 32 lanes of the warp must call it with the same `size`.
+/// The high halves of two words as one pair (`x` low), and the low halves.
 #[inline(always)]
-unsafe fn group_sum(mut v: f32, size: u32) -> f32 {
-    let mut mask = size / 2;
-    while mask > 0 {
-        // SAFETY: forwarded contract.
-        v += unsafe { warp::shfl_xor_f32(v, mask) };
-        mask /= 2;
-    }
-    v
+fn pair_hi(x: u32, y: u32) -> u32 {
+    (x >> 16) | (y & 0xFFFF_0000)
+}
+#[inline(always)]
+fn pair_lo(x: u32, y: u32) -> u32 {
+    (x & 0xFFFF) | (y << 16)
 }
 
 /// Scalar arguments shared by the partition and combine kernels.
@@ -116,6 +114,30 @@ pub struct Dims {
     pub scale: f32,
     /// Logit soft cap, 0 for none.
     pub softcap: f32,
+    /// Query-row tiles of [`M_TILE`] per KV head (`ceil(group * q_len / 16)`).
+    pub m_tiles: u32,
+    /// [`divmod`] constants for `block_size`.
+    pub block_magic: u32,
+    pub block_shift: u32,
+}
+
+/// Dynamic shared memory of the partition kernel for head size `d` (the host mirrors it):
+/// permuted queries `[16][32 * ceil(d / 32) + 8]` b16, per-warp max/sum `[4][16][2]` f32, and
+/// per-warp accumulators `[4][32 * ceil(d / 64)][32]` f32.
+pub const fn shared_bytes(d: usize) -> usize {
+    let d_out = d / split(d);
+    M_TILE * q_row_bytes(d) + (WARPS as usize) * M_TILE * 2 * 4 + (WARPS as usize) * 32 * d_out.div_ceil(64) * 32 * 4
+}
+
+/// Blocks that share one partition's output columns: 2 at head size 256 (each computes the
+/// scores and half of `P V`, so the accumulators fit in registers), else 1.
+pub const fn split(d: usize) -> usize {
+    if d > 128 { 2 } else { 1 }
+}
+
+/// Bytes per permuted query row: 16 bytes of padding keep `ldmatrix` rows on distinct banks.
+const fn q_row_bytes(d: usize) -> usize {
+    d.div_ceil(32) * 64 + 16
 }
 
 /// The context length of sequence `b` if valid, else `None` (status already flagged).
@@ -135,9 +157,31 @@ unsafe fn context_len(context_lens: *const i32, b: usize, p: &Dims, status: *mut
     }
 }
 
+/// The head-dimension position of query column `kk` of `mma` step `step`.
+///
+/// K rows are loaded as 16-byte chunks straight into `mma` B fragments: lane `(g, q)` holds
+/// chunk `4 * (step / 2) + q` of its token, whose words `2 * (step % 2)` and `+1` are its B
+/// registers. The dot product does not care about order, so the queries are stored in the
+/// matching (permuted) order instead of shuffling K.
+#[inline(always)]
+const fn q_column(step: usize, kk: usize) -> usize {
+    let (j, h) = (step / 2, step % 2);
+    let (q, e) = if kk < 8 { (kk / 2, 4 * h + kk % 2) } else { ((kk - 8) / 2, 4 * h + 2 + kk % 2) };
+    8 * (4 * j + q) + e
+}
+
+/// The partition kernel: `KJ = ceil(D / 32)` K chunks and `VJ = ceil(D / 64)` V chunks per
+/// lane and token; `EARLY_V` issues the V loads with the K loads (registers allowing).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attention_partition<T: Element, const D: usize>(
+unsafe fn attention_partition<
+    T: TensorElement,
+    const D: usize,
+    const SPLIT: usize,
+    const KJ: usize,
+    const VJ: usize,
+    const EARLY_V: bool,
+>(
     q: *const T,
     key_cache: *const T,
     value_cache: *const T,
@@ -150,266 +194,335 @@ unsafe fn attention_partition<T: Element, const D: usize>(
     p: Dims,
 ) {
     let part = index::block_idx_x();
-    let h = index::block_idx_y() as usize;
+    let y = index::block_idx_y() as usize;
+    let (y, split) = (y / SPLIT, y % SPLIT);
+    let (h, mt) = (div(y, p.m_tiles), rem(y, p.m_tiles));
+    // This block's output columns: all of them, or one half at head size 256.
+    let d_out = D / SPLIT;
+    let d_base = split * d_out;
+    let out_chunks = d_out / 8;
     let b = index::block_idx_z() as usize;
     let tid = index::thread_idx_x();
-    let gs = group_size(D);
-    let groups = THREADS / gs;
-    let lane = tid % gs;
-    let group_id = tid / gs;
-    let chunks = (D / 8) as u32;
+    let warp_id = (tid / 32) as usize;
+    let lane = index::lane_id() as usize;
+    let (g, qd) = (lane / 4, lane % 4);
+    let chunks = D / 8; // K chunks per token
+    let steps = 2 * KJ;
     let rows = (p.group * p.q_len) as usize;
-    let psize = p.partition as usize;
+    let row0 = mt * M_TILE;
+    let rows_here = rows.saturating_sub(row0).min(M_TILE);
     let hq_total = (p.kv_heads * p.group) as usize;
+    let kv_row = p.kv_heads as usize * D;
 
-    // Shared memory: q (pre-scaled) [R][D] | scores [R][P] | acc [R][D] | max/sum [R][2] | spare.
     let base = dynamic_shared_base();
     let q_s = base;
-    let scores = q_s.offset((rows * D * 4) as u32);
-    let acc_s = scores.offset((rows * psize * 4) as u32);
-    let ml_s = acc_s.offset((rows * D * 4) as u32);
+    let ml_s = q_s.offset((M_TILE * q_row_bytes(D)) as u32);
+    let acc_s = ml_s.offset(WARPS * (M_TILE * 2 * 4) as u32);
     let at = |region: SharedAddr, i: usize| region.offset((i * 4) as u32);
 
-    // SAFETY (whole body): the launch contract sizes every buffer and the shared memory; the
-    // loops below keep each warp's trip counts uniform, so the shuffles and barriers are
-    // reached by all lanes/threads.
+    // SAFETY (whole body): the launch contract sizes every buffer and the shared memory; loop
+    // trip counts are uniform per warp (tiles) or per block (barrier phases), so `mma`,
+    // `ldmatrix`, shuffles and barriers are reached by all lanes/threads.
     unsafe {
-        let ctx = context_len(context_lens, b, &p, status, part == 0 && h == 0 && tid == 0);
+        let ctx = context_len(context_lens, b, &p, status, part == 0 && index::block_idx_y() == 0 && tid == 0);
         let ctx_or_zero = ctx.unwrap_or(0);
         let start = part * p.partition;
-        let n = ctx_or_zero.saturating_sub(start).min(p.partition) as usize;
+        let n = ctx_or_zero.saturating_sub(start).min(p.partition);
         if ctx.is_some() && n == 0 {
             return; // partition past the end of this sequence: the combine skips it
         }
+        let end = start + n;
 
-        // Queries of the group, scaled, and the accumulator zeroed.
+        // Queries of this row tile in the permuted order of `q_column`, zero past `rows`.
+        let words = M_TILE * steps * 8;
         let mut i = tid as usize;
-        while i < rows * D {
-            let (r, d) = (i / D, i % D);
-            let (t, g) = (div(r, p.group), rem(r, p.group));
-            let hq = h * p.group as usize + g;
-            let v = q.add(((b * p.q_len as usize + t) * hq_total + hq) * D + d).read().to_f32();
-            st_shared_f32(at(q_s, i), v * p.scale);
-            st_shared_f32(at(acc_s, i), 0.0);
+        while i < words {
+            let (r, w) = (i / (steps * 8), i % (steps * 8));
+            let (step, kk) = (w / 8, 2 * (w % 8));
+            let col = q_column(step, kk);
+            let mut v = 0u32;
+            if r < rows_here && col < D {
+                let rg = row0 + r;
+                let hq = h * p.group as usize + rem(rg, p.group);
+                let src = ((b * p.q_len as usize + div(rg, p.group)) * hq_total + hq) * D + col;
+                v = q.add(src).cast::<u32>().read();
+            }
+            st_shared_u32(q_s.offset((r * q_row_bytes(D) + (step * 16 + kk) * 2) as u32), v);
             i += THREADS as usize;
         }
         sync::sync_threads();
 
-        // Where a partition-relative token lives in the cache, if its block id is valid.
-        let slot_of = |i: usize| -> Option<usize> {
-            let pos = start as usize + i;
-            let entry = block_tables.add(b * p.max_blocks as usize + div(pos, p.block_size)).read();
+        // Per-lane row constants: rows `g` and `g + 8` of the tile.
+        let mut qpos = [0i64; 2];
+        let mut slope = [0.0f32; 2];
+        for (rh, (qp, sl)) in qpos.iter_mut().zip(slope.iter_mut()).enumerate() {
+            let rg = row0 + g + 8 * rh;
+            *qp = ctx_or_zero as i64 - p.q_len as i64 + div(rg, p.group) as i64;
+            if !alibi.is_null() && rg < rows {
+                *sl = alibi.add(h * p.group as usize + rem(rg, p.group)).read();
+            }
+        }
+        let row_addr = q_s.offset(((lane % 8 + 8 * ((lane / 8) % 2)) * q_row_bytes(D) + 16 * (lane / 16)) as u32);
+
+        // Cache offset of token `pos` (< end) for this KV head, if its block id is valid.
+        let slot_of = |pos: u32| -> Option<usize> {
+            let (blk, off) = divmod(pos, p.block_size, p.block_magic, p.block_shift);
+            let entry = block_tables.add(b * p.max_blocks as usize + blk as usize).read();
             if entry < 0 || entry as u32 >= p.num_blocks {
                 red_global_or_u32(status, STATUS_BAD_BLOCK);
                 return None;
             }
-            Some(((entry as usize * p.block_size as usize + rem(pos, p.block_size)) * p.kv_heads as usize + h) * D)
+            Some((entry as usize * p.block_size as usize + off as usize) * kv_row + h * D)
         };
+        // With block sizes a multiple of 16 every step lies in one block: one table lookup per
+        // step (`tile_slot`, the slot of its first token) instead of one per token.
+        let one_block = p.block_size.is_multiple_of(TOKENS as u32) && start.is_multiple_of(TOKENS as u32);
+        let token_slot = |tile_slot: Option<usize>, pos0: u32, c: usize| -> Option<usize> {
+            if pos0 + c as u32 >= end {
+                None
+            } else if one_block {
+                tile_slot.map(|s| s + c * kv_row)
+            } else {
+                slot_of(pos0 + c as u32)
+            }
+        };
+        // V chunks `8 * J + g` with `J` in `from..to` of this lane's four tokens of the step:
+        // 2q, 2q+1, 2q+8, 2q+9 (the P fragment's columns).
+        let load_v =
+            |v: &mut [[[u32; 4]; VJ]; 4], tile_slot, pos0: u32, from: usize, to: usize, poisoned: &mut bool| {
+                unroll!(I in [0, 1, 2, 3] {
+                    let c = 2 * qd + (I % 2) + 8 * (I / 2);
+                    let slot = token_slot(tile_slot, pos0, c);
+                    *poisoned |= pos0 + (c as u32) < end && slot.is_none();
+                    unroll!(J in [0, 1, 2, 3] {
+                        if J < VJ && J >= from && J < to && 8 * J + g < out_chunks
+                            && let Some(s) = slot
+                        {
+                            v[I][J] = ld_global_nc_v4(value_cache.add(s + d_base + 8 * (8 * J + g)).cast());
+                        }
+                    });
+                });
+            };
+        // K chunks `4 * J + q` of this lane's two tokens g and g + 8 (B fragments as loaded).
+        let load_k = |k: &mut [[[u32; 4]; KJ]; 2], tile_slot, pos0: u32, poisoned: &mut bool| {
+            unroll!(NT in [0, 1] {
+                let c = 8 * NT + g;
+                let slot = token_slot(tile_slot, pos0, c);
+                *poisoned |= pos0 + (c as u32) < end && slot.is_none();
+                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    if J < KJ && 4 * J + qd < chunks
+                        && let Some(s) = slot
+                    {
+                        k[NT][J] = ld_global_nc_v4(key_cache.add(s + 8 * (4 * J + qd)).cast());
+                    }
+                });
+            });
+        };
+        // Up to head size 128, V is loaded with K; at 256 V comes in halves after the scores,
+        // so it fits beside the accumulators.
+        let v_parts = if EARLY_V { 1 } else { 2 };
+        // Steps that need no per-element masking: no cap, no ALiBi, every token before `end`
+        // and visible to every query row (the earliest row sits at `ctx - q_len`).
+        let plain = p.softcap == 0.0 && alibi.is_null();
+        let scale_log2 = p.scale * LOG2_E;
+        let first_qpos = ctx_or_zero as i64 - p.q_len as i64;
 
-        // Pass 1: scores. Each group of `gs` lanes takes one token, each lane one 16-byte chunk.
+        let mut acc = [[[0.0f32; 4]; 8]; VJ];
+        let mut m = [f32::NEG_INFINITY; 2];
+        let mut l = [0.0f32; 2];
         let mut poisoned = false;
-        let mut base_i = 0usize;
-        while base_i < n {
-            let mut k_chunks = [[0u32; 4]; UNROLL];
-            let mut slots = [None; UNROLL];
-            // All UNROLL loads are issued before any is used.
-            unroll!(U in [0, 1, 2, 3] {
-                let i = base_i + (U * groups as usize) + group_id as usize;
-                if i < n {
-                    slots[U] = slot_of(i);
-                    if let Some(s) = slots[U]
-                        && lane < chunks
-                    {
-                        k_chunks[U] = ld_global_nc_v4(key_cache.add(s + lane as usize * 8).cast());
-                    }
+        let tiles = if ctx.is_some() { n.div_ceil(TOKENS as u32) } else { 0 };
+        let mut tile = warp_id as u32;
+        while tile < tiles {
+            let pos0 = start + tile * TOKENS as u32;
+            let tile_slot = if one_block { slot_of(pos0) } else { None };
+            let mut k = [[[0u32; 4]; KJ]; 2];
+            let mut v = [[[0u32; 4]; VJ]; 4];
+            load_k(&mut k, tile_slot, pos0, &mut poisoned);
+            if EARLY_V {
+                load_v(&mut v, tile_slot, pos0, 0, VJ, &mut poisoned);
+            }
+
+            // Scores: Q (16 x D) x K^T (D x 8) for each half of the step.
+            let mut s = [[0.0f32; 4]; 2];
+            unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if J < KJ {
+                    unroll!(HH in [0, 1] {
+                        let a = ldmatrix_x4(row_addr.offset(((2 * J + HH) * 32) as u32));
+                        unroll!(NT in [0, 1] {
+                            s[NT] = T::mma(s[NT], a, [k[NT][J][2 * HH], k[NT][J][2 * HH + 1]]);
+                        });
+                    });
                 }
             });
-            let mut k = [[0.0f32; 8]; UNROLL];
-            unroll!(U in [0, 1, 2, 3] {
-                T::unpack_vec(k_chunks[U], &mut k[U]);
-                poisoned |= base_i + (U * groups as usize) + (group_id as usize) < n && slots[U].is_none();
-            });
-            for r in 0..rows {
-                // This lane's 8 query values of row r, reused for all UNROLL tokens.
-                let mut qv = [0.0f32; 8];
-                if lane < chunks {
-                    for (j, qj) in qv.iter_mut().enumerate() {
-                        *qj = ld_shared_f32(at(q_s, r * D + lane as usize * 8 + j));
-                    }
-                }
-                let t = div(r, p.group);
-                let hq = h * p.group as usize + rem(r, p.group);
-                let qpos = ctx_or_zero.wrapping_sub(p.q_len) + t as u32;
-                unroll!(U in [0, 1, 2, 3] {
-                    let i = base_i + (U * groups as usize) + group_id as usize;
-                    let mut dot = 0.0f32;
-                    for j in 0..8 {
-                        dot = math::fma(qv[j], k[U][j], dot);
-                    }
-                    let dot = group_sum(dot, gs);
-                    if lane == 0 && i < n {
-                        let pos = start + i as u32;
-                        let mut s = dot;
+
+            // Scale, cap, bias and mask (log2 units).
+            let last = pos0 as i64 + TOKENS as i64 - 1;
+            let visible_all = pos0 + TOKENS as u32 <= end
+                && last <= first_qpos
+                && (p.window == 0 || (pos0 as i64) + (p.window as i64) > ctx_or_zero as i64 - 1);
+            if plain && visible_all {
+                unroll!(NT in [0, 1] {
+                    unroll!(C in [0, 1, 2, 3] {
+                        s[NT][C] *= scale_log2;
+                    });
+                });
+            } else {
+                unroll!(NT in [0, 1] {
+                    unroll!(C in [0, 1, 2, 3] {
+                        let rh = C / 2;
+                        let pos = pos0 + (8 * NT + 2 * qd + C % 2) as u32;
+                        let mut y = s[NT][C] * p.scale;
                         if p.softcap > 0.0 {
-                            s = p.softcap * tanh(s / p.softcap);
+                            y = p.softcap * tanh(y / p.softcap);
                         }
-                        if !alibi.is_null() {
-                            s += alibi.add(hq).read() * (pos as f32 - qpos as f32);
-                        }
-                        let visible = pos <= qpos && (p.window == 0 || pos + p.window > qpos);
-                        s = if slots[U].is_none() {
-                            f32::NAN
-                        } else if visible {
-                            s * LOG2_E
-                        } else {
-                            f32::NEG_INFINITY
-                        };
-                        st_shared_f32(at(scores, r * psize + i), s);
+                        y += slope[rh] * (pos as i64 - qpos[rh]) as f32;
+                        let visible = pos < end
+                            && pos as i64 <= qpos[rh]
+                            && (p.window == 0 || pos as i64 + p.window as i64 > qpos[rh]);
+                        s[NT][C] = if visible { y * LOG2_E } else { f32::NEG_INFINITY };
+                    });
+                });
+            }
+
+            // Online softmax per row (rows g, g + 8; the four lanes of a row reduce with two
+            // shuffles). The accumulators are rescaled only when some row's max moved.
+            let mut pr = [[0.0f32; 4]; 2];
+            let mut corr = [1.0f32; 2];
+            unroll!(RH in [0, 1] {
+                let mut mx = s[0][2 * RH].max(s[0][2 * RH + 1]).max(s[1][2 * RH]).max(s[1][2 * RH + 1]);
+                mx = mx.max(warp::shfl_xor_f32(mx, 1));
+                mx = mx.max(warp::shfl_xor_f32(mx, 2));
+                let m_new = m[RH].max(mx);
+                let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+                corr[RH] = math::ex2_approx(m[RH] - m_use);
+                let mut sum = 0.0f32;
+                unroll!(NT in [0, 1] {
+                    unroll!(C in [0, 1] {
+                        let e = math::ex2_approx(s[NT][2 * RH + C] - m_use);
+                        pr[NT][2 * RH + C] = e;
+                        sum += e;
+                    });
+                });
+                l[RH] = math::fma(l[RH], corr[RH], sum);
+                m[RH] = m_new;
+            });
+            if warp::any(corr[0] != 1.0 || corr[1] != 1.0) {
+                unroll!(J in [0, 1, 2, 3] {
+                    if J < VJ {
+                        unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+                            unroll!(C in [0, 1, 2, 3] {
+                                acc[J][E][C] *= corr[C / 2];
+                            });
+                        });
                     }
                 });
             }
-            base_i += UNROLL * groups as usize;
-        }
-        sync::sync_threads();
 
-        // Pass 2: softmax numerators in place, per row (one warp per row, round robin).
-        let warp_id = tid / 32;
-        let wl = index::lane_id() as usize;
-        let mut r = warp_id as usize;
-        while r < rows {
-            let mut m = f32::NEG_INFINITY;
-            let mut i = wl;
-            while i < n {
-                m = m.max(ld_shared_f32(at(scores, r * psize + i)));
-                i += 32;
-            }
-            let m = warp::warp_max_f32(m);
-            let mut l = 0.0f32;
-            let mut i = wl;
-            while i < n {
-                let s = ld_shared_f32(at(scores, r * psize + i));
-                let e = if m == f32::NEG_INFINITY { 0.0 } else { math::ex2_approx(s - m) };
-                st_shared_f32(at(scores, r * psize + i), e);
-                l += e;
-                i += 32;
-            }
-            let l = warp::warp_sum_f32(l);
-            if wl == 0 {
-                st_shared_f32(at(ml_s, 2 * r), m);
-                st_shared_f32(at(ml_s, 2 * r + 1), l);
-            }
-            r += WARPS as usize;
-        }
-        sync::sync_threads();
-
-        // Pass 3: probabilities times V, up to ROWS_PER_PASS rows per sweep over V.
-        let mut r0 = 0usize;
-        while r0 < rows {
-            let row_count = (rows - r0).min(ROWS_PER_PASS);
-            let mut acc = [[0.0f32; 8]; ROWS_PER_PASS];
-            let mut base_i = 0usize;
-            while base_i < n {
-                let mut v_chunks = [[0u32; 4]; UNROLL];
-                unroll!(U in [0, 1, 2, 3] {
-                    let i = base_i + (U * groups as usize) + group_id as usize;
-                    if i < n
-                        && lane < chunks
-                        && let Some(s) = slot_of(i)
-                    {
-                        v_chunks[U] = ld_global_nc_v4(value_cache.add(s + lane as usize * 8).cast());
+            // P (16 x 16 tokens) x V (16 tokens x D): the score C fragments are the P A
+            // fragment; V chunks are paired per column into B fragments.
+            let a = [
+                T::pack2(pr[0][0], pr[0][1]),
+                T::pack2(pr[0][2], pr[0][3]),
+                T::pack2(pr[1][0], pr[1][1]),
+                T::pack2(pr[1][2], pr[1][3]),
+            ];
+            unroll!(VP in [0, 1] {
+                if VP < v_parts {
+                    let (from, to) = (VP * VJ / v_parts, (VP + 1) * VJ / v_parts);
+                    if !EARLY_V {
+                        load_v(&mut v, tile_slot, pos0, from, to, &mut poisoned);
                     }
-                });
-                let mut v = [[0.0f32; 8]; UNROLL];
-                unroll!(U in [0, 1, 2, 3] {
-                    T::unpack_vec(v_chunks[U], &mut v[U]);
-                });
-                // One call per row with a constant row index keeps `acc` in registers.
-                let first = base_i + group_id as usize;
-                let step = groups as usize;
-                if lane < chunks {
-                    accumulate_row::<0>(&mut acc, &v, scores, psize, r0, row_count, first, step, n);
-                    accumulate_row::<1>(&mut acc, &v, scores, psize, r0, row_count, first, step, n);
-                    accumulate_row::<2>(&mut acc, &v, scores, psize, r0, row_count, first, step, n);
-                    accumulate_row::<3>(&mut acc, &v, scores, psize, r0, row_count, first, step, n);
+                    unroll!(J in [0, 1, 2, 3] {
+                        if J < VJ && J >= from && J < to {
+                            unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                let w = E / 2;
+                                let bfrag = if E % 2 == 0 {
+                                    [pair_lo(v[0][J][w], v[1][J][w]), pair_lo(v[2][J][w], v[3][J][w])]
+                                } else {
+                                    [pair_hi(v[0][J][w], v[1][J][w]), pair_hi(v[2][J][w], v[3][J][w])]
+                                };
+                                acc[J][E] = T::mma(acc[J][E], a, bfrag);
+                            });
+                        }
+                    });
                 }
-                base_i += UNROLL * groups as usize;
-            }
-            if lane < chunks {
-                for (rr, acc_row) in acc.iter().enumerate() {
-                    if rr < row_count {
-                        for (j, a) in acc_row.iter().enumerate() {
-                            red_shared_add_f32(at(acc_s, (r0 + rr) * D + lane as usize * 8 + j), *a);
-                        }
-                    }
-                }
-            }
-            r0 += ROWS_PER_PASS;
+            });
+            tile += WARPS;
         }
-        sync::sync_threads();
 
-        // A poisoned row (bad block id) or sequence (bad length) reads as NaN downstream.
-        let bad = ctx.is_none() || sync::sync_threads_or(poisoned);
+        // Merge the four warps: max/sum per row and warp, accumulators in fragment order
+        // (`[warp][register][lane]`, conflict-free), then each output element once.
+        for rh in 0..2 {
+            l[rh] += warp::shfl_xor_f32(l[rh], 1);
+            l[rh] += warp::shfl_xor_f32(l[rh], 2);
+            if qd == 0 {
+                let r = g + 8 * rh;
+                st_shared_f32(at(ml_s, (warp_id * M_TILE + r) * 2), m[rh]);
+                st_shared_f32(at(ml_s, (warp_id * M_TILE + r) * 2 + 1), l[rh]);
+            }
+        }
+        let regs = VJ * 32;
+        unroll!(J in [0, 1, 2, 3] {
+            if J < VJ {
+                unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    unroll!(C in [0, 1, 2, 3] {
+                        let reg = (J * 8 + E) * 4 + C;
+                        st_shared_f32(at(acc_s, (warp_id * regs + reg) * 32 + lane), acc[J][E][C]);
+                    });
+                });
+            }
+        });
+        // The barrier must run on every path: it also orders the stores above before the
+        // merge reads them (short-circuiting it on a bad length was a race).
+        let any_poisoned = sync::sync_threads_or(poisoned);
+        let bad = ctx.is_none() || any_poisoned;
+
         let np = p.num_partitions as usize;
         let mut i = tid as usize;
-        while i < rows * D {
-            let (r, d) = (i / D, i % D);
-            let l = ld_shared_f32(at(ml_s, 2 * r + 1));
-            let sum = ld_shared_f32(at(acc_s, i));
+        while i < rows_here * d_out {
+            let (r, dl) = (i / d_out, i % d_out);
+            let d = d_base + dl;
+            let mut mx = f32::NEG_INFINITY;
+            for w in 0..WARPS as usize {
+                mx = mx.max(ld_shared_f32(at(ml_s, (w * M_TILE + r) * 2)));
+            }
+            let m_use = if mx == f32::NEG_INFINITY { 0.0 } else { mx };
+            // Where element (r, d) sits in the fragments: n tile (d / 64, d % 8), column
+            // (d % 64) / 8 = 2 * lane % 4 + register bit 0; row r % 8 = lane / 4, r / 8 =
+            // register bit 1.
+            let (j, col, e) = (dl / 64, (dl % 64) / 8, dl % 8);
+            let reg = (j * 8 + e) * 4 + (r / 8) * 2 + col % 2;
+            let src_lane = 4 * (r % 8) + col / 2;
+            let (mut sum, mut total) = (0.0f32, 0.0f32);
+            for w in 0..WARPS as usize {
+                let f = math::ex2_approx(ld_shared_f32(at(ml_s, (w * M_TILE + r) * 2)) - m_use);
+                total = math::fma(f, ld_shared_f32(at(ml_s, (w * M_TILE + r) * 2 + 1)), total);
+                sum = math::fma(f, ld_shared_f32(at(acc_s, (w * regs + reg) * 32 + src_lane)), sum);
+            }
+            let rg = row0 + r;
             if np == 1 {
-                let (t, g) = (div(r, p.group), rem(r, p.group));
-                let hq = h * p.group as usize + g;
+                let (t, hq) = (div(rg, p.group), h * p.group as usize + rem(rg, p.group));
                 let value = if bad {
                     f32::NAN
-                } else if l > 0.0 {
-                    sum / l
+                } else if total > 0.0 {
+                    sum / total
                 } else {
                     0.0
                 };
                 out.add(((b * p.q_len as usize + t) * hq_total + hq) * D + d).write(T::from_f32(value));
             } else {
-                let slot = ((b * p.kv_heads as usize + h) * np + part as usize) * rows + r;
+                let slot = ((b * p.kv_heads as usize + h) * np + part as usize) * rows + rg;
                 partial.add(slot * D + d).write(if bad { f32::NAN } else { sum });
                 if d == 0 {
                     let ml = partial.add(rows_total(&p, rows) * D + slot * 2);
-                    ml.write(if bad { f32::NAN } else { ld_shared_f32(at(ml_s, 2 * r)) });
-                    ml.add(1).write(l);
+                    ml.write(if bad { f32::NAN } else { mx });
+                    ml.add(1).write(total);
                 }
             }
             i += THREADS as usize;
         }
     }
-}
-
-/// `acc[RR] += p[r0 + RR][token] * v[token]` for this thread's UNROLL tokens.
-///
-/// # Safety
-/// `scores` must hold `(r0 + row_count) * psize` f32 written before the last barrier.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn accumulate_row<const RR: usize>(
-    acc: &mut [[f32; 8]; ROWS_PER_PASS],
-    v: &[[f32; 8]; UNROLL],
-    scores: SharedAddr,
-    psize: usize,
-    r0: usize,
-    row_count: usize,
-    first: usize,
-    step: usize,
-    n: usize,
-) {
-    if RR >= row_count {
-        return;
-    }
-    unroll!(U in [0, 1, 2, 3] {
-        let i = first + U * step;
-        if i < n {
-            // SAFETY: the caller guarantees the scores region.
-            let w = unsafe { ld_shared_f32(scores.offset((((r0 + RR) * psize + i) * 4) as u32)) };
-            for j in 0..8 {
-                acc[RR][j] = math::fma(w, v[U][j], acc[RR][j]);
-            }
-        }
-    });
 }
 
 /// Rows of partial results in the whole workspace (the offset of the max/sum section).
@@ -418,6 +531,10 @@ fn rows_total(p: &Dims, rows: usize) -> usize {
     index::grid_dim_z() as usize * p.kv_heads as usize * p.num_partitions as usize * rows
 }
 
+/// The combine: the rows' partitions are spread over the four warps (each lane four columns,
+/// partitions four at a time so their loads overlap), then the warps' sums are added in shared
+/// memory. A long context has hundreds of partitions over few rows, so a loop over them per
+/// thread would be a chain of dependent load latencies.
 #[inline(always)]
 unsafe fn combine<T: Element, const D: usize>(
     context_lens: *const i32,
@@ -430,14 +547,21 @@ unsafe fn combine<T: Element, const D: usize>(
     let t = index::block_idx_y() as usize;
     let b = index::block_idx_z() as usize;
     let tid = index::thread_idx_x() as usize;
+    let (warp_id, lane) = (tid / 32, index::lane_id() as usize);
     let hq_total = (p.kv_heads * p.group) as usize;
     let rows = (p.group * p.q_len) as usize;
     let (h, g) = (div(hq, p.group), rem(hq, p.group));
     let r = t * p.group as usize + g;
     let np = p.num_partitions as usize;
     let batch = index::grid_dim_z() as usize;
+    // [warp][256] column sums, then [warp] weight sums and [warp] maxima.
+    let scratch = shared_array!(DLKERN_PAGED_ATTENTION_COMBINE, 4128, 16);
+    let sums = |w: usize, d: usize| scratch.offset(((w * 256 + d) * 4) as u32);
+    let totals = |w: usize| scratch.offset(((4 * 256 + w) * 4) as u32);
+    let maxima = |w: usize| scratch.offset(((4 * 256 + 4 + w) * 4) as u32);
     // SAFETY: the launch contract sizes every buffer; reads only partitions the partition
-    // kernel wrote for this sequence.
+    // kernel wrote for this sequence. The early return is uniform over the block, and the
+    // loops' barriers are reached by every thread.
     unsafe {
         let o = out.add(((b * p.q_len as usize + t) * hq_total + hq) * D);
         let Some(ctx) = context_len(context_lens, b, &p, status, false) else {
@@ -451,26 +575,80 @@ unsafe fn combine<T: Element, const D: usize>(
         let parts = div(ctx as usize + p.partition as usize - 1, p.partition);
         let ml = partial.add(batch * p.kv_heads as usize * np * rows * D);
         let slot = |part: usize| ((b * p.kv_heads as usize + h) * np + part) * rows + r;
+
+        // The rows' maximum over partitions (f32::max skips a poisoned NaN; the sums do not).
         let mut m = f32::NEG_INFINITY;
-        for part in 0..parts {
+        let mut part = tid;
+        while part < parts {
             m = m.max(ml.add(slot(part) * 2).read());
+            part += THREADS as usize;
         }
-        let mut l = 0.0f32;
-        let mut d = tid;
-        let mut first = true;
-        while d < D {
-            let mut sum = 0.0f32;
-            for part in 0..parts {
-                let mp = ml.add(slot(part) * 2).read();
-                let w = if mp == f32::NEG_INFINITY { 0.0 } else { math::ex2_approx(mp - m) };
-                sum = math::fma(w, partial.add(slot(part) * D + d).read(), sum);
-                if first {
-                    l = math::fma(w, ml.add(slot(part) * 2 + 1).read(), l);
+        let m = warp::warp_max_f32(m);
+        if lane == 0 {
+            st_shared_f32(maxima(warp_id), m);
+        }
+        sync::sync_threads();
+        let mut m = ld_shared_f32(maxima(0));
+        for w in 1..WARPS as usize {
+            m = m.max(ld_shared_f32(maxima(w)));
+        }
+        let weight = |part: usize| {
+            let mp = ml.add(slot(part) * 2).read();
+            if mp == f32::NEG_INFINITY { 0.0 } else { math::ex2_approx(mp - m) }
+        };
+
+        // Column group `c`: lanes cover 128 columns, four each.
+        let mut total = 0.0f32;
+        unroll!(C in [0, 1] {
+            let d0 = C * 128 + 4 * lane;
+            if C * 128 < D {
+                let mut acc = [0.0f32; 4];
+                let mut part = warp_id;
+                while part < parts {
+                    let mut chunk = [[0u32; 4]; 4];
+                    let mut w = [0.0f32; 4];
+                    unroll!(U in [0, 1, 2, 3] {
+                        let pu = part + U * WARPS as usize;
+                        if pu < parts {
+                            w[U] = weight(pu);
+                            if d0 < D {
+                                chunk[U] = ld_global_nc_v4(partial.add(slot(pu) * D + d0).cast());
+                            }
+                            if C == 0 {
+                                total = math::fma(w[U], ml.add(slot(pu) * 2 + 1).read(), total);
+                            }
+                        }
+                    });
+                    unroll!(U in [0, 1, 2, 3] {
+                        unroll!(E in [0, 1, 2, 3] {
+                            acc[E] = math::fma(w[U], f32::from_bits(chunk[U][E]), acc[E]);
+                        });
+                    });
+                    part += 4 * WARPS as usize;
+                }
+                if d0 < D {
+                    unroll!(E in [0, 1, 2, 3] {
+                        st_shared_f32(sums(warp_id, d0 + E), acc[E]);
+                    });
                 }
             }
-            first = false;
-            // A poisoned partition (NaN max, sum or weight) makes the row NaN: f32::max above
-            // skips NaN, but the weighted sums do not.
+        });
+        // Every lane of a warp summed the same weights.
+        if lane == 0 {
+            st_shared_f32(totals(warp_id), total);
+        }
+        sync::sync_threads();
+        let mut l = 0.0f32;
+        for w in 0..WARPS as usize {
+            l += ld_shared_f32(totals(w));
+        }
+        let mut d = tid;
+        while d < D {
+            let mut sum = 0.0f32;
+            for w in 0..WARPS as usize {
+                sum += ld_shared_f32(sums(w, d));
+            }
+            // A poisoned partition (NaN max, sum or weight) makes the row NaN.
             let value = if l == 0.0 { 0.0 } else { sum / l };
             o.add(d).write(T::from_f32(value));
             d += THREADS as usize;
@@ -529,7 +707,7 @@ macro_rules! attention_entries {
             context_lens: *const i32, alibi: *const f32, out: *mut $ty, partial: *mut f32, status: *mut u32, dims: Dims,
         ) {
             // SAFETY: forwarded launch contract.
-            unsafe { attention_partition::<$ty, $d>(q, key_cache, value_cache, block_tables, context_lens, alibi, out, partial, status, dims) }
+            unsafe { attention_partition::<$ty, $d, { split($d) }, { ($d as usize).div_ceil(32) }, { ($d as usize / split($d)).div_ceil(64) }, { $d <= 128 }>(q, key_cache, value_cache, block_tables, context_lens, alibi, out, partial, status, dims) }
         }
 
         /// Combine kernel; see the module docs for the launch contract.

@@ -82,6 +82,16 @@ pub unsafe fn st_shared_f32(addr: SharedAddr, value: f32) {
     unsafe { asm!("st.shared.f32 [{}], {};", in(reg32) addr.0, in(reg32) value, options(nostack)) };
 }
 
+/// `st.shared.u32` (PTX ISA §9.7.9.10).
+///
+/// # Safety
+/// As [`ld_shared_f32`].
+#[inline(always)]
+pub unsafe fn st_shared_u32(addr: SharedAddr, value: u32) {
+    // SAFETY: the caller guarantees a valid, aligned, race-free address.
+    unsafe { asm!("st.shared.u32 [{}], {};", in(reg32) addr.0, in(reg32) value, options(nostack)) };
+}
+
 /// `ld.shared.v4.u32` (PTX ISA §9.7.9.8): 16 bytes.
 ///
 /// # Safety

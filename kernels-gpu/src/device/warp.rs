@@ -39,6 +39,25 @@ pub unsafe fn shfl_idx_u32(value: u32, src_lane: u32) -> u32 {
     out
 }
 
+/// `vote.sync.any.pred` over the full warp (PTX ISA §9.7.13.8): whether `pred` holds on any
+/// lane; every lane receives the answer (a warp-uniform branch condition).
+///
+/// # Safety
+/// All 32 lanes of the warp must execute this call.
+#[inline(always)]
+pub unsafe fn any(pred: bool) -> bool {
+    let out: u32;
+    // SAFETY: full-warp participation is the caller's contract.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 {o}, 1, 0, q; }}",
+            v = in(reg32) pred as u32, o = out(reg32) out,
+            options(nostack, nomem)
+        )
+    };
+    out != 0
+}
+
 /// [`shfl_xor_u32`] for `f32`.
 ///
 /// # Safety
