@@ -38,7 +38,7 @@ def rows_by_family(results):
 
 
 # Families bound by memory traffic: their rate is bytes per second.
-MEMORY_BOUND = {"rmsnorm", "paged_attention"}
+MEMORY_BOUND = {"rmsnorm", "paged_attention", "matmul_nbits"}
 
 
 def fmt_rate(rec):

@@ -21,13 +21,15 @@ root=$(cd "$here/.." && pwd)
 grep -qE "[0-9]+ passed" "$out/python-tests.log" && ! grep -qE "[0-9]+ (failed|error)" "$out/python-tests.log" || status=1
 filter=${1:-gpu_}
 for tool in memcheck racecheck; do
-  for t in "$here"/tests/rmsnorm-* "$here"/tests/probe-* "$here"/tests/paged_attention-*; do
+  for t in "$here"/tests/rmsnorm-* "$here"/tests/probe-* "$here"/tests/paged_attention-* "$here"/tests/matmul_w4-*; do
     [ -x "$t" ] || continue
     args=(--include-ignored --test-threads=1)
     case "$(basename "$t")" in
       probe-*) ;;
       # The 65536-token case is the same code as the others, only 50x longer under the tools.
       paged_attention-*) args+=("$filter" --skip gpu_long_context) ;;
+      # Both variants (the large one uses shared memory and barriers), split K, bf16.
+      matmul_w4-*) args+=(gpu_variants_and_splits) ;;
       *) args+=("$filter") ;;
     esac
     echo "=== $tool $(basename "$t")"

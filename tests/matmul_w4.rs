@@ -151,3 +151,190 @@ fn registry_kernel_reports_format_errors() {
     let err = call(&mut [ta.dl(), tb.dl(), ts.dl(), ty.dl()], &Attributes::new());
     assert!(err.contains("required attribute 'bits' is missing"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// GPU kernels (`dlkern::launch::matmul_nbits`) against the f64 reference.
+
+mod gpu {
+    use super::common::{Rng, gpu, unit_roundoff};
+    use dlkern::launch::matmul_nbits::*;
+    use dlkern::quant::w4::{W4Weights, ZeroPoints as HostZeros, matmul_reference, quantize};
+    use dlkern::{DType, Element};
+    use half::{bf16, f16};
+    use proptest::prelude::*;
+
+    /// A problem whose scales, zero points, activations and bias are representable in `T`,
+    /// so the reference sees exactly what the kernel sees.
+    struct Problem<T> {
+        p: MatMulNBitsParams,
+        w: W4Weights,
+        a: Vec<T>,
+        bias: Option<Vec<T>>,
+        zeros_t: Vec<T>,
+    }
+
+    fn problem<T: Element>(p: MatMulNBitsParams, seed: u64) -> Problem<T> {
+        let mut rng = Rng::new(seed);
+        let (m, n, k) = (p.m, p.n, p.k);
+        let wf: Vec<f32> = (0..n * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+        let symmetric = p.zero_points == ZeroPointKind::Default;
+        let mut w = quantize(&wf, n, k, p.block_size, symmetric).unwrap();
+        let round = |v: f64| T::from_f64(v).to_f64() as f32;
+        w.scales = w.scales.iter().map(|&s| round(s as f64)).collect();
+        let mut zeros_t = Vec::new();
+        if p.zero_points == ZeroPointKind::Typed {
+            // Fractional zero points, as a float-typed zero-point input allows.
+            let kb = w.k_blocks();
+            let z: Vec<f32> = (0..n * kb).map(|i| round((i % 15) as f64 + 0.25)).collect();
+            zeros_t = z.iter().map(|&v| T::from_f64(v as f64)).collect();
+            w.zero_points = HostZeros::Unpacked(z);
+        }
+        let a: Vec<T> = rng.vec(m * k, -1.0, 1.0);
+        let bias = p.bias.then(|| rng.vec(n, -1.0, 1.0));
+        Problem { p, w, a, bias, zeros_t }
+    }
+
+    impl<T: Element> Problem<T> {
+        fn run(&self) -> (Vec<T>, MatMulNBitsPlan) {
+            let (device, stream) = gpu();
+            let a = stream.clone_htod(&self.a).unwrap();
+            let b = stream.clone_htod(&self.w.b).unwrap();
+            let scales: Vec<T> = self.w.scales.iter().map(|&s| T::from_f64(s as f64)).collect();
+            let scales = stream.clone_htod(&scales).unwrap();
+            let zp_u8 = match &self.w.zero_points {
+                HostZeros::Packed(z) => Some(stream.clone_htod(z).unwrap()),
+                _ => None,
+            };
+            let zp_t = (!self.zeros_t.is_empty()).then(|| stream.clone_htod(&self.zeros_t).unwrap());
+            let zero_points = match (&zp_u8, &zp_t) {
+                (Some(z), _) => ZeroPoints::PackedU8(z),
+                (_, Some(z)) => ZeroPoints::Typed(z),
+                _ => ZeroPoints::Default,
+            };
+            let bias = self.bias.as_ref().map(|b| stream.clone_htod(b).unwrap());
+            let mut y = stream.clone_htod(&vec![T::from_f64(-7.0); self.p.m * self.p.n]).unwrap();
+            let w = W4Device { b: &b, scales: &scales, zero_points };
+            let plan = matmul_nbits(&device, &stream, &self.p, &a, &w, bias.as_ref(), &mut y)
+                .unwrap_or_else(|e| panic!("{:?}: {e}", self.p));
+            (stream.clone_dtoh(&y).unwrap(), plan)
+        }
+
+        /// Each output within 2 roundoffs of sum |a| |w| (each weight is rounded to T once)
+        /// plus one roundoff of the value (the final rounding).
+        fn check(&self) {
+            let (got, plan) = self.run();
+            let (m, n, k) = (self.p.m, self.p.n, self.p.k);
+            let a64: Vec<f64> = self.a.iter().map(|v| v.to_f64()).collect();
+            let b64: Option<Vec<f64>> = self.bias.as_ref().map(|b| b.iter().map(|v| v.to_f64()).collect());
+            let want = matmul_reference(&a64, m, &self.w, b64.as_deref());
+            let deq = self.w.dequantize();
+            let u = unit_roundoff(T::DTYPE);
+            for row in 0..m {
+                for col in 0..n {
+                    let mass: f64 = (0..k).map(|i| (a64[row * k + i] * deq[col * k + i]).abs()).sum();
+                    let (g, w) = (got[row * n + col].to_f64(), want[row * n + col]);
+                    let tol = 2.0 * u * mass + u * w.abs() + 1e-6;
+                    assert!(
+                        (g - w).abs() <= tol,
+                        "{:?} ({:?}, {} splits): y[{row}][{col}] = {g} vs {w} (tolerance {tol})",
+                        self.p,
+                        plan.variant,
+                        plan.splits
+                    );
+                }
+            }
+        }
+    }
+
+    fn params(dtype: DType, m: usize, n: usize, k: usize, block: usize) -> MatMulNBitsParams {
+        MatMulNBitsParams {
+            dtype,
+            m,
+            n,
+            k,
+            block_size: block,
+            zero_points: ZeroPointKind::PackedU8,
+            bias: false,
+            variant: None,
+            splits: 0,
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_matches_reference_across_shapes() {
+        let mut seed = 1;
+        for &(m, n, k) in &[(1, 8, 16), (1, 97, 1025), (3, 256, 1000), (16, 130, 4096), (17, 64, 200), (130, 200, 777)]
+        {
+            for block in [16, 32, 64, 128, 256] {
+                for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8, ZeroPointKind::Typed] {
+                    seed += 1;
+                    let p =
+                        MatMulNBitsParams { zero_points, bias: seed % 2 == 0, ..params(DType::F16, m, n, k, block) };
+                    problem::<f16>(p, seed).check();
+                }
+            }
+            let p = MatMulNBitsParams { bias: true, ..params(DType::BF16, m, n, k, 32) };
+            problem::<bf16>(p, seed + 100).check();
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_variants_and_splits_agree_with_reference() {
+        for variant in [Variant::Small, Variant::Large] {
+            for splits in [1, 2, 7] {
+                let p = MatMulNBitsParams { variant: Some(variant), splits, ..params(DType::F16, 70, 136, 1100, 64) };
+                problem::<f16>(p, splits as u64).check();
+                let p = MatMulNBitsParams { dtype: DType::BF16, bias: true, ..p };
+                problem::<bf16>(p, 10 + splits as u64).check();
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+        #[test]
+        #[ignore = "needs a CUDA device"]
+        fn gpu_matches_reference_on_random_shapes(
+            m in 1usize..80, n in 1usize..300, k in 1usize..1200,
+            block in prop_oneof![Just(16usize), Just(32), Just(64), Just(128), Just(256)],
+            zero in 0usize..3, bias: bool, variant in 0usize..3, splits in 0usize..4, bf: bool, seed: u64,
+        ) {
+            let zero_points = [ZeroPointKind::Default, ZeroPointKind::PackedU8, ZeroPointKind::Typed][zero];
+            let variant = [None, Some(Variant::Small), Some(Variant::Large)][variant];
+            let dtype = if bf { DType::BF16 } else { DType::F16 };
+            let p = MatMulNBitsParams { zero_points, bias, variant, splits, ..params(dtype, m, n, k, block) };
+            if bf { problem::<bf16>(p, seed).check() } else { problem::<f16>(p, seed).check() }
+        }
+    }
+}
+
+#[test]
+fn gpu_plan_validates_and_splits() {
+    use dlkern::DType;
+    use dlkern::launch::matmul_nbits::*;
+    let ok = MatMulNBitsParams {
+        dtype: DType::F16,
+        m: 1,
+        n: 8192,
+        k: 8192,
+        block_size: 128,
+        zero_points: ZeroPointKind::Default,
+        bias: false,
+        variant: None,
+        splits: 0,
+    };
+    let plan = ok.plan(132).unwrap();
+    assert_eq!((plan.variant, plan.dims.grid.0, plan.dims.grid.1), (Variant::Small, 64, 1));
+    assert!(plan.splits > 1 && plan.reduce.is_some() && plan.workspace_bytes == plan.splits * 8192 * 4);
+    assert_eq!(MatMulNBitsParams { m: 1024, ..ok }.plan(132).unwrap().variant, Variant::Large);
+    let err = |p: MatMulNBitsParams| p.plan(132).unwrap_err().to_string();
+    assert!(err(MatMulNBitsParams { dtype: DType::F32, ..ok }).contains("not supported on the GPU"));
+    assert!(err(MatMulNBitsParams { block_size: 24, ..ok }).contains("block_size 24"));
+    assert!(err(MatMulNBitsParams { k: 0, ..ok }).contains("K = 0"));
+    assert!(err(MatMulNBitsParams { m: 16 * 65536, variant: Some(Variant::Small), ..ok }).contains("row tiles"));
+    // Forced splits never exceed the K chunks.
+    let one_chunk = MatMulNBitsParams { k: 100, splits: 9, ..ok }.plan(132).unwrap();
+    assert_eq!((one_chunk.splits, one_chunk.reduce), (1, None));
+}

@@ -11,8 +11,9 @@
 //! | `dlkern.matmul_w8a8` | `a_q` i8 `[..., K]`, `a_scale` f32 `[rows]` or `[1]`, `w_q` i8 `[N, K]`, `w_scale` f32 `[N]`, optional `bias` f32 `[N]` | `y [..., N]` | `out_dtype` ("f16", "bf16", "f32"; default "f16") |
 //! | `dlkern.matmul_integer_to_float` | `com.microsoft` `MatMulIntegerToFloat`'s inputs (int8 A `[..., K]` and B `[K, N]`) | `Y [..., N]`, the scales' type | |
 //!
-//! `dlkern.matmul_nbits` and the int8 kernels run on CPU tensors only until their GPU kernels
-//! (issues 8 and 9) land.
+//! `dlkern.matmul_nbits` runs on CUDA tensors (f16/bf16; the tensor-core kernels of
+//! `launch::matmul_nbits`) and CPU tensors (f32/f16/bf16, the reference). The int8 kernels run on
+//! CPU tensors only until their GPU kernels (issue 9) land.
 
 mod int8;
 
@@ -42,7 +43,7 @@ pub fn definitions() -> Vec<KernelDef> {
         KernelDef::rust(RMSNORM, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, rmsnorm_compute)
             .with_infer(same_as_first_input)
             .with_outputs(1),
-        KernelDef::rust(MATMUL_NBITS, DEVICE_MASK_CPU, matmul_nbits_compute)
+        KernelDef::rust(MATMUL_NBITS, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, matmul_nbits_compute)
             .with_infer(matmul_nbits_infer)
             .with_outputs(1),
         KernelDef::rust(QUANTIZE_PER_TOKEN, DEVICE_MASK_CPU, int8::quantize_compute)
@@ -175,8 +176,7 @@ fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
     let g_idx = optional(args, 4, "g_idx")?;
     let bias = optional(args, 5, "bias")?;
     let y = args.output(0, "Y")?;
-    a.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
-    a.expect_device(DeviceKind::Cpu)?;
+    let dtype = a.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
     if g_idx.is_some() {
         return Err(Error::invalid("matmul_nbits", "g_idx (deprecated in MatMulNBits) is not supported"));
     }
@@ -198,6 +198,20 @@ fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
     }
     y.expect_shape(&with_last(a.shape(), at.n as i64))?;
     y.expect_same_dtype(&a)?;
+    for t in [Some(&b), Some(&scales), zero_points.as_ref(), bias.as_ref(), Some(&y)].into_iter().flatten() {
+        t.expect_device(a.device())?;
+    }
+    if let DeviceKind::Cuda(ordinal) = a.device() {
+        return matmul_nbits_cuda(
+            args,
+            ordinal,
+            dtype,
+            &at,
+            [&a, &b, &scales, &y],
+            zero_points.as_ref(),
+            bias.as_ref(),
+        );
+    }
     // SAFETY: CPU tensors (the kernel's device mask), valid for the call by the registry's
     // contract; Y does not alias the inputs (ORT allocates it; C callers are told outputs are
     // distinct buffers).
@@ -245,6 +259,84 @@ fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
         let m = a.len() / at.k;
         store(&y, &matmul_reference(&a64, m, &w, bias.as_deref()))
     }
+}
+
+/// The GPU path of `dlkern.matmul_nbits` (shapes already checked against the attributes).
+fn matmul_nbits_cuda(
+    args: &KernelArgs,
+    ordinal: i32,
+    dtype: DType,
+    at: &NBitsAttrs,
+    [a, b, scales, y]: [&TensorView; 4],
+    zero_points: Option<&TensorView>,
+    bias: Option<&TensorView>,
+) -> Result<()> {
+    use crate::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, ZeroPointKind, matmul_nbits_raw};
+    let k_blocks = at.k.div_ceil(at.block_size);
+    let zero_kind = match zero_points {
+        None => ZeroPointKind::Default,
+        Some(zp) if zp.dtype() == DType::U8 => {
+            if zp.len() != at.n * k_blocks.div_ceil(2) {
+                return Err(Error::InvalidTensor {
+                    name: "zero_points".into(),
+                    message: format!("{} packed bytes (expected [{}, {}])", zp.len(), at.n, k_blocks.div_ceil(2)),
+                });
+            }
+            ZeroPointKind::PackedU8
+        }
+        Some(zp) => {
+            zp.expect_same_dtype(a)?;
+            if zp.len() != at.n * k_blocks {
+                return Err(Error::InvalidTensor {
+                    name: "zero_points".into(),
+                    message: format!("{} values (expected [{}, {k_blocks}])", zp.len(), at.n),
+                });
+            }
+            ZeroPointKind::Typed
+        }
+    };
+    if let Some(bias) = bias {
+        bias.expect_same_dtype(a)?;
+        bias.expect_shape(&[at.n as i64])?;
+    }
+    // The kernel reads every tensor as one dense row-major block.
+    for t in [Some(a), Some(b), Some(scales), zero_points, bias, Some(y)].into_iter().flatten() {
+        t.expect_contiguous()?;
+    }
+    let m = a.len() / at.k;
+    let params = MatMulNBitsParams {
+        dtype,
+        m,
+        n: at.n,
+        k: at.k,
+        block_size: at.block_size,
+        zero_points: zero_kind,
+        bias: bias.is_some(),
+        variant: None,
+        splits: 0,
+    };
+    if m == 0 {
+        return Ok(());
+    }
+    let device = Device::get(ordinal.max(0) as usize)?;
+    let plan = params.plan(device.multiprocessors())?;
+    let stream: cudarc::driver::sys::CUstream = args.stream.cast();
+    // SAFETY: the registry's caller hands over a live stream of the tensors' device for the
+    // duration of the call; the scratch is freed on it before the call returns.
+    let workspace = unsafe { crate::runtime::StreamScratch::new(&device, stream, plan.workspace_bytes)? };
+    let ptrs = MatMulNBitsPointers {
+        a: a.data_address(),
+        b: b.data_address(),
+        scales: scales.data_address(),
+        zero_points: zero_points.map_or(0, |z| z.data_address()),
+        bias: bias.map_or(0, |b| b.data_address()),
+        y: y.data_address(),
+        workspace: workspace.address(),
+    };
+    // SAFETY: the registry's caller guarantees the tensors' memory for their extents, which the
+    // shape checks relate to the parameters; Y is an output distinct from the inputs; the
+    // workspace lives until it is freed in stream order after the kernels.
+    unsafe { matmul_nbits_raw(&device, stream, &params, &ptrs) }.map(|_| ())
 }
 
 fn same_as_first_input(args: &InferArgs) -> Result<Vec<TensorSpec>> {

@@ -248,3 +248,46 @@ impl Device {
         })
     }
 }
+
+/// Device memory for one launch, allocated and freed in `stream` order (`cuMemAllocAsync` /
+/// `cuMemFreeAsync`), for kernels that need a workspace when the caller only hands over a raw
+/// stream (the registry, ONNX Runtime). Zero bytes allocate nothing.
+pub struct StreamScratch {
+    ptr: u64,
+    stream: CUstream,
+    ctx: Arc<CudaContext>,
+}
+
+impl StreamScratch {
+    /// # Safety
+    /// `stream` must be a live stream of `device`'s primary context (or null, the legacy
+    /// default stream) and must outlive the scratch (it is freed on that stream when dropped).
+    pub unsafe fn new(device: &Device, stream: CUstream, bytes: usize) -> Result<Self> {
+        let ctx = device.context().clone();
+        let mut ptr = 0;
+        if bytes > 0 {
+            guarded("allocate workspace", || {
+                ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+                // SAFETY: a plain allocation on a stream of this context (the caller's contract).
+                unsafe { cudarc::driver::result::malloc_async(stream, bytes) }.during("cuMemAllocAsync")
+            })
+            .map(|p| ptr = p)?;
+        }
+        Ok(StreamScratch { ptr, stream, ctx })
+    }
+
+    /// The device address (0 when empty).
+    pub fn address(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for StreamScratch {
+    fn drop(&mut self) {
+        if self.ptr != 0 && self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated above on this stream; freed after the work queued before it.
+            // A failure here cannot be reported from drop and at worst leaks the block.
+            let _ = unsafe { cudarc::driver::result::free_async(self.ptr, self.stream) };
+        }
+    }
+}

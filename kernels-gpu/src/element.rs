@@ -114,6 +114,12 @@ pub trait TensorElement: Element {
     unsafe fn mma(c: [f32; 4], a: [u32; 4], b: [u32; 2]) -> [f32; 4];
     /// Two f32 rounded to a packed pair, `lo` in the low half.
     fn pack2(lo: f32, hi: f32) -> u32;
+    /// `a * b + c` on packed pairs.
+    fn fma2(a: u32, b: u32, c: u32) -> u32;
+    /// Eight 4-bit codes (code `j` in bits `4j..4j+4`) minus `zero` (an integer 0..=15),
+    /// exactly, as pairs `(0, 4)`, `(1, 5)`, `(2, 6)`, `(3, 7)`: the OR-into-the-mantissa
+    /// trick (a code ORed into the mantissa of 2^10 or 2^7 is that power plus the code).
+    fn codes_minus_zero(word: u32, zero: u32) -> [u32; 4];
 }
 
 impl TensorElement for F16 {
@@ -126,6 +132,26 @@ impl TensorElement for F16 {
     fn pack2(lo: f32, hi: f32) -> u32 {
         convert::pack_f16x2(lo, hi)
     }
+    #[inline(always)]
+    fn fma2(a: u32, b: u32, c: u32) -> u32 {
+        crate::device::math::fma_f16x2(a, b, c)
+    }
+    #[inline(always)]
+    fn codes_minus_zero(word: u32, zero: u32) -> [u32; 4] {
+        const MAGIC: u32 = 0x6400_6400; // 1024.0 twice
+        const ONE: u32 = 0x3C00_3C00;
+        const SIXTEENTH: u32 = 0x2C00_2C00;
+        // -(1024 + z) and -(64 + z): both exact in f16 for z <= 15.
+        let neg_lo = convert::pack_f16x2(-(1024.0 + zero as f32), -(1024.0 + zero as f32));
+        let neg_hi = convert::pack_f16x2(-(64.0 + zero as f32), -(64.0 + zero as f32));
+        let w8 = word >> 8;
+        [
+            Self::fma2((word & 0x000F_000F) | MAGIC, ONE, neg_lo),
+            Self::fma2((word & 0x00F0_00F0) | MAGIC, SIXTEENTH, neg_hi),
+            Self::fma2((w8 & 0x000F_000F) | MAGIC, ONE, neg_lo),
+            Self::fma2((w8 & 0x00F0_00F0) | MAGIC, SIXTEENTH, neg_hi),
+        ]
+    }
 }
 
 impl TensorElement for Bf16 {
@@ -137,5 +163,18 @@ impl TensorElement for Bf16 {
     #[inline(always)]
     fn pack2(lo: f32, hi: f32) -> u32 {
         convert::pack_bf16x2(lo, hi)
+    }
+    #[inline(always)]
+    fn fma2(a: u32, b: u32, c: u32) -> u32 {
+        crate::device::math::fma_bf16x2(a, b, c)
+    }
+    #[inline(always)]
+    fn codes_minus_zero(word: u32, zero: u32) -> [u32; 4] {
+        // bfloat16 has 7 mantissa bits: only the low nibble of each half fits, so shift.
+        const MAGIC: u32 = 0x4300_4300; // 128.0 twice
+        const ONE: u32 = 0x3F80_3F80;
+        let neg = convert::pack_bf16x2(-(128.0 + zero as f32), -(128.0 + zero as f32));
+        let nib = |shift: u32| Self::fma2(((word >> shift) & 0x000F_000F) | MAGIC, ONE, neg);
+        [nib(0), nib(4), nib(8), nib(12)]
     }
 }

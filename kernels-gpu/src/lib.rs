@@ -14,6 +14,7 @@
 
 pub mod device;
 pub mod element;
+pub mod matmul_nbits;
 pub mod paged_attention;
 pub mod probe;
 pub mod rmsnorm;

@@ -94,3 +94,25 @@ def test_cuda_ep_reports_kernel_errors():
     sess = dx.session(LIB_PATH, model, CUDA)
     with pytest.raises(Exception, match=r"dlkern RMSNorm node 'bad'.*tensor 'weight': shape \[3\] \(expected \[8\]\)"):
         sess.run(None, {"X": np.ones((2, 8), np.float16), "scale": np.ones(3, np.float16)})
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("m", [1, 5, 70])
+def test_matmulnbits_on_cuda_ep_matches_ort(block_size, symmetric, m):
+    """A model quantized by ORT's own tool runs on dlkern's tensor-core kernels (CUDA EP) and
+    agrees with ORT's com.microsoft MatMulNBits (CPU EP)."""
+    pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    from test_matmulnbits import quantized_model, run, with_bias
+
+    k, n = 200, 48  # K not a multiple of the block size
+    model = with_bias(quantized_model(k, n, block_size, symmetric, TensorProto.FLOAT16, seed=block_size), n, np.float16, 3)
+    a = np.random.default_rng(m).standard_normal((m, k)).astype(np.float16)
+    (expected,) = run(model).run(None, {"A": a})
+    model.graph.node[0].domain = "dlkern"
+    model.opset_import.append(helper.make_opsetid("dlkern", 1))
+    sess = dx.session(LIB_PATH, model.SerializeToString(), CUDA, profile=True)
+    got = run_bound(sess, {"A": a}, "cuda")
+    assert providers_of(sess)["MatMulNBits"] == {CUDA}
+    # Both dequantize to f16 and accumulate in f32; they differ in summation order.
+    np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64), rtol=4e-3, atol=4e-3)

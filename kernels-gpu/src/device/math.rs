@@ -41,3 +41,27 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     };
     y
 }
+
+/// `fma.rn.f16x2` (PTX ISA §9.7.4.4): a*b+c on two packed halves, one rounding each.
+#[inline(always)]
+pub fn fma_f16x2(a: u32, b: u32, c: u32) -> u32 {
+    let y: u32;
+    // SAFETY: a pure register operation.
+    unsafe {
+        asm!("fma.rn.f16x2 {}, {}, {}, {};", out(reg32) y, in(reg32) a, in(reg32) b, in(reg32) c,
+             options(pure, nomem, nostack))
+    };
+    y
+}
+
+/// `fma.rn.bf16x2` (PTX ISA §9.7.4.4, sm_80+): a*b+c on two packed bfloat16, one rounding each.
+#[inline(always)]
+pub fn fma_bf16x2(a: u32, b: u32, c: u32) -> u32 {
+    let y: u32;
+    // SAFETY: a pure register operation.
+    unsafe {
+        asm!("fma.rn.bf16x2 {}, {}, {}, {};", out(reg32) y, in(reg32) a, in(reg32) b, in(reg32) c,
+             options(pure, nomem, nostack))
+    };
+    y
+}

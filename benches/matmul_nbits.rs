@@ -1,0 +1,144 @@
+//! W4A16 matmul (`MatMulNBits`, block 128, f16) against cuBLAS f16 GEMM on 16-bit weights of the
+//! same shape, the shapes, in the same run. Small M is bound by reading the weights, so
+//! the rate reported is the bytes dlkern moves (4-bit weights, scales, A, Y) per second; the
+//! cuBLAS row counts its 16-bit weights. Weights rotate through several copies where one copy
+//! would fit in L2.
+
+mod common;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use dlkern::DType;
+use dlkern::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, ZeroPointKind, matmul_nbits_raw};
+use half::f16;
+use std::time::Duration;
+
+/// (N, K) of the weight.
+const WEIGHTS: &[(usize, usize)] = &[(8192, 8192), (28672, 8192), (8192, 28672)];
+const ROWS: &[usize] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 1024];
+const BLOCK: usize = 128;
+
+fn pattern<T>(len: usize, f: impl Fn(usize) -> T) -> Vec<T> {
+    (0..len).map(f).collect()
+}
+
+fn benches(c: &mut Criterion) {
+    let Some(gpu) = common::gpu() else { return };
+    let blas = CudaBlas::new(gpu.stream.clone()).expect("cuBLAS");
+    let mut group = c.benchmark_group("matmul_nbits");
+    group.warm_up_time(Duration::from_millis(200)).measurement_time(Duration::from_millis(600)).sample_size(10);
+    let s = &gpu.stream;
+    for &(n, k) in WEIGHTS {
+        let kb = k.div_ceil(BLOCK);
+        let w4_bytes = n * kb * BLOCK / 2 + n * kb * 2;
+        let copies = gpu.rotation(w4_bytes as u64);
+        let b: Vec<_> = (0..copies)
+            .map(|c| s.clone_htod(&pattern(n * kb * BLOCK / 2, |i| ((i * 131 + c) % 251) as u8)).expect("alloc"))
+            .collect();
+        let scales: Vec<_> = (0..copies)
+            .map(|_| s.clone_htod(&pattern(n * kb, |i| f16::from_f32(0.01 + (i % 7) as f32 * 1e-3))).expect("alloc"))
+            .collect();
+        let w16_bytes = n * k * 2;
+        let copies16 = gpu.rotation(w16_bytes as u64);
+        let w16: Vec<_> = (0..copies16)
+            .map(|_| {
+                s.clone_htod(&pattern(n * k, |i| f16::from_f32(((i * 7919) % 251) as f32 / 251.0 - 0.5)))
+                    .expect("alloc")
+            })
+            .collect();
+        for &m in ROWS {
+            let a =
+                s.clone_htod(&pattern(m * k, |i| f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))).expect("alloc");
+            let mut y = s.alloc_zeros::<f16>(m * n).expect("alloc");
+            let params = MatMulNBitsParams {
+                dtype: DType::F16,
+                m,
+                n,
+                k,
+                block_size: BLOCK,
+                zero_points: ZeroPointKind::Default,
+                bias: false,
+                variant: None,
+                splits: 0,
+            };
+            let plan = params.plan(gpu.device.multiprocessors()).expect("plan");
+            let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
+            let shape = format!("M{m} N{n} K{k}");
+            let flops = (2 * m * n * k) as u64;
+            let io = ((m * k + m * n) * 2) as u64;
+            let id = format!("dlkern_f16/m{m}_n{n}_k{k}");
+            common::record(&common::Meta {
+                family: "matmul_nbits",
+                id: format!("matmul_nbits/{id}"),
+                implementation: "dlkern",
+                shape: shape.clone(),
+                dtype: "f16",
+                bytes: w4_bytes as u64 + io,
+                flops,
+                workspace_bytes: plan.workspace_bytes as u64,
+            });
+            let ptrs: Vec<MatMulNBitsPointers> = (0..copies)
+                .map(|c| MatMulNBitsPointers {
+                    a: a.device_ptr(s).0,
+                    b: b[c].device_ptr(s).0,
+                    scales: scales[c].device_ptr(s).0,
+                    zero_points: 0,
+                    bias: 0,
+                    y: y.device_ptr_mut(s).0,
+                    workspace: workspace.device_ptr(s).0,
+                })
+                .collect();
+            let mut turn = 0;
+            group.bench_function(&id, |bench| {
+                bench.iter_custom(|iters| {
+                    gpu.time(iters, || {
+                        turn = (turn + 1) % copies;
+                        // SAFETY: buffers sized by the params above, alive for the bench.
+                        unsafe { matmul_nbits_raw(&gpu.device, s.cu_stream(), &params, &ptrs[turn]) }.expect("launch");
+                    })
+                })
+            });
+
+            // cuBLAS: row-major Y[m, n] = A[m, k] W^T, W [n, k] (column-major: Y^T = W A^T).
+            let cfg = GemmConfig {
+                transa: cublasOperation_t::CUBLAS_OP_T,
+                transb: cublasOperation_t::CUBLAS_OP_N,
+                m: n as i32,
+                n: m as i32,
+                k: k as i32,
+                alpha: f16::ONE,
+                lda: k as i32,
+                ldb: k as i32,
+                beta: f16::ZERO,
+                ldc: n as i32,
+            };
+            let id = format!("cublas_f16/m{m}_n{n}_k{k}");
+            common::record(&common::Meta {
+                family: "matmul_nbits",
+                id: format!("matmul_nbits/{id}"),
+                implementation: "cuBLAS f16",
+                shape,
+                dtype: "f16",
+                bytes: w16_bytes as u64 + io,
+                flops,
+                workspace_bytes: 0,
+            });
+            let mut turn = 0;
+            group.bench_function(&id, |bench| {
+                bench.iter_custom(|iters| {
+                    gpu.time(iters, || {
+                        turn = (turn + 1) % copies16;
+                        // SAFETY: the config matches the allocations (shapes above).
+                        unsafe { blas.gemm(cfg, &w16[turn], &a, &mut y) }.expect("cuBLAS gemm");
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(matmul, benches);
+criterion_main!(matmul);

@@ -1,0 +1,365 @@
+//! W4A16 matmul in `MatMulNBits` format on the GPU (device code:
+//! `kernels-gpu/src/matmul_nbits.rs`): `Y [M, N] = A [M, K] W^T (+ bias)` with `W` given as
+//! ONNX Runtime's 4-bit blocks (see [`crate::quant::w4`] for the format).
+//!
+//! Two variants of one tensor-core kernel: `small` (16-row tiles, for decoding) streams the
+//! weights once per 16 rows of A with no shared memory or barriers; `large` (128 x 128 tiles) reuses each dequantized weight over
+//! 128 rows. Either may split K over several blocks when the output tiles alone cannot fill
+//! the GPU; the partial sums then go through an f32 workspace and a reduction kernel.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+use super::{check_pointer, check_same_device, check_slice};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::quant::w4::valid_block_size;
+use crate::runtime::{Device, LaunchDims};
+
+const KERNEL: &str = "matmul_nbits";
+const CHUNK: usize = 128;
+
+/// Device-side flag bits (`FLAG_*` in the device code).
+const FLAG_ZERO_U8: u32 = 1;
+const FLAG_ZERO_T: u32 = 2;
+const FLAG_BIAS: u32 = 4;
+const FLAG_B_VEC16: u32 = 8;
+const FLAG_A_VEC16: u32 = 16;
+
+/// The kernels' scalar arguments (`Dims` in the device code; same layout).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Dims {
+    m: u32,
+    n: u32,
+    k: u32,
+    k_blocks: u32,
+    block_shift: u32,
+    row_bytes: u32,
+    chunks_per_split: u32,
+    flags: u32,
+}
+
+/// How the zero points are given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroPointKind {
+    /// None: 8 for every block.
+    Default,
+    /// u8 `[N, ceil(k_blocks / 2)]`, two blocks per byte (low nibble first).
+    PackedU8,
+    /// `[N, k_blocks]` in A's type (may be fractional).
+    Typed,
+}
+
+/// Which kernel variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// Block tile 16 x 128 (4 warps): small M.
+    Small,
+    /// Block tile 128 x 128 (8 warps): large M.
+    Large,
+}
+
+impl Variant {
+    fn tile(self) -> (usize, usize, u32) {
+        match self {
+            Variant::Small => (16, 128, 128),
+            Variant::Large => (128, 128, 256),
+        }
+    }
+}
+
+/// Shapes and options of one call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatMulNBitsParams {
+    pub dtype: DType,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub block_size: usize,
+    pub zero_points: ZeroPointKind,
+    pub bias: bool,
+    /// Kernel variant, or `None` to choose from M.
+    pub variant: Option<Variant>,
+    /// K splits, 0 to choose from the grid size.
+    pub splits: usize,
+}
+
+/// What a validated call launches.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatMulNBitsPlan {
+    pub kernel: &'static str,
+    pub dims: LaunchDims,
+    pub variant: Variant,
+    pub splits: usize,
+    /// The reduction kernel, when K is split.
+    pub reduce: Option<(&'static str, LaunchDims)>,
+    /// Device memory needed beyond inputs and outputs (f32 partial sums), in bytes.
+    pub workspace_bytes: usize,
+    args: Dims,
+}
+
+impl MatMulNBitsParams {
+    pub fn k_blocks(&self) -> usize {
+        self.k.div_ceil(self.block_size.max(1))
+    }
+
+    /// Bytes of `b` per output column.
+    pub fn row_bytes(&self) -> usize {
+        self.k_blocks() * self.block_size / 2
+    }
+
+    /// Validates the shapes and picks the variant and split for a device with
+    /// `multiprocessors` SMs.
+    pub fn plan(&self, multiprocessors: u32) -> Result<MatMulNBitsPlan> {
+        let p = self;
+        let bad = |m: String| Error::invalid(KERNEL, m);
+        let typed = p.zero_points == ZeroPointKind::Typed;
+        let (small, large, reduce) = match (p.dtype, typed) {
+            (DType::F16, false) => ("matmul_nbits_f16_small", "matmul_nbits_f16_large", "matmul_nbits_reduce_f16"),
+            (DType::F16, true) => ("matmul_nbits_f16_small_zf", "matmul_nbits_f16_large_zf", "matmul_nbits_reduce_f16"),
+            (DType::BF16, false) => ("matmul_nbits_bf16_small", "matmul_nbits_bf16_large", "matmul_nbits_reduce_bf16"),
+            (DType::BF16, true) => {
+                ("matmul_nbits_bf16_small_zf", "matmul_nbits_bf16_large_zf", "matmul_nbits_reduce_bf16")
+            }
+            (other, _) => return Err(bad(format!("dtype {other} not supported on the GPU (f16, bf16)"))),
+        };
+        for (name, v) in [("M", p.m), ("N", p.n), ("K", p.k)] {
+            if v == 0 || v > i32::MAX as usize {
+                return Err(bad(format!("{name} = {v} (must be 1..=2^31-1)")));
+            }
+        }
+        if !valid_block_size(p.block_size) || p.block_size > 1 << 16 {
+            return Err(bad(format!("block_size {} (must be a power of two, at least 16)", p.block_size)));
+        }
+        if (p.n as u64) * (p.row_bytes() as u64) > i64::MAX as u64 / 2
+            || (p.m as u64) * (p.k.max(p.n) as u64) > i64::MAX as u64 / 8
+            || p.row_bytes() > u32::MAX as usize
+        {
+            return Err(bad("tensors too large".into()));
+        }
+        // 16-row tiles re-read the weights once per tile; beyond 48 rows the 128-row tiles win.
+        let variant = p.variant.unwrap_or(if p.m <= 48 { Variant::Small } else { Variant::Large });
+        let (bm, bn, threads) = variant.tile();
+        let tiles_m = p.m.div_ceil(bm);
+        let tiles_n = p.n.div_ceil(bn);
+        if tiles_m > 65535 || tiles_n > i32::MAX as usize {
+            return Err(bad(format!("M = {} needs {tiles_m} row tiles (at most 65535)", p.m)));
+        }
+        let chunks = p.k.div_ceil(CHUNK);
+        // Split K until there are about four blocks per SM (or one chunk per split).
+        let wanted = if p.splits > 0 {
+            p.splits
+        } else {
+            let target = 4 * multiprocessors.max(1) as usize;
+            target.div_ceil(tiles_m * tiles_n).clamp(1, 16)
+        };
+        let chunks_per_split = chunks.div_ceil(wanted.clamp(1, chunks));
+        let splits = chunks.div_ceil(chunks_per_split);
+        if splits > 65535 {
+            return Err(bad(format!("K = {} needs {splits} splits (at most 65535)", p.k)));
+        }
+        let workspace_bytes = if splits > 1 { splits * p.m * p.n * 4 } else { 0 };
+        let mut flags = match p.zero_points {
+            ZeroPointKind::Default => 0,
+            ZeroPointKind::PackedU8 => FLAG_ZERO_U8,
+            ZeroPointKind::Typed => FLAG_ZERO_T,
+        };
+        if p.bias {
+            flags |= FLAG_BIAS;
+        }
+        let args = Dims {
+            m: p.m as u32,
+            n: p.n as u32,
+            k: p.k as u32,
+            k_blocks: p.k_blocks() as u32,
+            block_shift: p.block_size.trailing_zeros(),
+            row_bytes: p.row_bytes() as u32,
+            chunks_per_split: chunks_per_split as u32,
+            flags,
+        };
+        let dims = LaunchDims {
+            grid: (tiles_n as u32, tiles_m as u32, splits as u32),
+            block: (threads, 1, 1),
+            shared_bytes: if variant == Variant::Small { 0 } else { (bm * (CHUNK * 2 + 16)) as u32 },
+        };
+        let reduce = (splits > 1).then(|| {
+            (reduce, LaunchDims { grid: ((p.m * p.n).div_ceil(256) as u32, 1, 1), block: (256, 1, 1), shared_bytes: 0 })
+        });
+        if (p.m * p.n).div_ceil(256) > i32::MAX as usize {
+            return Err(bad("M x N too large for the reduction grid".into()));
+        }
+        Ok(MatMulNBitsPlan {
+            kernel: if variant == Variant::Small { small } else { large },
+            dims,
+            variant,
+            splits,
+            reduce,
+            workspace_bytes,
+            args,
+        })
+    }
+}
+
+/// Device addresses of one call; `zero_points` and `bias` may be 0 when the params say they
+/// are absent, `workspace` when the plan needs none.
+#[derive(Clone, Copy, Debug)]
+pub struct MatMulNBitsPointers {
+    pub a: u64,
+    pub b: u64,
+    pub scales: u64,
+    pub zero_points: u64,
+    pub bias: u64,
+    pub y: u64,
+    pub workspace: u64,
+}
+
+/// W4A16 matmul on raw device pointers, on `stream`.
+///
+/// # Safety
+/// Every pointer must be a device address in `device`'s context valid for the extent the
+/// parameters describe (`a` M x K, `b` N x row_bytes, `scales` N x k_blocks, zero points and
+/// bias as given, `y` M x N not overlapping the inputs, the workspace for
+/// `plan.workspace_bytes`) until the kernels have run on `stream`.
+pub unsafe fn matmul_nbits_raw(
+    device: &Device,
+    stream: CUstream,
+    params: &MatMulNBitsParams,
+    ptrs: &MatMulNBitsPointers,
+) -> Result<MatMulNBitsPlan> {
+    let mut plan = params.plan(device.multiprocessors())?;
+    let elem = 2;
+    for (name, ptr) in [("A", ptrs.a), ("scales", ptrs.scales), ("Y", ptrs.y)] {
+        check_pointer(KERNEL, name, ptr, elem)?;
+    }
+    check_pointer(KERNEL, "B", ptrs.b, 4)?;
+    match params.zero_points {
+        ZeroPointKind::Default => {}
+        ZeroPointKind::PackedU8 => check_pointer(KERNEL, "zero_points", ptrs.zero_points, 1)?,
+        ZeroPointKind::Typed => check_pointer(KERNEL, "zero_points", ptrs.zero_points, elem)?,
+    }
+    if params.bias {
+        check_pointer(KERNEL, "bias", ptrs.bias, elem)?;
+    }
+    if plan.workspace_bytes > 0 {
+        check_pointer(KERNEL, "workspace", ptrs.workspace, 16)?;
+    }
+    if ptrs.b.is_multiple_of(16) && params.row_bytes().is_multiple_of(16) {
+        plan.args.flags |= FLAG_B_VEC16;
+    }
+    if ptrs.a.is_multiple_of(16) && params.k.is_multiple_of(8) {
+        plan.args.flags |= FLAG_A_VEC16;
+    }
+    let (zeros_u8, zeros_t) = match params.zero_points {
+        ZeroPointKind::Default => (0, 0),
+        ZeroPointKind::PackedU8 => (ptrs.zero_points, 0),
+        ZeroPointKind::Typed => (0, ptrs.zero_points),
+    };
+    let mut a = [
+        ptrs.a,
+        ptrs.b,
+        ptrs.scales,
+        zeros_u8,
+        zeros_t,
+        if params.bias { ptrs.bias } else { 0 },
+        ptrs.y,
+        ptrs.workspace,
+    ];
+    let mut dims = plan.args;
+    let mut args: Vec<*mut c_void> = a.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+    args.push((&mut dims as *mut Dims).cast());
+    // SAFETY: eight pointers and the Dims struct, as the kernel declares; validity by contract.
+    unsafe { device.launch(plan.kernel, plan.dims, stream, &mut args)? };
+    if let Some((reduce, reduce_dims)) = plan.reduce {
+        let mut r = [if params.bias { ptrs.bias } else { 0 }, ptrs.y, ptrs.workspace];
+        let mut splits = plan.splits as u32;
+        let mut args: Vec<*mut c_void> = r.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+        args.push((&mut dims as *mut Dims).cast());
+        args.push((&mut splits as *mut u32).cast());
+        // SAFETY: three pointers, Dims and a u32, as the reduction kernel declares.
+        unsafe { device.launch(reduce, reduce_dims, stream, &mut args)? };
+    }
+    Ok(plan)
+}
+
+/// Zero points of a [`matmul_nbits`] call.
+pub enum ZeroPoints<'a, T> {
+    Default,
+    PackedU8(&'a CudaSlice<u8>),
+    Typed(&'a CudaSlice<T>),
+}
+
+/// The weight of a [`matmul_nbits`] call in `MatMulNBits` layout.
+pub struct W4Device<'a, T> {
+    pub b: &'a CudaSlice<u8>,
+    pub scales: &'a CudaSlice<T>,
+    pub zero_points: ZeroPoints<'a, T>,
+}
+
+/// W4A16 matmul over cudarc slices (safe: lengths are checked against the params). Allocates
+/// the workspace it needs on `stream`.
+pub fn matmul_nbits<T: Element>(
+    device: &Device,
+    stream: &Arc<CudaStream>,
+    params: &MatMulNBitsParams,
+    a: &CudaSlice<T>,
+    w: &W4Device<T>,
+    bias: Option<&CudaSlice<T>>,
+    y: &mut CudaSlice<T>,
+) -> Result<MatMulNBitsPlan> {
+    let p = params;
+    if T::DTYPE != p.dtype {
+        return Err(Error::invalid(KERNEL, format!("slices hold {}, params say {}", T::DTYPE, p.dtype)));
+    }
+    let kind = match w.zero_points {
+        ZeroPoints::Default => ZeroPointKind::Default,
+        ZeroPoints::PackedU8(_) => ZeroPointKind::PackedU8,
+        ZeroPoints::Typed(_) => ZeroPointKind::Typed,
+    };
+    if kind != p.zero_points || p.bias != bias.is_some() {
+        return Err(Error::invalid(KERNEL, "params.zero_points / params.bias must match the slices given"));
+    }
+    let plan = p.plan(device.multiprocessors())?;
+    check_same_device(KERNEL, device, stream)?;
+    check_slice(KERNEL, "A", device, a, p.m * p.k)?;
+    check_slice(KERNEL, "B", device, w.b, p.n * p.row_bytes())?;
+    check_slice(KERNEL, "scales", device, w.scales, p.n * p.k_blocks())?;
+    check_slice(KERNEL, "Y", device, y, p.m * p.n)?;
+    match w.zero_points {
+        ZeroPoints::Default => {}
+        ZeroPoints::PackedU8(z) => check_slice(KERNEL, "zero_points", device, z, p.n * p.k_blocks().div_ceil(2))?,
+        ZeroPoints::Typed(z) => check_slice(KERNEL, "zero_points", device, z, p.n * p.k_blocks())?,
+    }
+    if let Some(bias) = bias {
+        check_slice(KERNEL, "bias", device, bias, p.n)?;
+    }
+    let workspace = stream
+        .alloc_zeros::<u8>(plan.workspace_bytes.max(16))
+        .map_err(|source| Error::Driver { call: "cuMemAllocAsync", source })?;
+    let (a_ptr, _a) = a.device_ptr(stream);
+    let (b_ptr, _b) = w.b.device_ptr(stream);
+    let (s_ptr, _s) = w.scales.device_ptr(stream);
+    let zp = match w.zero_points {
+        ZeroPoints::Default => None,
+        ZeroPoints::PackedU8(z) => Some(z.device_ptr(stream)),
+        ZeroPoints::Typed(z) => Some(z.device_ptr(stream)),
+    };
+    let bias_ptr = bias.map(|b| b.device_ptr(stream));
+    let (y_ptr, _y) = y.device_ptr_mut(stream);
+    let (ws_ptr, _ws) = workspace.device_ptr(stream);
+    let ptrs = MatMulNBitsPointers {
+        a: a_ptr,
+        b: b_ptr,
+        scales: s_ptr,
+        zero_points: zp.as_ref().map_or(0, |(p, _)| *p),
+        bias: bias_ptr.as_ref().map_or(0, |(p, _)| *p),
+        y: y_ptr,
+        workspace: ws_ptr,
+    };
+    // SAFETY: every slice was checked to hold the extent the params describe; `y` is borrowed
+    // mutably, so it cannot alias the inputs.
+    unsafe { matmul_nbits_raw(device, stream.cu_stream(), params, &ptrs) }
+}
