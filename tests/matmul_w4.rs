@@ -338,3 +338,82 @@ fn gpu_plan_validates_and_splits() {
     let one_chunk = MatMulNBitsParams { k: 100, splits: 9, ..ok }.plan(132).unwrap();
     assert_eq!((one_chunk.splits, one_chunk.reduce), (1, None));
 }
+
+/// The registry kernel on CUDA tensors (what ONNX Runtime's CUDA EP and C callers reach) agrees
+/// with its CPU path on the same inputs, and refuses a CPU tensor among CUDA ones.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_registry_kernel_runs_on_cuda_tensors() {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    use half::f16;
+    let (m, k, n, block) = (5, 200, 48, 32);
+    let mut rng = Rng::new(21);
+    let w: Vec<f32> = (0..n * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+    let q = quantize(&w, n, k, block, false).unwrap();
+    let kb = q.k_blocks();
+    let ZeroPoints::Packed(zp) = &q.zero_points else { panic!("asymmetric quantization packs zero points") };
+    let halves = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<f16>>();
+    let a = halves(&(0..m * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
+    let bias = halves(&(0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
+    let scales = halves(&q.scales);
+    let mut hosts = (
+        Host::new(a.clone(), &[m as i64, k as i64]),
+        Host::new(q.b.clone(), &[n as i64, kb as i64, (block / 2) as i64]),
+        Host::new(scales.clone(), &[n as i64, kb as i64]),
+        Host::new(zp.clone(), &[n as i64, kb.div_ceil(2) as i64]),
+        Host::<i32>::new(vec![], &[0]),
+        Host::new(bias.clone(), &[n as i64]),
+        Host::new(vec![f16::ZERO; m * n], &[m as i64, n as i64]),
+    );
+    let attrs = attrs(k, n, block);
+    let mut cpu = [hosts.0.dl(), hosts.1.dl(), hosts.2.dl(), hosts.3.dl(), hosts.4.dl(), hosts.5.dl(), hosts.6.dl()];
+    // SAFETY: host tensors alive for the call.
+    unsafe { registry::call("dlkern.matmul_nbits", &mut cpu, 6, std::ptr::null_mut(), &attrs) }.unwrap();
+    let want = hosts.6.data.clone();
+
+    let (_device, stream) = common::gpu();
+    let (a_d, b_d, s_d, z_d, bias_d) = (
+        stream.clone_htod(&a).unwrap(),
+        stream.clone_htod(&q.b).unwrap(),
+        stream.clone_htod(&scales).unwrap(),
+        stream.clone_htod(zp).unwrap(),
+        stream.clone_htod(&bias).unwrap(),
+    );
+    let mut y_d = stream.alloc_zeros::<f16>(m * n).unwrap();
+    let cuda = |t: DLTensor, ptr: u64| DLTensor {
+        data: ptr as *mut std::ffi::c_void,
+        device: DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 },
+        ..t
+    };
+    let (ap, _a) = a_d.device_ptr(&stream);
+    let (bp, _b) = b_d.device_ptr(&stream);
+    let (sp, _s) = s_d.device_ptr(&stream);
+    let (zpp, _z) = z_d.device_ptr(&stream);
+    let (biasp, _bias) = bias_d.device_ptr(&stream);
+    let (yp, _y) = y_d.device_ptr_mut(&stream);
+    let mut gpu = [
+        cuda(hosts.0.dl(), ap),
+        cuda(hosts.1.dl(), bp),
+        cuda(hosts.2.dl(), sp),
+        cuda(hosts.3.dl(), zpp),
+        cuda(hosts.4.dl(), ap), // the absent g_idx: a 0-element tensor (never read)
+        cuda(hosts.5.dl(), biasp),
+        cuda(hosts.6.dl(), yp),
+    ];
+    let raw_stream = stream.cu_stream() as *mut std::ffi::c_void;
+    // SAFETY: device buffers of the shapes described, alive until the stream is synchronized.
+    unsafe { registry::call("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &attrs) }.unwrap();
+    stream.synchronize().unwrap();
+    drop((_a, _b, _s, _z, _bias, _y));
+    let got = stream.clone_dtoh(&y_d).unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (g, w) = (g.to_f64(), w.to_f64());
+        assert!((g - w).abs() <= 4e-3 * (1.0 + w.abs()), "y[{i}] = {g} on CUDA vs {w} on the CPU");
+    }
+    // A CPU tensor among CUDA ones is refused before anything runs.
+    gpu[2] = hosts.2.dl();
+    // SAFETY: as above; the call fails validation.
+    let err =
+        unsafe { registry::call("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &attrs) }.unwrap_err().to_string();
+    assert!(err.contains("scales") && err.to_lowercase().contains("device"), "{err}");
+}

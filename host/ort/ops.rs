@@ -161,26 +161,19 @@ fn all_ops() -> &'static [DlkernOp] {
         let mut ops = Vec::new();
         // MatMulNBits (bits = 4): the tensor-core kernels take f16/bf16 on the CUDA EP; the
         // reference takes f32/f16 on the CPU EP.
+        let nbits = |elem| Kind::Typed {
+            op: c"MatMulNBits",
+            kernel: registry::builtin::MATMUL_NBITS,
+            inputs: MATMUL_NBITS_INPUTS,
+            elem,
+            attrs: MATMUL_NBITS_ATTRS,
+        };
         for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16] {
-            let kind = Kind::Typed {
-                op: c"MatMulNBits",
-                kernel: registry::builtin::MATMUL_NBITS,
-                inputs: MATMUL_NBITS_INPUTS,
-                elem,
-                attrs: MATMUL_NBITS_ATTRS,
-            };
-            ops.push(DlkernOp { base: custom_op_table(), kind, provider: Provider::Cuda });
+            ops.push(DlkernOp { base: custom_op_table(), kind: nbits(elem), provider: Provider::Cuda });
         }
         // MatMulIntegerToFloat has no GPU kernel yet: CPU EP only, so ORT places it there.
         for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16] {
-            let kind = Kind::Typed {
-                op: c"MatMulNBits",
-                kernel: registry::builtin::MATMUL_NBITS,
-                inputs: MATMUL_NBITS_INPUTS,
-                elem,
-                attrs: MATMUL_NBITS_ATTRS,
-            };
-            ops.push(DlkernOp { base: custom_op_table(), kind, provider: Provider::Cpu });
+            ops.push(DlkernOp { base: custom_op_table(), kind: nbits(elem), provider: Provider::Cpu });
             let kind = Kind::Typed {
                 op: c"MatMulIntegerToFloat",
                 kernel: registry::builtin::MATMUL_INTEGER_TO_FLOAT,

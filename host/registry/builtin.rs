@@ -161,6 +161,7 @@ pub(super) unsafe fn store(t: &TensorView, values: &[f64]) -> Result<()> {
 }
 
 fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
+    use crate::launch::matmul_nbits::ZeroPointKind;
     use crate::quant::w4::{W4Weights, ZeroPoints, matmul_reference};
     if !(3..=6).contains(&args.num_inputs()) || args.num_outputs() != 1 {
         return Err(Error::KernelFailed {
@@ -196,84 +197,7 @@ fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
             message: format!("shape {:?} (expected [{}, {k_blocks}])", scales.shape(), at.n),
         });
     }
-    y.expect_shape(&with_last(a.shape(), at.n as i64))?;
-    y.expect_same_dtype(&a)?;
-    for t in [Some(&b), Some(&scales), zero_points.as_ref(), bias.as_ref(), Some(&y)].into_iter().flatten() {
-        t.expect_device(a.device())?;
-    }
-    if let DeviceKind::Cuda(ordinal) = a.device() {
-        return matmul_nbits_cuda(
-            args,
-            ordinal,
-            dtype,
-            &at,
-            [&a, &b, &scales, &y],
-            zero_points.as_ref(),
-            bias.as_ref(),
-        );
-    }
-    // SAFETY: CPU tensors (the kernel's device mask), valid for the call by the registry's
-    // contract; Y does not alias the inputs (ORT allocates it; C callers are told outputs are
-    // distinct buffers).
-    unsafe {
-        let zero_points = match &zero_points {
-            None => ZeroPoints::Default,
-            Some(zp) if zp.dtype() == DType::U8 => {
-                if zp.len() != at.n * k_blocks.div_ceil(2) {
-                    return Err(Error::InvalidTensor {
-                        name: "zero_points".into(),
-                        message: format!("{} packed bytes (expected [{}, {}])", zp.len(), at.n, k_blocks.div_ceil(2)),
-                    });
-                }
-                ZeroPoints::Packed(zp.host_slice::<u8>()?.to_vec())
-            }
-            Some(zp) => {
-                zp.expect_same_dtype(&a)?;
-                if zp.len() != at.n * k_blocks {
-                    return Err(Error::InvalidTensor {
-                        name: "zero_points".into(),
-                        message: format!("{} values (expected [{}, {k_blocks}])", zp.len(), at.n),
-                    });
-                }
-                ZeroPoints::Unpacked(floats(zp)?)
-            }
-        };
-        let w = W4Weights {
-            n: at.n,
-            k: at.k,
-            block_size: at.block_size,
-            b: b.host_slice::<u8>()?.to_vec(),
-            scales: floats(&scales)?,
-            zero_points,
-        };
-        w.validate()?;
-        let bias = match &bias {
-            Some(bias) => {
-                bias.expect_same_dtype(&a)?;
-                bias.expect_shape(&[at.n as i64])?;
-                Some(floats(bias)?.into_iter().map(f64::from).collect::<Vec<f64>>())
-            }
-            None => None,
-        };
-        let a64: Vec<f64> = floats(&a)?.into_iter().map(f64::from).collect();
-        let m = a.len() / at.k;
-        store(&y, &matmul_reference(&a64, m, &w, bias.as_deref()))
-    }
-}
-
-/// The GPU path of `dlkern.matmul_nbits` (shapes already checked against the attributes).
-fn matmul_nbits_cuda(
-    args: &KernelArgs,
-    ordinal: i32,
-    dtype: DType,
-    at: &NBitsAttrs,
-    [a, b, scales, y]: [&TensorView; 4],
-    zero_points: Option<&TensorView>,
-    bias: Option<&TensorView>,
-) -> Result<()> {
-    use crate::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, ZeroPointKind, matmul_nbits_raw};
-    let k_blocks = at.k.div_ceil(at.block_size);
-    let zero_kind = match zero_points {
+    let zero_kind = match &zero_points {
         None => ZeroPointKind::Default,
         Some(zp) if zp.dtype() == DType::U8 => {
             if zp.len() != at.n * k_blocks.div_ceil(2) {
@@ -285,7 +209,7 @@ fn matmul_nbits_cuda(
             ZeroPointKind::PackedU8
         }
         Some(zp) => {
-            zp.expect_same_dtype(a)?;
+            zp.expect_same_dtype(&a)?;
             if zp.len() != at.n * k_blocks {
                 return Err(Error::InvalidTensor {
                     name: "zero_points".into(),
@@ -295,15 +219,68 @@ fn matmul_nbits_cuda(
             ZeroPointKind::Typed
         }
     };
-    if let Some(bias) = bias {
-        bias.expect_same_dtype(a)?;
+    if let Some(bias) = &bias {
+        bias.expect_same_dtype(&a)?;
         bias.expect_shape(&[at.n as i64])?;
     }
+    y.expect_shape(&with_last(a.shape(), at.n as i64))?;
+    y.expect_same_dtype(&a)?;
+    for t in [Some(&b), Some(&scales), zero_points.as_ref(), bias.as_ref(), Some(&y)].into_iter().flatten() {
+        t.expect_device(a.device())?;
+    }
+    if let DeviceKind::Cuda(ordinal) = a.device() {
+        let tensors = [&a, &b, &scales, &y];
+        return matmul_nbits_cuda(args, ordinal, dtype, &at, tensors, zero_kind, zero_points.as_ref(), bias.as_ref());
+    }
+    // SAFETY: CPU tensors (checked above), valid for the call by the registry's contract; Y
+    // does not alias the inputs (ORT allocates it; C callers are told outputs are distinct
+    // buffers).
+    unsafe {
+        let zero_points = match (&zero_points, zero_kind) {
+            (Some(zp), ZeroPointKind::PackedU8) => ZeroPoints::Packed(zp.host_slice::<u8>()?.to_vec()),
+            (Some(zp), ZeroPointKind::Typed) => ZeroPoints::Unpacked(floats(zp)?),
+            _ => ZeroPoints::Default,
+        };
+        let w = W4Weights {
+            n: at.n,
+            k: at.k,
+            block_size: at.block_size,
+            b: b.host_slice::<u8>()?.to_vec(),
+            scales: floats(&scales)?,
+            zero_points,
+        };
+        w.validate()?;
+        let bias = match &bias {
+            Some(bias) => Some(floats(bias)?.into_iter().map(f64::from).collect::<Vec<f64>>()),
+            None => None,
+        };
+        let a64: Vec<f64> = floats(&a)?.into_iter().map(f64::from).collect();
+        let m = a.len() / at.k;
+        store(&y, &matmul_reference(&a64, m, &w, bias.as_deref()))
+    }
+}
+
+/// The GPU path of `dlkern.matmul_nbits` (inputs already checked against the attributes).
+#[allow(clippy::too_many_arguments)]
+fn matmul_nbits_cuda(
+    args: &KernelArgs,
+    ordinal: i32,
+    dtype: DType,
+    at: &NBitsAttrs,
+    [a, b, scales, y]: [&TensorView; 4],
+    zero_kind: crate::launch::matmul_nbits::ZeroPointKind,
+    zero_points: Option<&TensorView>,
+    bias: Option<&TensorView>,
+) -> Result<()> {
+    use crate::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, matmul_nbits_raw};
     // The kernel reads every tensor as one dense row-major block.
     for t in [Some(a), Some(b), Some(scales), zero_points, bias, Some(y)].into_iter().flatten() {
         t.expect_contiguous()?;
     }
     let m = a.len() / at.k;
+    if m == 0 {
+        return Ok(());
+    }
     let params = MatMulNBitsParams {
         dtype,
         m,
@@ -315,9 +292,6 @@ fn matmul_nbits_cuda(
         variant: None,
         splits: 0,
     };
-    if m == 0 {
-        return Ok(());
-    }
     let device = Device::get(ordinal.max(0) as usize)?;
     let plan = params.plan(device.multiprocessors())?;
     let stream: cudarc::driver::sys::CUstream = args.stream.cast();
