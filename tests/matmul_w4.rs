@@ -410,10 +410,28 @@ fn gpu_registry_kernel_runs_on_cuda_tensors() {
         let (g, w) = (g.to_f64(), w.to_f64());
         assert!((g - w).abs() <= 4e-3 * (1.0 + w.abs()), "y[{i}] = {g} on CUDA vs {w} on the CPU");
     }
-    // A CPU tensor among CUDA ones is refused before anything runs.
-    gpu[2] = hosts.2.dl();
-    // SAFETY: as above; the call fails validation.
+}
+
+/// A CPU tensor among CUDA ones is refused by validation, before any device is touched (so this
+/// runs without a GPU: the CUDA "pointers" are never dereferenced).
+#[test]
+fn registry_kernel_refuses_mixed_devices() {
+    let (k, n, block) = (64, 8, 32);
+    let q = quantize(&vec![0.5; n * k], n, k, block, true).unwrap();
+    let mut ta = Host::new(vec![1.0f32; 2 * k], &[2, k as i64]);
+    let mut tb = Host::new(q.b.clone(), &[n as i64, 2, 16]);
+    let mut ts = Host::new(q.scales.clone(), &[n as i64, 2]);
+    let mut ty = Host::new(vec![0.0f32; 2 * n], &[2, n as i64]);
+    let on_cuda = |t: DLTensor| DLTensor {
+        data: 0x1000 as *mut std::ffi::c_void,
+        device: DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 },
+        ..t
+    };
+    let mut tensors = [on_cuda(ta.dl()), on_cuda(tb.dl()), ts.dl(), on_cuda(ty.dl())];
+    // SAFETY: validation fails before any pointer is used.
     let err =
-        unsafe { registry::call("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &attrs) }.unwrap_err().to_string();
-    assert!(err.contains("scales") && err.to_lowercase().contains("device"), "{err}");
+        unsafe { registry::call("dlkern.matmul_nbits", &mut tensors, 3, std::ptr::null_mut(), &attrs(k, n, block)) }
+            .unwrap_err()
+            .to_string();
+    assert!(err.contains("'scales'") && err.contains("is on Cpu, expected Cuda(0)"), "{err}");
 }
