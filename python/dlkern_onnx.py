@@ -34,6 +34,30 @@ def rmsnorm_model(elem_type=TensorProto.FLOAT, dim=64, epsilon=1e-5, generic=Fal
                  [value("Y", elem_type, None)])
 
 
+def attention_model(elem_type, heads, kv_heads, head_dim, packed=False, generic_lse=False, **attrs):
+    """dlkern FlashAttention: Q [B, Sq, H, D], K/V [B, Sk, Hkv, D] (or packed [total, H, D] with
+    int32 cu_seqlens_q/cu_seqlens_k) -> O. With `generic_lse`, DLPackKernel running
+    dlkern.attention_lse instead, which also returns LSE (f32)."""
+    if packed:
+        inputs = [value("Q", elem_type, ["tq", heads, head_dim]), value("K", elem_type, ["tk", kv_heads, head_dim]),
+                  value("V", elem_type, ["tk", kv_heads, head_dim]), value("cu_q", TensorProto.INT32, ["b1"]),
+                  value("cu_k", TensorProto.INT32, ["b1"])]
+    else:
+        inputs = [value("Q", elem_type, ["b", "sq", heads, head_dim]),
+                  value("K", elem_type, ["b", "sk", kv_heads, head_dim]),
+                  value("V", elem_type, ["b", "sk", kv_heads, head_dim])]
+    names = [i.name for i in inputs]
+    outputs = [value("O", elem_type, None)]
+    if generic_lse:
+        listed = {"attribute_names": ",".join(attrs)} if attrs else {}
+        node = helper.make_node("DLPackKernel", names, ["O", "LSE"], domain=DOMAIN, name="attn",
+                                function_name="dlkern.attention_lse", **listed, **attrs)
+        outputs.append(value("LSE", TensorProto.FLOAT, None))
+    else:
+        node = helper.make_node("FlashAttention", names, ["O"], domain=DOMAIN, name="attn", **attrs)
+    return model([node], inputs, outputs)
+
+
 def session(lib_path, model_bytes, provider="CPUExecutionProvider", profile=False):
     import onnxruntime as ort
 

@@ -4,9 +4,8 @@
 
 mod common;
 
-use common::Rng;
-use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
-use dlkern::dtype::Scalar;
+use common::{Host, Rng};
+use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor};
 use dlkern::quant::w4::{W4Weights, ZeroPoints, matmul_reference, quantize};
 use dlkern::registry::{self, AttrValue, Attributes};
 use proptest::prelude::*;
@@ -58,28 +57,6 @@ fn packing_is_low_nibble_first_along_k() {
     assert!(zeros.dequantize().iter().all(|&v| v == 0.0));
     assert!(quantize(&[1.0; 40], 2, 20, 24, true).is_err(), "block size must be a power of two");
     assert!(quantize(&[f32::NAN; 40], 2, 20, 16, true).is_err());
-}
-
-struct Host<T> {
-    data: Vec<T>,
-    shape: Vec<i64>,
-}
-
-impl<T: Scalar> Host<T> {
-    fn new(data: Vec<T>, shape: &[i64]) -> Self {
-        Host { data, shape: shape.to_vec() }
-    }
-    fn dl(&mut self) -> DLTensor {
-        DLTensor {
-            data: self.data.as_mut_ptr().cast(),
-            device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
-            ndim: self.shape.len() as i32,
-            dtype: dtype_to_dl(T::DTYPE),
-            shape: self.shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        }
-    }
 }
 
 fn attrs(k: usize, n: usize, block: usize) -> Attributes {

@@ -96,6 +96,22 @@ const MATMUL_ITF_INPUTS: &[Input] = &[
     optional(InputType::Elem),
 ];
 
+/// `FlashAttention`'s inputs: q, k, v, then cu_seqlens_q and cu_seqlens_k (packed batches).
+const ATTENTION_INPUTS: &[Input] = &[
+    input(InputType::Elem),
+    input(InputType::Elem),
+    input(InputType::Elem),
+    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)),
+    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)),
+];
+/// `scale` 0 (the default) means 1/sqrt(head_dim).
+const ATTENTION_ATTRS: &[TypedAttr] = &[
+    TypedAttr { name: c"causal", kind: AttrKind::OptionalInt },
+    TypedAttr { name: c"scale", kind: AttrKind::Float(0) },
+    TypedAttr { name: c"softcap", kind: AttrKind::Float(0) },
+    TypedAttr { name: c"window_left", kind: AttrKind::OptionalInt },
+];
+
 const MATMUL_NBITS_ATTRS: &[TypedAttr] = &[
     TypedAttr { name: c"K", kind: AttrKind::Int },
     TypedAttr { name: c"N", kind: AttrKind::Int },
@@ -171,8 +187,17 @@ fn all_ops() -> &'static [DlkernOp] {
         for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16] {
             ops.push(DlkernOp { base: custom_op_table(), kind: nbits(elem), provider: Provider::Cuda });
         }
-        // MatMulIntegerToFloat has no GPU kernel yet: CPU EP only, so ORT places it there.
+        // MatMulIntegerToFloat and FlashAttention have no GPU kernels yet: CPU EP only, so ORT
+        // places them there.
         for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16] {
+            let kind = Kind::Typed {
+                op: c"FlashAttention",
+                kernel: registry::builtin::ATTENTION,
+                inputs: ATTENTION_INPUTS,
+                elem,
+                attrs: ATTENTION_ATTRS,
+            };
+            ops.push(DlkernOp { base: custom_op_table(), kind, provider: Provider::Cpu });
             ops.push(DlkernOp { base: custom_op_table(), kind: nbits(elem), provider: Provider::Cpu });
             let kind = Kind::Typed {
                 op: c"MatMulIntegerToFloat",

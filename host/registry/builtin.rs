@@ -9,12 +9,14 @@
 //!
 //! | `dlkern.quantize_per_token` | `x [..., K]` f32/f16/bf16 | `q` i8 `[..., K]`, `scales` f32 `[rows]` | |
 //! | `dlkern.matmul_w8a8` | `a_q` i8 `[..., K]`, `a_scale` f32 `[rows]` or `[1]`, `w_q` i8 `[N, K]`, `w_scale` f32 `[N]`, optional `bias` f32 `[N]` | `y [..., N]` | `out_dtype` ("f16", "bf16", "f32"; default "f16") |
+//! | `dlkern.attention`, `dlkern.attention_lse` | `q`, `k`, `v` (`[B, S, H, D]`, or `[total, H, D]` with `cu_seqlens_q`/`cu_seqlens_k` i32 `[B + 1]`) | `out` like `q`; `_lse` also `lse` f32 | `causal`, `scale`, `softcap`, `window_left` (see `builtin/attention.rs`) |
 //! | `dlkern.matmul_integer_to_float` | `com.microsoft` `MatMulIntegerToFloat`'s inputs (int8 A `[..., K]` and B `[K, N]`) | `Y [..., N]`, the scales' type | |
 //!
 //! `dlkern.matmul_nbits` runs on CUDA tensors (f16/bf16; the tensor-core kernels of
 //! `launch::matmul_nbits`) and CPU tensors (f32/f16/bf16, the reference). The int8 kernels run on
 //! CPU tensors only until their GPU kernels (issue 9) land.
 
+mod attention;
 mod int8;
 
 use half::{bf16, f16};
@@ -32,6 +34,9 @@ pub const MATMUL_NBITS: &str = "dlkern.matmul_nbits";
 pub const QUANTIZE_PER_TOKEN: &str = "dlkern.quantize_per_token";
 pub const MATMUL_W8A8: &str = "dlkern.matmul_w8a8";
 pub const MATMUL_INTEGER_TO_FLOAT: &str = "dlkern.matmul_integer_to_float";
+/// Registry names of attention (prefill): the output, and the output with the row log-sum-exp.
+pub const ATTENTION: &str = "dlkern.attention";
+pub const ATTENTION_LSE: &str = "dlkern.attention_lse";
 /// Registry name of RMSNorm.
 pub const RMSNORM: &str = "dlkern.rmsnorm";
 /// RMSNorm's default epsilon (ONNX `SimplifiedLayerNormalization`'s).
@@ -53,6 +58,10 @@ pub fn definitions() -> Vec<KernelDef> {
         KernelDef::rust(MATMUL_INTEGER_TO_FLOAT, DEVICE_MASK_CPU, int8::itf_compute)
             .with_infer(int8::itf_infer)
             .with_outputs(1),
+        KernelDef::rust(ATTENTION, DEVICE_MASK_CPU, attention::compute).with_infer(attention::infer).with_outputs(1),
+        KernelDef::rust(ATTENTION_LSE, DEVICE_MASK_CPU, attention::compute)
+            .with_infer(attention::infer)
+            .with_outputs(2),
     ]
 }
 

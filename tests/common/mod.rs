@@ -90,3 +90,28 @@ pub fn find_ptxas() -> Option<std::path::PathBuf> {
     let out = std::process::Command::new("python3").args(["-c", script]).output().ok()?;
     String::from_utf8_lossy(&out.stdout).lines().next().map(Into::into)
 }
+
+/// A CPU tensor owning its data and shape, lent to the registry as a DLTensor.
+pub struct Host<T> {
+    pub data: Vec<T>,
+    pub shape: Vec<i64>,
+}
+
+impl<T: dlkern::dtype::Scalar> Host<T> {
+    pub fn new(data: Vec<T>, shape: &[i64]) -> Self {
+        Host { data, shape: shape.to_vec() }
+    }
+    /// A DLTensor over the data (valid while `self` is neither moved nor resized).
+    pub fn dl(&mut self) -> dlkern::dlpack::DLTensor {
+        use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
+        DLTensor {
+            data: self.data.as_mut_ptr().cast(),
+            device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
+            ndim: self.shape.len() as i32,
+            dtype: dtype_to_dl(T::DTYPE),
+            shape: self.shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Attention (prefill) registry kernels, flash-attention's interface: `dlkern.attention` (the
+//! output) and `dlkern.attention_lse` (the output and the row log-sum-exp). CPU tensors run the
+//! f64 reference ([`crate::reference::attention`], O(S) memory per row); the tensor-core kernel
+//! (issue 6) will take CUDA tensors behind the same names.
+//!
+//! Inputs: `q`, `k`, `v`, then optional `cu_seqlens_q`, `cu_seqlens_k` (i32 `[batch + 1]`).
+//! - padded batch: `q [B, Sq, H, D]`, `k`/`v [B, Sk, Hkv, D]`, no sequence lengths.
+//! - variable-length (packed) batch: `q [total_q, H, D]`, `k`/`v [total_k, Hkv, D]` and both
+//!   cumulative sequence lengths (sequence `b` owns rows `cu[b]..cu[b + 1]`).
+//!
+//! `H` a multiple of `Hkv` (GQA/MQA); f32/f16/bf16, all the same. Outputs: `out` like `q`; with
+//! `_lse`, `lse` f32 `[B, H, Sq]` (padded) or `[H, total_q]` (varlen), natural log, `-inf` for a
+//! row that sees no key (its output is 0).
+//!
+//! Attributes: `causal` (int, 0/1, default 0; aligned to the bottom right when `Sk > Sq`, as in
+//! chunked prefill), `scale` (float, default or 0: `1 / sqrt(D)`), `softcap` (float >= 0,
+//! default 0 = none), `window_left` (int, default -1 = none: keys at most this far left of the
+//! query's diagonal).
+
+use super::{floats, optional, store};
+use crate::dlpack::{DeviceKind, TensorView};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::reference::attention::{AttentionOptions, attention_varlen};
+use crate::registry::{Attributes, InferArgs, KernelArgs, TensorSpec};
+
+fn fail(name: &str, message: String) -> Error {
+    Error::KernelFailed { name: name.to_string(), message }
+}
+
+/// Shapes of one call (from shapes alone, so inference can use it too).
+struct Layout {
+    batch: usize,
+    /// `Some((Sq, Sk))` for a padded batch, `None` for varlen.
+    padded: Option<(usize, usize)>,
+    total_q: usize,
+    total_k: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+fn dims(t: &TensorView) -> Vec<usize> {
+    t.shape().iter().map(|&d| d.max(0) as usize).collect()
+}
+
+fn layout(
+    name: &str,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    cu: Option<(&TensorView, &TensorView)>,
+) -> Result<Layout> {
+    let (qd, kd) = (dims(q), dims(k));
+    if v.shape() != k.shape() {
+        return Err(fail(name, format!("v has shape {:?}, k has {:?} (they must match)", v.shape(), k.shape())));
+    }
+    let l = match (qd.len(), kd.len(), cu) {
+        (4, 4, None) => {
+            if qd[0] != kd[0] {
+                return Err(fail(name, format!("batch of q ({}) and k ({}) differ", qd[0], kd[0])));
+            }
+            Layout {
+                batch: qd[0],
+                padded: Some((qd[1], kd[1])),
+                total_q: qd[0] * qd[1],
+                total_k: kd[0] * kd[1],
+                heads: qd[2],
+                kv_heads: kd[2],
+                head_dim: qd[3],
+            }
+        }
+        (3, 3, Some((cu_q, cu_k))) => {
+            for t in [cu_q, cu_k] {
+                t.expect_dtype(&[DType::I32])?;
+                t.expect_rank(1, 1)?;
+            }
+            let batch = (cu_q.len()).saturating_sub(1);
+            if cu_q.len() < 2 || cu_k.len() != cu_q.len() {
+                return Err(fail(
+                    name,
+                    format!(
+                        "cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 entries, got {} and {}",
+                        cu_q.len(),
+                        cu_k.len()
+                    ),
+                ));
+            }
+            Layout {
+                batch,
+                padded: None,
+                total_q: qd[0],
+                total_k: kd[0],
+                heads: qd[1],
+                kv_heads: kd[1],
+                head_dim: qd[2],
+            }
+        }
+        (4, 4, Some(_)) => return Err(fail(name, "padded [B, S, H, D] inputs take no cu_seqlens".into())),
+        (3, 3, None) => {
+            return Err(fail(name, "packed [total, H, D] inputs need cu_seqlens_q and cu_seqlens_k".into()));
+        }
+        _ => {
+            return Err(fail(
+                name,
+                format!(
+                    "q {:?} and k {:?}: expected [B, S, H, D] (padded) or [total, H, D] with cu_seqlens",
+                    q.shape(),
+                    k.shape()
+                ),
+            ));
+        }
+    };
+    if l.head_dim == 0 || l.heads == 0 || l.kv_heads == 0 || !l.heads.is_multiple_of(l.kv_heads) {
+        return Err(fail(
+            name,
+            format!(
+                "{} query heads, {} KV heads, head dim {}: heads must be a positive multiple of KV heads",
+                l.heads, l.kv_heads, l.head_dim
+            ),
+        ));
+    }
+    if kd.last() != Some(&l.head_dim) {
+        return Err(fail(name, format!("head dim of q ({}) and k ({:?}) differ", l.head_dim, kd.last())));
+    }
+    Ok(l)
+}
+
+fn options(name: &str, attrs: &Attributes, l: &Layout) -> Result<AttentionOptions> {
+    let causal = match attrs.int("causal")?.unwrap_or(0) {
+        0 => false,
+        1 => true,
+        other => return Err(fail(name, format!("causal = {other} (expected 0 or 1)"))),
+    };
+    let scale = match attrs.float("scale")?.unwrap_or(0.0) {
+        0.0 => 1.0 / (l.head_dim as f64).sqrt(),
+        s if s.is_finite() => s,
+        s => return Err(fail(name, format!("scale = {s} (must be finite)"))),
+    };
+    let softcap = attrs.float("softcap")?.unwrap_or(0.0);
+    if !(softcap.is_finite() && softcap >= 0.0) {
+        return Err(fail(name, format!("softcap = {softcap} (must be finite and >= 0)")));
+    }
+    let window_left = match attrs.int("window_left")?.unwrap_or(-1) {
+        -1 => None,
+        w if w >= 0 => Some(w as usize),
+        w => return Err(fail(name, format!("window_left = {w} (-1 for none, or >= 0)"))),
+    };
+    Ok(AttentionOptions {
+        num_heads: l.heads,
+        num_kv_heads: l.kv_heads,
+        head_dim: l.head_dim,
+        causal,
+        scale,
+        softcap,
+        window_left,
+    })
+}
+
+fn lse_shape(l: &Layout) -> Vec<i64> {
+    match l.padded {
+        Some((sq, _)) => vec![l.batch as i64, l.heads as i64, sq as i64],
+        None => vec![l.heads as i64, l.total_q as i64],
+    }
+}
+
+pub(super) fn infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+    let name = args.function_name;
+    let input = |i: usize| args.inputs.get(i).filter(|t| !t.is_empty());
+    let (Some(q), Some(k), Some(v)) = (input(0), input(1), input(2)) else {
+        return Err(fail(name, "needs inputs q, k and v".into()));
+    };
+    let cu = input(3).zip(input(4));
+    let l = layout(name, q, k, v, cu)?;
+    let mut specs = vec![TensorSpec { dtype: q.dtype(), shape: q.shape().to_vec() }];
+    if args.num_outputs == 2 {
+        specs.push(TensorSpec { dtype: DType::F32, shape: lse_shape(&l) });
+    }
+    Ok(specs)
+}
+
+/// Sequence offsets: checked `cu_seqlens`, or uniform ones for a padded batch.
+///
+/// # Safety
+/// CPU tensors valid for the call.
+unsafe fn offsets(name: &str, l: &Layout, cu: Option<(&TensorView, &TensorView)>) -> Result<(Vec<usize>, Vec<usize>)> {
+    let Some((cu_q, cu_k)) = cu else {
+        let (sq, sk) = l.padded.unwrap_or((0, 0));
+        return Ok(((0..=l.batch).map(|b| b * sq).collect(), (0..=l.batch).map(|b| b * sk).collect()));
+    };
+    let check = |t: &TensorView, total: usize, what: &str| -> Result<Vec<usize>> {
+        // SAFETY: forwarded.
+        let cu = unsafe { t.host_slice::<i32>()? };
+        let ok = cu.first() == Some(&0)
+            && cu.windows(2).all(|w| w[0] <= w[1])
+            && cu.last().is_some_and(|&last| last as usize == total);
+        if !ok {
+            return Err(fail(name, format!("{what} {cu:?} must start at 0, never decrease and end at {total}")));
+        }
+        Ok(cu.iter().map(|&c| c as usize).collect())
+    };
+    Ok((check(cu_q, l.total_q, "cu_seqlens_q")?, check(cu_k, l.total_k, "cu_seqlens_k")?))
+}
+
+pub(super) fn compute(args: &KernelArgs) -> Result<()> {
+    let name = args.function_name;
+    let with_lse = args.num_outputs() == 2;
+    if !(3..=5).contains(&args.num_inputs()) || !(1..=2).contains(&args.num_outputs()) {
+        return Err(fail(
+            name,
+            format!("takes 3 to 5 inputs and 1 or 2 outputs, got {} and {}", args.num_inputs(), args.num_outputs()),
+        ));
+    }
+    let q = args.input(0, "q")?;
+    let k = args.input(1, "k")?;
+    let v = args.input(2, "v")?;
+    let cu_q = optional(args, 3, "cu_seqlens_q")?;
+    let cu_k = optional(args, 4, "cu_seqlens_k")?;
+    let out = args.output(0, "out")?;
+    let cu = match (&cu_q, &cu_k) {
+        (Some(a), Some(b)) => Some((a, b)),
+        (None, None) => None,
+        _ => return Err(fail(name, "give both cu_seqlens_q and cu_seqlens_k, or neither".into())),
+    };
+    let l = layout(name, &q, &k, &v, cu)?;
+    let opts = options(name, args.attrs, &l)?;
+    q.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
+    for t in [&k, &v, &out] {
+        t.expect_same_dtype(&q)?;
+    }
+    out.expect_shape(q.shape())?;
+    let lse = if with_lse { Some(args.output(1, "lse")?) } else { None };
+    if let Some(lse) = &lse {
+        lse.expect_dtype(&[DType::F32])?;
+        lse.expect_shape(&lse_shape(&l))?;
+    }
+    for t in
+        [Some(&q), Some(&k), Some(&v), cu_q.as_ref(), cu_k.as_ref(), Some(&out), lse.as_ref()].into_iter().flatten()
+    {
+        t.expect_device(DeviceKind::Cpu)?;
+        t.expect_contiguous()?;
+    }
+    // SAFETY: CPU tensors (checked above), valid for the call by the registry's contract;
+    // outputs are distinct buffers.
+    unsafe {
+        let (cu_q, cu_k) = offsets(name, &l, cu)?;
+        let (o, lse_ref) = attention_varlen(&floats(&q)?, &floats(&k)?, &floats(&v)?, &cu_q, &cu_k, &opts);
+        store(&out, &o)?;
+        if let Some(lse) = &lse {
+            let dst = lse.host_slice_mut::<f32>()?;
+            match l.padded {
+                // The reference's [H, total_q] rows b * Sq + i become [B, H, Sq].
+                Some((sq, _)) => {
+                    for b in 0..l.batch {
+                        for h in 0..l.heads {
+                            for i in 0..sq {
+                                dst[(b * l.heads + h) * sq + i] = lse_ref[h * l.total_q + b * sq + i] as f32;
+                            }
+                        }
+                    }
+                }
+                None => dst.iter_mut().zip(&lse_ref).for_each(|(d, s)| *d = *s as f32),
+            }
+        }
+    }
+    Ok(())
+}
