@@ -6,60 +6,20 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::Rng;
-use dlkern::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
+use common::{Host, Rng};
+use dlkern::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DLDevice, DLDeviceType, DLTensor};
+use dlkern::dtype::Scalar;
 use dlkern::registry::{self, AttrValue, Attributes, KernelDef, TensorSpec};
 use dlkern::{DType, Element, Error};
 use half::{bf16, f16};
 
-/// A host tensor that owns its data and shape, with a DLTensor view of them.
-struct HostTensor<T> {
-    data: Vec<T>,
-    shape: Vec<i64>,
-    strides: Option<Vec<i64>>,
-}
-
-/// Element types the tests put in host tensors.
-trait HostElem: Copy {
-    const DTYPE: DType;
-}
-impl HostElem for f32 {
-    const DTYPE: DType = DType::F32;
-}
-impl HostElem for f16 {
-    const DTYPE: DType = DType::F16;
-}
-impl HostElem for bf16 {
-    const DTYPE: DType = DType::BF16;
-}
-impl HostElem for i32 {
-    const DTYPE: DType = DType::I32;
-}
-
-impl<T: HostElem> HostTensor<T> {
-    fn new(data: Vec<T>, shape: &[i64]) -> Self {
-        HostTensor { data, shape: shape.to_vec(), strides: None }
-    }
-    fn dl(&mut self) -> DLTensor {
-        DLTensor {
-            data: self.data.as_mut_ptr().cast(),
-            device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
-            ndim: self.shape.len() as i32,
-            dtype: dtype_to_dl(<T as HostElem>::DTYPE),
-            shape: self.shape.as_mut_ptr(),
-            strides: self.strides.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
-            byte_offset: 0,
-        }
-    }
-}
-
-fn rmsnorm_on_cpu<T: Element + HostElem>(shape: &[i64], seed: u64) {
+fn rmsnorm_on_cpu<T: Element + Scalar>(shape: &[i64], seed: u64) {
     let mut rng = Rng::new(seed);
     let cols = *shape.last().unwrap() as usize;
     let n: usize = shape.iter().product::<i64>() as usize;
-    let mut x = HostTensor::<T>::new(rng.vec(n, -3.0, 3.0), shape);
-    let mut w = HostTensor::<T>::new(rng.vec(cols, -1.0, 1.0), &[cols as i64]);
-    let mut y = HostTensor::<T>::new(vec![T::from_f64(f64::NAN); n], shape);
+    let mut x = Host::<T>::new(rng.vec(n, -3.0, 3.0), shape);
+    let mut w = Host::<T>::new(rng.vec(cols, -1.0, 1.0), &[cols as i64]);
+    let mut y = Host::<T>::new(vec![T::from_f64(f64::NAN); n], shape);
     let attrs = Attributes::new().with("epsilon", AttrValue::Float(1e-3));
     let mut tensors = [x.dl(), w.dl(), y.dl()];
     // SAFETY: host tensors alive for the call.
@@ -67,7 +27,7 @@ fn rmsnorm_on_cpu<T: Element + HostElem>(shape: &[i64], seed: u64) {
     let expected = dlkern::reference::rmsnorm::rmsnorm(&x.data, &w.data, n / cols, cols, cols, 1e-3);
     let expected_rounded: Vec<f64> = expected.iter().map(|&v| T::from_f64(v).to_f64()).collect();
     let got: Vec<f64> = y.data.iter().map(|v| v.to_f64()).collect();
-    assert_eq!(got, expected_rounded, "{} {shape:?}", <T as HostElem>::DTYPE);
+    assert_eq!(got, expected_rounded, "{} {shape:?}", <T as Scalar>::DTYPE);
 }
 
 #[test]
@@ -85,13 +45,13 @@ fn builtin_rmsnorm_reports_bad_inputs() {
         unsafe { registry::call("dlkern.rmsnorm", tensors, 2, std::ptr::null_mut(), attrs) }.unwrap_err().to_string()
     };
     let none = Attributes::new();
-    let mut x = HostTensor::<f32>::new(vec![1.0; 12], &[3, 4]);
-    let mut w = HostTensor::<f32>::new(vec![1.0; 4], &[4]);
-    let mut w_bad = HostTensor::<f32>::new(vec![1.0; 5], &[5]);
-    let mut w_half = HostTensor::<f16>::new(vec![f16::ONE; 4], &[4]);
-    let mut y = HostTensor::<f32>::new(vec![0.0; 12], &[3, 4]);
-    let mut y_bad = HostTensor::<f32>::new(vec![0.0; 12], &[4, 3]);
-    let mut xi = HostTensor::<i32>::new(vec![0; 12], &[3, 4]);
+    let mut x = Host::<f32>::new(vec![1.0; 12], &[3, 4]);
+    let mut w = Host::<f32>::new(vec![1.0; 4], &[4]);
+    let mut w_bad = Host::<f32>::new(vec![1.0; 5], &[5]);
+    let mut w_half = Host::<f16>::new(vec![f16::ONE; 4], &[4]);
+    let mut y = Host::<f32>::new(vec![0.0; 12], &[3, 4]);
+    let mut y_bad = Host::<f32>::new(vec![0.0; 12], &[4, 3]);
+    let mut xi = Host::<i32>::new(vec![0; 12], &[3, 4]);
     assert!(call(&mut [x.dl(), w_bad.dl(), y.dl()], &none).contains("tensor 'weight': shape [5] (expected [4])"));
     assert!(
         call(&mut [x.dl(), w_half.dl(), y.dl()], &none).contains("tensor 'weight': dtype f16 differs from x's f32")
@@ -144,8 +104,8 @@ fn rust_kernels_register_run_and_follow_the_rules() {
         registry::register(KernelDef::rust(name, DEVICE_MASK_CPU, add_one), false),
         Err(Error::DuplicateKernel(_))
     ));
-    let mut x = HostTensor::<f32>::new(vec![1.0, 2.0, 3.0], &[3]);
-    let mut y = HostTensor::<f32>::new(vec![0.0; 3], &[3]);
+    let mut x = Host::<f32>::new(vec![1.0, 2.0, 3.0], &[3]);
+    let mut y = Host::<f32>::new(vec![0.0; 3], &[3]);
     let attrs = Attributes::new().with("delta", AttrValue::Float(0.5));
     // SAFETY: host tensors alive for the call.
     unsafe { registry::call(name, &mut [x.dl(), y.dl()], 1, std::ptr::null_mut(), &attrs) }.unwrap();
@@ -184,8 +144,8 @@ fn a_panicking_kernel_becomes_an_error() {
 
 #[test]
 fn inference_reports_output_specs() {
-    let mut x = HostTensor::<bf16>::new(vec![bf16::ZERO; 6], &[2, 3]);
-    let mut w = HostTensor::<bf16>::new(vec![bf16::ZERO; 3], &[3]);
+    let mut x = Host::<bf16>::new(vec![bf16::ZERO; 6], &[2, 3]);
+    let mut w = Host::<bf16>::new(vec![bf16::ZERO; 3], &[3]);
     let mut meta = x.dl();
     meta.data = std::ptr::null_mut(); // inference needs no data
     // SAFETY: valid shape arrays.

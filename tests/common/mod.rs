@@ -91,15 +91,17 @@ pub fn find_ptxas() -> Option<std::path::PathBuf> {
     String::from_utf8_lossy(&out.stdout).lines().next().map(Into::into)
 }
 
-/// A CPU tensor owning its data and shape, lent to the registry as a DLTensor.
+/// A CPU tensor owning its data, shape and (optional, in elements) strides, lent to the
+/// registry as a DLTensor.
 pub struct Host<T> {
     pub data: Vec<T>,
     pub shape: Vec<i64>,
+    pub strides: Option<Vec<i64>>,
 }
 
 impl<T: dlkern::dtype::Scalar> Host<T> {
     pub fn new(data: Vec<T>, shape: &[i64]) -> Self {
-        Host { data, shape: shape.to_vec() }
+        Host { data, shape: shape.to_vec(), strides: None }
     }
     /// A DLTensor over the data (valid while `self` is neither moved nor resized).
     pub fn dl(&mut self) -> dlkern::dlpack::DLTensor {
@@ -110,7 +112,7 @@ impl<T: dlkern::dtype::Scalar> Host<T> {
             ndim: self.shape.len() as i32,
             dtype: dtype_to_dl(T::DTYPE),
             shape: self.shape.as_mut_ptr(),
-            strides: std::ptr::null_mut(),
+            strides: self.strides.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
             byte_offset: 0,
         }
     }
