@@ -121,13 +121,3 @@ pub unsafe fn st_shared_v4(addr: SharedAddr, v: [u32; 4]) {
              options(nostack))
     };
 }
-
-/// `red.shared.add.f32` (PTX ISA §9.7.13.6): atomically adds `value` to the f32 at `addr`.
-///
-/// # Safety
-/// `addr` must be 4-byte aligned and inside the block's shared allocation.
-#[inline(always)]
-pub unsafe fn red_shared_add_f32(addr: SharedAddr, value: f32) {
-    // SAFETY: the caller guarantees a valid, aligned address; the add is atomic.
-    unsafe { asm!("red.shared.add.f32 [{}], {};", in(reg32) addr.0, in(reg32) value, options(nostack)) };
-}
