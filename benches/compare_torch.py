@@ -115,8 +115,37 @@ def paged_attention_records():
     return out
 
 
+def attention_records():
+    """PyTorch SDPA (flash and cuDNN backends) on the attention bench's shapes, f16 and bf16,
+    causal and not: the issue's baselines. dlkern's numbers come from benches/attention.rs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    for dtype, name in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
+        for b, h, seq, d in [(16, 16, 2048, 128), (4, 16, 8192, 128), (8, 32, 4096, 64)]:
+            g = torch.Generator(device="cuda").manual_seed(seq + b)
+            q, k, v = (torch.randn(b, h, seq, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+            for causal in (False, True):
+                flops = 4 * b * h * seq * seq * d // (2 if causal else 1)
+                for impl, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
+                    def call():
+                        with sdpa_kernel(backend):
+                            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    try:
+                        t = graph_time_us(call, calls=4)
+                    except Exception as e:  # a backend that does not take this shape
+                        print(f"attention baseline {impl} {name} B{b}: {e}", file=sys.stderr)
+                        continue
+                    out.append({"family": "attention", "implementation": impl,
+                                "shape": f"B{b} H{h} S{seq} D{d}{' causal' if causal else ''}", "dtype": name,
+                                "time_us": t, "bytes": 4 * b * h * seq * d * 2, "flops": flops})
+            del q, k, v
+            torch.cuda.empty_cache()
+    return out
+
+
 def main():
-    records = rmsnorm_records() + paged_attention_records()
+    records = rmsnorm_records() + paged_attention_records() + attention_records()
     text = json.dumps(records, indent=1)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:

@@ -6,6 +6,7 @@
 //! (what DLPack, ONNX Runtime and PyTorch hand over) and makes one launch, and a safe function
 //! over cudarc `CudaSlice`s whose lengths prove the pointers valid.
 
+pub mod attention;
 pub mod matmul_nbits;
 pub mod paged_attention;
 pub mod probe;

@@ -58,8 +58,10 @@ pub fn definitions() -> Vec<KernelDef> {
         KernelDef::rust(MATMUL_INTEGER_TO_FLOAT, DEVICE_MASK_CPU, int8::itf_compute)
             .with_infer(int8::itf_infer)
             .with_outputs(1),
-        KernelDef::rust(ATTENTION, DEVICE_MASK_CPU, attention::compute).with_infer(attention::infer).with_outputs(1),
-        KernelDef::rust(ATTENTION_LSE, DEVICE_MASK_CPU, attention::compute)
+        KernelDef::rust(ATTENTION, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, attention::compute)
+            .with_infer(attention::infer)
+            .with_outputs(1),
+        KernelDef::rust(ATTENTION_LSE, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, attention::compute)
             .with_infer(attention::infer)
             .with_outputs(2),
     ]

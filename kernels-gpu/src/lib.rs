@@ -12,6 +12,7 @@
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
 #![allow(clippy::missing_safety_doc)]
 
+pub mod attention;
 pub mod device;
 pub mod element;
 pub mod matmul_nbits;
