@@ -7,6 +7,7 @@
 //! over cudarc `CudaSlice`s whose lengths prove the pointers valid.
 
 pub mod matmul_nbits;
+pub mod matmul_w8a8;
 pub mod paged_attention;
 pub mod probe;
 pub mod rmsnorm;
