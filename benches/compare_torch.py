@@ -144,8 +144,31 @@ def attention_records():
     return out
 
 
+def int_mm_records():
+    """torch._int_mm (int8 x int8 -> int32, cuBLASLt) on the W8A8 bench's shapes: the issue's
+    int8 baseline (no scaling epilogue, so a lower bound on a full W8A8 matmul's time)."""
+    out = []
+    for m, n, k in [(8192, 8192, 8192), (1, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192), (1024, 8192, 8192),
+                    (4096, 8192, 8192), (4096, 28672, 8192)]:
+        # _int_mm needs M > 16 (and multiples of 8): pad small M to 32, as a caller would.
+        mp = max(m, 32)
+        a = torch.randint(-128, 127, (mp, k), device="cuda", dtype=torch.int8)
+        w = torch.randint(-128, 127, (k, n), device="cuda", dtype=torch.int8)
+        try:
+            t = graph_time_us(lambda: torch._int_mm(a, w), calls=4)
+        except Exception as e:
+            print(f"_int_mm M{m}: {e}", file=sys.stderr)
+            continue
+        out.append({"family": "matmul_w8a8", "implementation": "torch._int_mm" + (" (M padded to 32)" if mp != m else ""),
+                    "shape": f"M{m} N{n} K{k}", "dtype": "int8 -> f16", "time_us": t,
+                    "bytes": m * k + n * k + 2 * m * n, "flops": 2 * m * n * k})
+        del a, w
+        torch.cuda.empty_cache()
+    return out
+
+
 def main():
-    records = rmsnorm_records() + paged_attention_records() + attention_records()
+    records = rmsnorm_records() + paged_attention_records() + attention_records() + int_mm_records()
     text = json.dumps(records, indent=1)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:

@@ -1,0 +1,270 @@
+//! W8A8 matmul on int8 tensor cores: `y[m][n] = (sum_k a[m][k] * w[n][k]) * a_scale[m] *
+//! w_scale[n] (+ bias[n])`, int32 accumulation (exact for `K <= 131071`, checked by the host),
+//! the epilogue in f32, stored as f16, bf16 or f32.
+//!
+//! Both operands are K-major (`a [M, K]`, `w [N, K]` row-major int8), which is exactly the
+//! `mma.sync.m16n8k32.row.col` layout: tiles go from global to shared memory with `cp.async`
+//! (three stages) and from shared memory into fragments with `ldmatrix`, no transposes.
+//!
+//! # Launch contract: `matmul_w8a8_quantize_{f16,bf16,f32}`
+//! - grid `(rows, 1, 1)`, block `(256, 1, 1)`, no dynamic shared memory: row `r` of `x [rows,
+//!   cols]` to int8 codes `q [rows, cols]` with `scale[r] = max|x| / 127`, codes
+//!   `round_half_even(x / scale)` clamped to +-127 (0 for an all-zero row): bit for bit the
+//!   host's `quant::w8::quantize_rows`. Non-finite inputs give unspecified codes.
+//!
+//! # Launch contract: `matmul_w8a8_{f16,bf16,f32}`
+//! - grid `(ceil(N / 128), ceil(M / 128), 1)`, block `(256, 1, 1)` (8 warps, 2 x 4, each a
+//!   64 x 32 tile), dynamic shared memory [`SHARED_BYTES`].
+//! - `a_scale`: `[M]` f32, or `[1]` when `flags & FLAG_SCALAR_A_SCALE`; `w_scale` `[N]` f32;
+//!   `bias` `[N]` f32 when `flags & FLAG_BIAS`.
+//! - `flags & FLAG_VEC16`: `K % 16 == 0` and `a`, `w` 16-byte aligned (asynchronous 16-byte
+//!   copies); otherwise tiles are gathered byte by byte (any K, any alignment).
+
+use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
+use crate::device::convert::round_ties_even_i32;
+use crate::device::ldmatrix::ldmatrix_x4;
+use crate::device::mma::mma_m16n8k32_s8_s32;
+use crate::device::shared::{dynamic_shared_base, st_shared_v4};
+use crate::device::shared::{ld_shared_f32, st_shared_f32};
+use crate::device::{SharedAddr, index, sync, warp};
+use crate::element::{Bf16, Element, F16};
+use crate::{shared_array, unroll};
+
+const BM: usize = 128;
+const BN: usize = 128;
+/// K bytes per tile.
+const BK: usize = 64;
+const STAGES: usize = 3;
+const THREADS: usize = 256;
+/// Shared row: 64 bytes + 16 of padding (rows of one `ldmatrix` fall in distinct banks).
+const ROW: usize = BK + 16;
+const TILE_BYTES: usize = BM * ROW;
+/// Dynamic shared memory: A and W tiles for each stage.
+pub const SHARED_BYTES: usize = STAGES * 2 * TILE_BYTES;
+
+pub const FLAG_BIAS: u32 = 1;
+pub const FLAG_SCALAR_A_SCALE: u32 = 2;
+pub const FLAG_VEC16: u32 = 4;
+
+/// Scalar arguments.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct Dims {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub flags: u32,
+}
+
+/// Copies rows `[0, valid)` of a 128 x 64 tile (`src` at the tile's first row and K offset
+/// `k0`, rows `k` bytes apart) into shared memory, zero-filling rows past `valid` and bytes
+/// past `k`; all 256 threads.
+///
+/// # Safety
+/// `src` must be a global address with rows `[0, valid)` readable up to byte `k`.
+#[inline(always)]
+unsafe fn load_tile(dst: SharedAddr, src: *const i8, valid: usize, k0: usize, k: usize, vec16: bool) {
+    let tid = index::thread_idx_x() as usize;
+    unroll!(U in [0, 1] {
+        let c = tid + U * THREADS;
+        let (r, chunk) = (c / 4, c % 4);
+        let kk = k0 + 16 * chunk;
+        let at = dst.offset((r * ROW + 16 * chunk) as u32);
+        // SAFETY: only bytes of rows below `valid` and below `k` are read.
+        unsafe {
+            if vec16 {
+                let ok = r < valid && kk < k; // k % 16 == 0: a chunk is all in or all out
+                let from = if ok { src.add(r * k + kk) } else { src };
+                cp_async_16_zfill(at, from.cast(), if ok { 16 } else { 0 });
+            } else {
+                let mut bytes = [0u32; 4];
+                if r < valid {
+                    unroll!(B in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                        if kk + B < k {
+                            bytes[B / 4] |= (src.add(r * k + kk + B).read() as u8 as u32) << (8 * (B % 4));
+                        }
+                    });
+                }
+                st_shared_v4(at, bytes);
+            }
+        }
+    });
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_w8a8<T: Element>(
+    a: *const i8,
+    w: *const i8,
+    a_scale: *const f32,
+    w_scale: *const f32,
+    bias: *const f32,
+    y: *mut T,
+    p: Dims,
+) {
+    let tid = index::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, index::lane_id() as usize);
+    let (warp_m, warp_n) = (warp / 4, warp % 4);
+    let (g, qd) = (lane / 4, lane % 4);
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let m0 = index::block_idx_y() as usize * BM;
+    let n0 = index::block_idx_x() as usize * BN;
+    let vec16 = p.flags & FLAG_VEC16 != 0;
+    let smem = dynamic_shared_base();
+    let a_s = |stage: usize| smem.offset((stage * 2 * TILE_BYTES) as u32);
+    let w_s = |stage: usize| smem.offset((stage * 2 * TILE_BYTES + TILE_BYTES) as u32);
+    let k_tiles = k.div_ceil(BK);
+    let a_rows = m.saturating_sub(m0).min(BM);
+    let w_rows = n.saturating_sub(n0).min(BN);
+
+    let mut acc = [[[0i32; 4]; 4]; 4];
+    // SAFETY (whole body): the launch contract sizes every buffer; tile loads stay inside the
+    // rows and K of the operands; barriers are reached by all threads (bounds depend only on
+    // the block).
+    unsafe {
+        let (a_blk, w_blk) = (a.add(m0 * k), w.add(n0 * k));
+        let load = |kt: usize, stage: usize| {
+            load_tile(a_s(stage), a_blk, a_rows, kt * BK, k, vec16);
+            load_tile(w_s(stage), w_blk, w_rows, kt * BK, k, vec16);
+        };
+        unroll!(S in [0, 1] {
+            if S < k_tiles {
+                load(S, S);
+            }
+            commit_group();
+        });
+        // ldmatrix row addresses within a tile: A as the row-major operand, W as n-major.
+        let a_row = (warp_m * 64 + lane % 16) * ROW + (lane / 16) * 16;
+        let w_row = (warp_n * 32 + lane % 8 + 8 * (lane / 16)) * ROW + ((lane / 8) % 2) * 16;
+
+        let mut kt = 0;
+        while kt < k_tiles {
+            wait_group::<{ STAGES as u32 - 2 }>();
+            sync::sync_threads();
+            // The stage refilled here was read in the previous iteration, before the barrier.
+            let next = kt + STAGES - 1;
+            if next < k_tiles {
+                load(next, next % STAGES);
+            }
+            commit_group();
+            let stage = kt % STAGES;
+            unroll!(KS in [0, 1] {
+                let mut af = [[0u32; 4]; 4];
+                unroll!(MT in [0, 1, 2, 3] {
+                    af[MT] = ldmatrix_x4(a_s(stage).offset((a_row + MT * 16 * ROW + KS * 32) as u32));
+                });
+                unroll!(P in [0, 1] {
+                    let bf = ldmatrix_x4(w_s(stage).offset((w_row + P * 16 * ROW + KS * 32) as u32));
+                    unroll!(MT in [0, 1, 2, 3] {
+                        acc[MT][2 * P] = mma_m16n8k32_s8_s32(acc[MT][2 * P], af[MT], [bf[0], bf[1]]);
+                        acc[MT][2 * P + 1] = mma_m16n8k32_s8_s32(acc[MT][2 * P + 1], af[MT], [bf[2], bf[3]]);
+                    });
+                });
+            });
+            kt += 1;
+        }
+        wait_group::<0>();
+
+        // Epilogue: rows g, g + 8 and columns 2q, 2q + 1 of each 16 x 8 tile.
+        unroll!(MT in [0, 1, 2, 3] {
+            unroll!(NT in [0, 1, 2, 3] {
+                unroll!(C in [0, 1, 2, 3] {
+                    let row = m0 + warp_m * 64 + MT * 16 + g + 8 * (C / 2);
+                    let col = n0 + warp_n * 32 + NT * 8 + 2 * qd + C % 2;
+                    if row < m && col < n {
+                        let sa = a_scale.add(if p.flags & FLAG_SCALAR_A_SCALE != 0 { 0 } else { row }).read();
+                        let mut v = acc[MT][NT][C] as f32 * sa * w_scale.add(col).read();
+                        if p.flags & FLAG_BIAS != 0 {
+                            v += bias.add(col).read();
+                        }
+                        y.add(row * n + col).write(T::from_f32(v));
+                    }
+                });
+            });
+        });
+    }
+}
+
+#[inline(always)]
+unsafe fn quantize<T: Element>(x: *const T, q: *mut i8, scales: *mut f32, cols: u32) {
+    let row = index::block_idx_x() as usize;
+    let tid = index::thread_idx_x() as usize;
+    let cols = cols as usize;
+    let scratch = shared_array!(DLKERN_W8A8_QUANTIZE_MAX, 32, 16);
+    // SAFETY: the launch contract sizes x, q and scales; the barriers are reached by all
+    // threads of the block.
+    unsafe {
+        let x = x.add(row * cols);
+        let mut max_abs = 0.0f32;
+        let mut i = tid;
+        while i < cols {
+            max_abs = max_abs.max(x.add(i).read().to_f32().abs());
+            i += THREADS;
+        }
+        let max_abs = warp::warp_max_f32(max_abs);
+        if index::lane_id() == 0 {
+            st_shared_f32(scratch.offset(4 * (tid / 32) as u32), max_abs);
+        }
+        sync::sync_threads();
+        let mut block_max = 0.0f32;
+        for w in 0..THREADS / 32 {
+            block_max = block_max.max(ld_shared_f32(scratch.offset(4 * w as u32)));
+        }
+        let scale = block_max / 127.0;
+        if tid == 0 {
+            scales.add(row).write(scale);
+        }
+        let mut i = tid;
+        while i < cols {
+            let code =
+                if scale > 0.0 { round_ties_even_i32(x.add(i).read().to_f32() / scale).clamp(-127, 127) } else { 0 };
+            q.add(row * cols + i).write(code as i8);
+            i += THREADS;
+        }
+    }
+}
+
+macro_rules! quantize_entry {
+    ($name:ident, $ty:ty) => {
+        /// Per-token int8 quantization; see the module docs for the launch contract.
+        ///
+        /// # Safety
+        /// The launch contract in the module docs.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(x: *const $ty, q: *mut i8, scales: *mut f32, cols: u32) {
+            // SAFETY: forwarded launch contract.
+            unsafe { quantize::<$ty>(x, q, scales, cols) }
+        }
+    };
+}
+
+quantize_entry!(matmul_w8a8_quantize_f16, F16);
+quantize_entry!(matmul_w8a8_quantize_bf16, Bf16);
+quantize_entry!(matmul_w8a8_quantize_f32, f32);
+
+macro_rules! w8a8_entry {
+    ($name:ident, $ty:ty) => {
+        /// W8A8 matmul; see the module docs for the launch contract.
+        ///
+        /// # Safety
+        /// The launch contract in the module docs.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            a: *const i8,
+            w: *const i8,
+            a_scale: *const f32,
+            w_scale: *const f32,
+            bias: *const f32,
+            y: *mut $ty,
+            dims: Dims,
+        ) {
+            // SAFETY: forwarded launch contract.
+            unsafe { matmul_w8a8::<$ty>(a, w, a_scale, w_scale, bias, y, dims) }
+        }
+    };
+}
+
+w8a8_entry!(matmul_w8a8_f16, F16);
+w8a8_entry!(matmul_w8a8_bf16, Bf16);
+w8a8_entry!(matmul_w8a8_f32, f32);
