@@ -26,8 +26,14 @@ fn bench_dtype<T: dlkern::Element + cudarc::driver::DeviceRepr>(
     let s = &gpu.stream;
     for &(b, h, seq, d) in SHAPES {
         let n = b * seq * h * d;
-        let data: Vec<T> = (0..n).map(|i| T::from_f64(((i * 7919) % 251) as f64 / 251.0 - 0.5)).collect();
-        let (q, k, v) = (s.clone_htod(&data).unwrap(), s.clone_htod(&data).unwrap(), s.clone_htod(&data).unwrap());
+        // Distinct pseudo-random Q, K, V (never zeros, never Q = K: the softmax must do real work).
+        let data =
+            |mult: usize| -> Vec<T> { (0..n).map(|i| T::from_f64(((i * mult) % 251) as f64 / 125.5 - 1.0)).collect() };
+        let (q, k, v) = (
+            s.clone_htod(&data(7919)).unwrap(),
+            s.clone_htod(&data(104729)).unwrap(),
+            s.clone_htod(&data(15485863)).unwrap(),
+        );
         let mut out = s.alloc_zeros::<T>(n).unwrap();
         for causal in [false, true] {
             let params = AttentionParams {

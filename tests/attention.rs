@@ -467,7 +467,9 @@ mod gpu {
             lse: false,
         };
         let plan = ok.plan().unwrap();
-        assert_eq!(plan.dims.grid, (2, 8, 2));
+        assert_eq!(plan.dims.grid, (1, 8, 2)); // 128 query rows per block up to head dim 128
+        let d256 = AttentionParams { head_dim: 256, ..ok }.plan().unwrap();
+        assert_eq!(d256.dims.grid, (2, 8, 2)); // 64 at 256
         let err = |p: AttentionParams| p.plan().unwrap_err().to_string();
         assert!(err(AttentionParams { head_dim: 72, ..ok }).contains("head dim 72"));
         assert!(err(AttentionParams { kv_heads: 3, ..ok }).contains("not a multiple"));

@@ -62,7 +62,16 @@ mod gpu {
     /// Runs the kernel on `a [m, k]`, `w [n, k]` and checks every output against the exact
     /// reference: within one roundoff of the output type (plus f32 rounding of the epilogue).
     #[allow(clippy::too_many_arguments)]
-    fn check<T: Element>(m: usize, n: usize, k: usize, a: &[i8], w: &[i8], per_row: bool, bias: bool, seed: u64) {
+    fn check<T: Element>(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[i8],
+        w: &[i8],
+        per_row: bool,
+        bias: bool,
+        seed: u64,
+    ) -> &'static str {
         let (device, stream) = gpu();
         let mut rng = Rng::new(seed);
         let a_scale: Vec<f32> = (0..if per_row { m } else { 1 }).map(|_| rng.uniform(1e-3, 2e-2) as f32).collect();
@@ -76,7 +85,7 @@ mod gpu {
             stream.clone_htod(&bias_v).unwrap(),
         );
         let mut y = stream.clone_htod(&vec![T::from_f64(-7.0); m * n]).unwrap();
-        matmul_w8a8(&device, &stream, &params, &a_d, &sa_d, &w_d, &sw_d, bias.then_some(&b_d), &mut y)
+        let plan = matmul_w8a8(&device, &stream, &params, &a_d, &sa_d, &w_d, &sw_d, bias.then_some(&b_d), &mut y)
             .unwrap_or_else(|e| panic!("{params:?}: {e}"));
         let got = stream.clone_dtoh(&y).unwrap();
         let want = matmul_reference(a, &a_scale, w, &w_scale, (m, n, k), bias.then_some(bias_v.as_slice()));
@@ -88,6 +97,29 @@ mod gpu {
             let g = g.to_f64();
             assert!((g - w).abs() <= tol, "{params:?}: y[{}][{}] = {g} vs {w}", i / n, i % n);
         }
+        plan.kernel
+    }
+
+    /// The decode kernel (M <= 16, K % 16 == 0): every M, N not a multiple of its 16-row tile,
+    /// K not a multiple of its 64-byte step nor of its 4 x 4-step group; the tiled kernel takes
+    /// K % 16 != 0 and M = 17.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_decode_kernel_matches_exact_reference() {
+        let mut rng = Rng::new(21);
+        for m in 1..=16 {
+            for &(n, k) in &[(1, 16), (17, 80), (100, 1040), (33, 4112)] {
+                let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+                let kernel = check::<f16>(m, n, k, &a, &w, m % 2 == 0, m % 3 == 0, m as u64);
+                assert_eq!(kernel, "matmul_w8a8_small_f16");
+            }
+        }
+        let (a, w) = (rng.vec_i8(16 * 1008), rng.vec_i8(40 * 1008));
+        assert_eq!(check::<bf16>(16, 40, 1008, &a, &w, true, true, 1), "matmul_w8a8_small_bf16");
+        let (a, w) = (rng.vec_i8(5 * 24), rng.vec_i8(40 * 24));
+        assert_eq!(check::<bf16>(5, 40, 24, &a, &w, true, true, 2), "matmul_w8a8_bf16");
+        let (a, w) = (rng.vec_i8(17 * 64), rng.vec_i8(40 * 64));
+        assert_eq!(check::<f32>(17, 40, 64, &a, &w, true, false, 3), "matmul_w8a8_f32");
     }
 
     #[test]
@@ -130,7 +162,7 @@ mod gpu {
                 0 => check::<f16>(m, n, k, &a, &w, per_row, bias, seed),
                 1 => check::<bf16>(m, n, k, &a, &w, per_row, bias, seed),
                 _ => check::<f32>(m, n, k, &a, &w, per_row, bias, seed),
-            }
+            };
         }
     }
 

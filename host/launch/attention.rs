@@ -16,7 +16,6 @@ use crate::runtime::{Device, LaunchDims};
 
 const KERNEL: &str = "attention";
 const THREADS: u32 = 128;
-const BLOCK_M: usize = 64;
 /// Head sizes with a kernel.
 pub const HEAD_DIMS: [usize; 5] = [64, 80, 96, 128, 256];
 
@@ -93,10 +92,16 @@ fn kernel_name(dtype: DType, d: usize) -> Option<&'static str> {
     })
 }
 
+/// Query rows per block (mirrors `block_m` in the device code): 4 warps of 32 rows, 16 at
+/// head size 256.
+fn block_m(d: usize) -> usize {
+    if d > 128 { 64 } else { 128 }
+}
+
 /// Dynamic shared memory of the kernel (mirrors `shared_bytes` in the device code).
 fn shared_bytes(d: usize) -> usize {
     let block_n = if d > 128 { 32 } else { 64 };
-    (BLOCK_M + 4 * block_n) * (d * 2 + 16)
+    (block_m(d) + 4 * block_n) * (d * 2 + 16)
 }
 
 impl AttentionParams {
@@ -167,7 +172,7 @@ impl AttentionParams {
             total_k: total_k as u32,
         };
         let dims = LaunchDims {
-            grid: (max_q.div_ceil(BLOCK_M).max(1) as u32, p.heads as u32, p.batch as u32),
+            grid: (max_q.div_ceil(block_m(p.head_dim)).max(1) as u32, p.heads as u32, p.batch as u32),
             block: (THREADS, 1, 1),
             shared_bytes: shared_bytes(p.head_dim) as u32,
         };

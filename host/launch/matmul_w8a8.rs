@@ -18,6 +18,8 @@ const KERNEL: &str = "matmul_w8a8";
 const FLAG_BIAS: u32 = 1;
 const FLAG_SCALAR_A_SCALE: u32 = 2;
 const FLAG_VEC16: u32 = 4;
+/// Largest M of the decode kernel `matmul_w8a8_small_*` (one 16-row `mma` tile).
+const SMALL_M_MAX: usize = 16;
 /// Three stages of two 128 x 80-byte tiles (mirrors `SHARED_BYTES` in the device code).
 const SHARED_BYTES: u32 = 3 * 2 * 128 * 80;
 
@@ -120,6 +122,16 @@ pub unsafe fn matmul_w8a8_raw(
     }
     if params.k.is_multiple_of(16) && ptrs.a.is_multiple_of(16) && ptrs.w.is_multiple_of(16) {
         plan.args.flags |= FLAG_VEC16;
+        if params.m <= SMALL_M_MAX {
+            // Decoding: one pass over W with 16-byte loads; the tiled kernel would leave most of
+            // each 128-row A tile empty and need ceil(N / 128) blocks only.
+            plan.kernel = match params.out_dtype {
+                DType::F16 => "matmul_w8a8_small_f16",
+                DType::BF16 => "matmul_w8a8_small_bf16",
+                _ => "matmul_w8a8_small_f32",
+            };
+            plan.dims = LaunchDims { grid: (params.n.div_ceil(16) as u32, 1, 1), block: (128, 1, 1), shared_bytes: 0 };
+        }
     }
     let mut a = [ptrs.a, ptrs.w, ptrs.a_scale, ptrs.w_scale, if params.bias { ptrs.bias } else { 0 }, ptrs.y];
     let mut dims = plan.args;

@@ -19,13 +19,21 @@
 //!   `bias` `[N]` f32 when `flags & FLAG_BIAS`.
 //! - `flags & FLAG_VEC16`: `K % 16 == 0` and `a`, `w` 16-byte aligned (asynchronous 16-byte
 //!   copies); otherwise tiles are gathered byte by byte (any K, any alignment).
+//!
+//! # Launch contract: `matmul_w8a8_small_{f16,bf16,f32}` (decoding: `M <= 16`)
+//! - grid `(ceil(N / 16), 1, 1)`, block `(128, 1, 1)`, no dynamic shared memory; `M <= 16`,
+//!   `K % 16 == 0`, `a` and `w` 16-byte aligned; scales, bias and flags as above.
+//! - Bound by reading W once: each warp streams 16 weight rows over a quarter of K with 16-byte
+//!   loads straight into `mma` B fragments (K is permuted identically in A and W, so no
+//!   shuffles), and the four warps' sums meet in shared memory.
 
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::convert::round_ties_even_i32;
 use crate::device::ldmatrix::ldmatrix_x4;
+use crate::device::memory::ld_global_nc_v4;
 use crate::device::mma::mma_m16n8k32_s8_s32;
 use crate::device::shared::{dynamic_shared_base, st_shared_v4};
-use crate::device::shared::{ld_shared_f32, st_shared_f32};
+use crate::device::shared::{ld_shared_f32, ld_shared_v4, st_shared_f32};
 use crate::device::{SharedAddr, index, sync, warp};
 use crate::element::{Bf16, Element, F16};
 use crate::{shared_array, unroll};
@@ -172,16 +180,127 @@ unsafe fn matmul_w8a8<T: Element>(
                     let row = m0 + warp_m * 64 + MT * 16 + g + 8 * (C / 2);
                     let col = n0 + warp_n * 32 + NT * 8 + 2 * qd + C % 2;
                     if row < m && col < n {
-                        let sa = a_scale.add(if p.flags & FLAG_SCALAR_A_SCALE != 0 { 0 } else { row }).read();
-                        let mut v = acc[MT][NT][C] as f32 * sa * w_scale.add(col).read();
-                        if p.flags & FLAG_BIAS != 0 {
-                            v += bias.add(col).read();
-                        }
-                        y.add(row * n + col).write(T::from_f32(v));
+                        store_output(acc[MT][NT][C], row, col, a_scale, w_scale, bias, y, p);
                     }
                 });
             });
         });
+    }
+}
+
+/// K steps (of 64 bytes) each warp of the decode kernel keeps in flight.
+const SMALL_UNROLL: usize = 4;
+
+/// The epilogue shared by both kernels: `acc * a_scale[row] * w_scale[col] (+ bias[col])`.
+///
+/// # Safety
+/// `row < M`, `col < N`, and the buffers as in the launch contract.
+#[inline(always)]
+unsafe fn store_output<T: Element>(
+    acc: i32,
+    row: usize,
+    col: usize,
+    a_scale: *const f32,
+    w_scale: *const f32,
+    bias: *const f32,
+    y: *mut T,
+    p: Dims,
+) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let sa = a_scale.add(if p.flags & FLAG_SCALAR_A_SCALE != 0 { 0 } else { row }).read();
+        let mut v = acc as f32 * sa * w_scale.add(col).read();
+        if p.flags & FLAG_BIAS != 0 {
+            v += bias.add(col).read();
+        }
+        y.add(row * p.n as usize + col).write(T::from_f32(v));
+    }
+}
+
+#[inline(always)]
+unsafe fn matmul_w8a8_small<T: Element>(
+    a: *const i8,
+    w: *const i8,
+    a_scale: *const f32,
+    w_scale: *const f32,
+    bias: *const f32,
+    y: *mut T,
+    p: Dims,
+) {
+    let tid = index::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, index::lane_id() as usize);
+    let (g, qd) = (lane / 4, lane % 4);
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let n0 = index::block_idx_x() as usize * 16;
+    let chunks = k / 16; // 16-byte chunks per row
+    let steps = k.div_ceil(64);
+    let scratch = shared_array!(DLKERN_W8A8_SMALL_PARTIALS, 4096, 16);
+
+    // Lane (g, q) holds bytes 16q..16q+16 of each 64-byte K step for A rows g, g + 8 and W rows
+    // n0 + g, n0 + 8 + g: words 2j, 2j + 1 are the k-halves of `mma` j, the same permutation
+    // of K on both sides.
+    let mut acc = [[0i32; 4]; 2];
+    // SAFETY (whole body): loads are guarded by M, N and K (a 16-byte chunk is all in or all
+    // out since K % 16 == 0, and aligned by the contract); the barrier is reached by all threads.
+    unsafe {
+        // Rows past M or N are never dereferenced (guarded below), hence the wrapping arithmetic.
+        let row_ptr = |base: *const i8, row: usize| base.wrapping_add(row * k + 16 * qd);
+        let (a_lo, a_hi) = (row_ptr(a, g), row_ptr(a, g + 8));
+        let (w_lo, w_hi) = (row_ptr(w, n0 + g), row_ptr(w, n0 + 8 + g));
+        let (a_lo_ok, a_hi_ok) = (g < m, g + 8 < m);
+        let (w_lo_ok, w_hi_ok) = (n0 + g < n, n0 + 8 + g < n);
+        let mut base = warp;
+        while base < steps {
+            let mut av = [[[0u32; 4]; 2]; SMALL_UNROLL];
+            let mut wv = [[[0u32; 4]; 2]; SMALL_UNROLL];
+            // All loads of the group first, then the math: four steps of W in flight per lane.
+            unroll!(U in [0, 1, 2, 3] {
+                let step = base + 4 * U;
+                let in_k = step * 4 + qd < chunks;
+                let off = step * 64;
+                if in_k && w_lo_ok { wv[U][0] = ld_global_nc_v4(w_lo.wrapping_add(off).cast()); }
+                if in_k && w_hi_ok { wv[U][1] = ld_global_nc_v4(w_hi.wrapping_add(off).cast()); }
+                if in_k && a_lo_ok { av[U][0] = ld_global_nc_v4(a_lo.wrapping_add(off).cast()); }
+                if in_k && a_hi_ok { av[U][1] = ld_global_nc_v4(a_hi.wrapping_add(off).cast()); }
+            });
+            unroll!(U in [0, 1, 2, 3] {
+                unroll!(J in [0, 1] {
+                    let af = [av[U][0][2 * J], av[U][1][2 * J], av[U][0][2 * J + 1], av[U][1][2 * J + 1]];
+                    unroll!(T2 in [0, 1] {
+                        acc[T2] = mma_m16n8k32_s8_s32(acc[T2], af, [wv[U][T2][2 * J], wv[U][T2][2 * J + 1]]);
+                    });
+                });
+            });
+            base += 4 * SMALL_UNROLL;
+        }
+
+        // Sum the four warps' partial tiles: [warp][lane][8 words].
+        let slot = |wp: usize, half: usize| scratch.offset(((wp * 32 + lane) * 32 + 16 * half) as u32);
+        if warp != 0 {
+            st_shared_v4(slot(warp, 0), acc[0].map(|x| x as u32));
+            st_shared_v4(slot(warp, 1), acc[1].map(|x| x as u32));
+        }
+        sync::sync_threads();
+        if warp == 0 {
+            unroll!(WP in [1, 2, 3] {
+                unroll!(T2 in [0, 1] {
+                    let part = ld_shared_v4(slot(WP, T2));
+                    unroll!(C in [0, 1, 2, 3] {
+                        acc[T2][C] = acc[T2][C].wrapping_add(part[C] as i32);
+                    });
+                });
+            });
+            // Rows g, g + 8 and columns 2q, 2q + 1 of each 16 x 8 tile.
+            unroll!(T2 in [0, 1] {
+                unroll!(C in [0, 1, 2, 3] {
+                    let row = g + 8 * (C / 2);
+                    let col = n0 + 8 * T2 + 2 * qd + C % 2;
+                    if row < m && col < n {
+                        store_output(acc[T2][C], row, col, a_scale, w_scale, bias, y, p);
+                    }
+                });
+            });
+        }
     }
 }
 
@@ -243,7 +362,7 @@ quantize_entry!(matmul_w8a8_quantize_bf16, Bf16);
 quantize_entry!(matmul_w8a8_quantize_f32, f32);
 
 macro_rules! w8a8_entry {
-    ($name:ident, $ty:ty) => {
+    ($name:ident, $body:ident, $ty:ty) => {
         /// W8A8 matmul; see the module docs for the launch contract.
         ///
         /// # Safety
@@ -260,11 +379,14 @@ macro_rules! w8a8_entry {
             dims: Dims,
         ) {
             // SAFETY: forwarded launch contract.
-            unsafe { matmul_w8a8::<$ty>(a, w, a_scale, w_scale, bias, y, dims) }
+            unsafe { $body::<$ty>(a, w, a_scale, w_scale, bias, y, dims) }
         }
     };
 }
 
-w8a8_entry!(matmul_w8a8_f16, F16);
-w8a8_entry!(matmul_w8a8_bf16, Bf16);
-w8a8_entry!(matmul_w8a8_f32, f32);
+w8a8_entry!(matmul_w8a8_f16, matmul_w8a8, F16);
+w8a8_entry!(matmul_w8a8_bf16, matmul_w8a8, Bf16);
+w8a8_entry!(matmul_w8a8_f32, matmul_w8a8, f32);
+w8a8_entry!(matmul_w8a8_small_f16, matmul_w8a8_small, F16);
+w8a8_entry!(matmul_w8a8_small_bf16, matmul_w8a8_small, Bf16);
+w8a8_entry!(matmul_w8a8_small_f32, matmul_w8a8_small, f32);
