@@ -153,7 +153,9 @@ def int_mm_records():
         # _int_mm needs M > 16 (and multiples of 8): pad small M to 32, as a caller would.
         mp = max(m, 32)
         a = torch.randint(-128, 127, (mp, k), device="cuda", dtype=torch.int8)
-        w = torch.randint(-128, 127, (k, n), device="cuda", dtype=torch.int8)
+        # [N, K] row-major seen as [K, N]: the column-major B that cuBLASLt's int8 kernels take
+        # (a row-major [K, N] B falls back to a slow path, ~50x slower here).
+        w = torch.randint(-128, 127, (n, k), device="cuda", dtype=torch.int8).t()
         try:
             t = graph_time_us(lambda: torch._int_mm(a, w), calls=4)
         except Exception as e:
