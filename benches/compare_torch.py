@@ -115,8 +115,62 @@ def paged_attention_records():
     return out
 
 
+def attention_records():
+    """PyTorch SDPA (flash and cuDNN backends) on the attention bench's shapes, f16 and bf16,
+    causal and not: the issue's baselines. dlkern's numbers come from benches/attention.rs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    for dtype, name in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
+        for b, h, seq, d in [(16, 16, 2048, 128), (4, 16, 8192, 128), (8, 32, 4096, 64)]:
+            g = torch.Generator(device="cuda").manual_seed(seq + b)
+            q, k, v = (torch.randn(b, h, seq, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+            for causal in (False, True):
+                flops = 4 * b * h * seq * seq * d // (2 if causal else 1)
+                for impl, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
+                    def call():
+                        with sdpa_kernel(backend):
+                            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    try:
+                        t = graph_time_us(call, calls=4)
+                    except Exception as e:  # a backend that does not take this shape
+                        print(f"attention baseline {impl} {name} B{b}: {e}", file=sys.stderr)
+                        continue
+                    out.append({"family": "attention", "implementation": impl,
+                                "shape": f"B{b} H{h} S{seq} D{d}{' causal' if causal else ''}", "dtype": name,
+                                "time_us": t, "bytes": 4 * b * h * seq * d * 2, "flops": flops})
+            del q, k, v
+            torch.cuda.empty_cache()
+    return out
+
+
+def int_mm_records():
+    """torch._int_mm (int8 x int8 -> int32, cuBLASLt) on the W8A8 bench's shapes: the issue's
+    int8 baseline (no scaling epilogue, so a lower bound on a full W8A8 matmul's time)."""
+    out = []
+    for m, n, k in [(8192, 8192, 8192), (1, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192), (1024, 8192, 8192),
+                    (4096, 8192, 8192), (4096, 28672, 8192)]:
+        # _int_mm needs M > 16 (and multiples of 8): pad small M to 32, as a caller would.
+        mp = max(m, 32)
+        a = torch.randint(-128, 127, (mp, k), device="cuda", dtype=torch.int8)
+        # [N, K] row-major seen as [K, N]: the column-major B that cuBLASLt's int8 kernels take
+        # (a row-major [K, N] B falls back to a slow path, ~50x slower here).
+        w = torch.randint(-128, 127, (n, k), device="cuda", dtype=torch.int8).t()
+        try:
+            t = graph_time_us(lambda: torch._int_mm(a, w), calls=4)
+        except Exception as e:
+            print(f"_int_mm M{m}: {e}", file=sys.stderr)
+            continue
+        out.append({"family": "matmul_w8a8", "implementation": "torch._int_mm" + (" (M padded to 32)" if mp != m else ""),
+                    "shape": f"M{m} N{n} K{k}", "dtype": "int8 -> f16", "time_us": t,
+                    "bytes": m * k + n * k + 2 * m * n, "flops": 2 * m * n * k})
+        del a, w
+        torch.cuda.empty_cache()
+    return out
+
+
 def main():
-    records = rmsnorm_records() + paged_attention_records()
+    records = rmsnorm_records() + paged_attention_records() + attention_records() + int_mm_records()
     text = json.dumps(records, indent=1)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:

@@ -4,20 +4,22 @@
 # with python/bench_report.py (commit results.json as benches/results/latest.json and rerun
 # the generator here to update the repository's copies).
 # Usage: bash .gpu/gpu-bench.sh   (from the repository root, after scripts/gpu-bundle.sh here)
+# DLKERN_BENCH_SECONDS="warm-up measurement" shortens (or lengthens) every bench (default "1 2").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/.." && pwd); cd "$root"
 out=${OUT:-/tmp}; work=$(mktemp -d)
 export CRITERION_HOME="$work/criterion" DLKERN_BENCH_META="$work/meta.jsonl"
 export DLKERN_LIB="$here/lib/libdlkern.so"
+read -r warm measure <<<"${DLKERN_BENCH_SECONDS:-1 2}"
 for b in "$here"/benches/ceilings-* $(ls "$here"/benches/* | grep -v -e '/ceilings-' -e '/dlkern-'); do
   echo "=== $(basename "$b")"
-  "$b" --bench --warm-up-time 1 --measurement-time 2 --noplot 2>&1 | grep -E "time:|thrpt:|^[a-z]" || true
+  "$b" --bench --warm-up-time "$warm" --measurement-time "$measure" --noplot 2>&1 | grep -E "time:|thrpt:|^[a-z]" || true
 done
 echo "=== PyTorch comparison"
 python3 benches/compare_torch.py "$work/torch.json"
-python3 - "$work" "$out/results.json" <<'PY'
+python3 - "$work" "$out/results.json" "$warm" "$measure" <<'PY'
 import glob, json, os, subprocess, sys, datetime
-work, dest = sys.argv[1], sys.argv[2]
+work, dest, warm, measure = sys.argv[1:5]
 crit = []
 for est in glob.glob(os.path.join(work, "criterion", "**", "new", "estimates.json"), recursive=True):
     bench = json.load(open(os.path.join(os.path.dirname(est), "benchmark.json")))
@@ -26,7 +28,7 @@ meta = [json.loads(l) for l in open(os.path.join(work, "meta.jsonl"))]
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
 import torch
 json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].strip(), "driver": smi.split(",")[-1].strip(),
-           "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; bash .gpu/gpu-bench.sh on the GPU host",
+           "torch": torch.__version__, "command": f"scripts/gpu-bundle.sh here; DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
            "criterion": sorted(crit, key=lambda r: r["id"]), "meta": meta,
            "comparison": json.load(open(os.path.join(work, "torch.json")))}, open(dest, "w"), indent=1)
 print("wrote", dest, len(crit), "criterion results")

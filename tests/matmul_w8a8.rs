@@ -47,3 +47,167 @@ fn int32_accumulation_is_exact_up_to_max_k() {
     let y = matmul_reference(&vec![-128; k], &[1.0], &vec![-128; 2 * k], &[1.0, 0.5], (1, 2, k), Some(&[0.0, 1.0]));
     assert_eq!(y, vec![(1u64 << 30) as f64, (1u64 << 29) as f64 + 1.0]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// GPU kernel (`dlkern::launch::matmul_w8a8`) against the exact integer reference.
+
+mod gpu {
+    use super::common::{Rng, gpu, unit_roundoff};
+    use dlkern::launch::matmul_w8a8::*;
+    use dlkern::quant::w8::matmul_reference;
+    use dlkern::{DType, Element};
+    use half::{bf16, f16};
+    use proptest::prelude::*;
+
+    /// Runs the kernel on `a [m, k]`, `w [n, k]` and checks every output against the exact
+    /// reference: within one roundoff of the output type (plus f32 rounding of the epilogue).
+    #[allow(clippy::too_many_arguments)]
+    fn check<T: Element>(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[i8],
+        w: &[i8],
+        per_row: bool,
+        bias: bool,
+        seed: u64,
+    ) -> &'static str {
+        let (device, stream) = gpu();
+        let mut rng = Rng::new(seed);
+        let a_scale: Vec<f32> = (0..if per_row { m } else { 1 }).map(|_| rng.uniform(1e-3, 2e-2) as f32).collect();
+        let w_scale: Vec<f32> = (0..n).map(|_| rng.uniform(1e-3, 2e-2) as f32).collect();
+        let bias_v: Vec<f32> = (0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+        let params = MatMulW8A8Params { out_dtype: T::DTYPE, m, n, k, per_row_a_scale: per_row, bias };
+        let (a_d, w_d) = (stream.clone_htod(a).unwrap(), stream.clone_htod(w).unwrap());
+        let (sa_d, sw_d, b_d) = (
+            stream.clone_htod(&a_scale).unwrap(),
+            stream.clone_htod(&w_scale).unwrap(),
+            stream.clone_htod(&bias_v).unwrap(),
+        );
+        let mut y = stream.clone_htod(&vec![T::from_f64(-7.0); m * n]).unwrap();
+        let plan = matmul_w8a8(&device, &stream, &params, &a_d, &sa_d, &w_d, &sw_d, bias.then_some(&b_d), &mut y)
+            .unwrap_or_else(|e| panic!("{params:?}: {e}"));
+        let got = stream.clone_dtoh(&y).unwrap();
+        let want = matmul_reference(a, &a_scale, w, &w_scale, (m, n, k), bias.then_some(bias_v.as_slice()));
+        let u = unit_roundoff(T::DTYPE).max(f32::EPSILON as f64);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            // The epilogue's f32 roundings are relative to each term (the bias can cancel).
+            let b = if bias { bias_v[i % n] as f64 } else { 0.0 };
+            let tol = 2.0 * u * ((w - b).abs() + b.abs()) + 1e-30;
+            let g = g.to_f64();
+            assert!((g - w).abs() <= tol, "{params:?}: y[{}][{}] = {g} vs {w}", i / n, i % n);
+        }
+        plan.kernel
+    }
+
+    /// The decode kernel (M <= 16, K % 16 == 0): every M, N not a multiple of its 16-row tile,
+    /// K not a multiple of its 64-byte step nor of its 4 x 4-step group; the tiled kernel takes
+    /// K % 16 != 0 and M = 17.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_decode_kernel_matches_exact_reference() {
+        let mut rng = Rng::new(21);
+        for m in 1..=16 {
+            for &(n, k) in &[(1, 16), (17, 80), (100, 1040), (33, 4112)] {
+                let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+                let kernel = check::<f16>(m, n, k, &a, &w, m % 2 == 0, m % 3 == 0, m as u64);
+                assert_eq!(kernel, "matmul_w8a8_small_f16");
+            }
+        }
+        let (a, w) = (rng.vec_i8(16 * 1008), rng.vec_i8(40 * 1008));
+        assert_eq!(check::<bf16>(16, 40, 1008, &a, &w, true, true, 1), "matmul_w8a8_small_bf16");
+        let (a, w) = (rng.vec_i8(5 * 24), rng.vec_i8(40 * 24));
+        assert_eq!(check::<bf16>(5, 40, 24, &a, &w, true, true, 2), "matmul_w8a8_bf16");
+        let (a, w) = (rng.vec_i8(17 * 64), rng.vec_i8(40 * 64));
+        assert_eq!(check::<f32>(17, 40, 64, &a, &w, true, false, 3), "matmul_w8a8_f32");
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_matches_exact_reference() {
+        let mut rng = Rng::new(1);
+        for &(m, n, k) in &[(1, 8, 16), (3, 97, 100), (130, 200, 1000), (129, 257, 48), (256, 128, 4096), (7, 9, 1)] {
+            let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+            check::<f16>(m, n, k, &a, &w, true, false, 2);
+            check::<bf16>(m, n, k, &a, &w, false, true, 3);
+            check::<f32>(m, n, k, &a, &w, true, true, 4);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_int8_extremes_and_zero_rows_do_not_overflow() {
+        // K = 65536 at -128 x -128: 2^30 per output, inside int32.
+        let (m, n, k) = (2, 130, 65536);
+        let a = vec![-128i8; m * k];
+        let mut w = vec![-128i8; n * k];
+        w[..k].fill(127);
+        check::<f32>(m, n, k, &a, &w, true, false, 5);
+        // A zero row gives exactly the bias.
+        let mut a = Rng::new(6).vec_i8(4 * 64);
+        a[64..128].fill(0);
+        check::<f16>(4, 16, 64, &a, &Rng::new(7).vec_i8(16 * 64), true, true, 8);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        #[test]
+        #[ignore = "needs a CUDA device"]
+        fn gpu_matches_reference_on_random_shapes(
+            m in 1usize..300, n in 1usize..300, k in 1usize..700, per_row: bool, bias: bool, out in 0usize..3, seed: u64,
+        ) {
+            let mut rng = Rng::new(seed);
+            let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+            match out {
+                0 => check::<f16>(m, n, k, &a, &w, per_row, bias, seed),
+                1 => check::<bf16>(m, n, k, &a, &w, per_row, bias, seed),
+                _ => check::<f32>(m, n, k, &a, &w, per_row, bias, seed),
+            };
+        }
+    }
+
+    /// The GPU quantizer reproduces the host's codes and scales bit for bit (f32 and f16 rows,
+    /// an all-zero row, awkward widths).
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_quantizer_matches_host_bit_for_bit() {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        use dlkern::quant::w8::quantize_rows;
+        let (device, stream) = gpu();
+        let mut rng = Rng::new(11);
+        for &(rows, cols) in &[(1, 1), (3, 97), (17, 1025), (64, 8192)] {
+            let mut x: Vec<f32> = (0..rows * cols).map(|_| rng.uniform(-3.0, 3.0) as f32).collect();
+            x[..cols].fill(0.0);
+            let x16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+            let x16_as_f32: Vec<f32> = x16.iter().map(|v| v.to_f32()).collect();
+            for (dtype, host_in) in [(DType::F32, &x), (DType::F16, &x16_as_f32)] {
+                let (want_q, want_s) = quantize_rows(host_in, rows, cols).unwrap();
+                let (x32_d, x16_d) = (stream.clone_htod(&x).unwrap(), stream.clone_htod(&x16).unwrap());
+                let x_d = if dtype == DType::F32 { x32_d.device_ptr(&stream).0 } else { x16_d.device_ptr(&stream).0 };
+                let mut q = stream.alloc_zeros::<i8>(rows * cols).unwrap();
+                let mut s = stream.alloc_zeros::<f32>(rows).unwrap();
+                {
+                    let (qp, _q) = q.device_ptr_mut(&stream);
+                    let (sp, _s) = s.device_ptr_mut(&stream);
+                    // SAFETY: buffers of the described extents.
+                    unsafe { quantize_per_token_raw(&device, stream.cu_stream(), dtype, rows, cols, x_d, qp, sp) }
+                        .unwrap();
+                }
+                assert_eq!(stream.clone_dtoh(&q).unwrap(), want_q, "{dtype} [{rows}, {cols}] codes");
+                let got_s = stream.clone_dtoh(&s).unwrap();
+                assert!(got_s.iter().zip(&want_s).all(|(a, b)| a.to_bits() == b.to_bits()), "{dtype} scales");
+            }
+        }
+    }
+
+    #[test]
+    fn plan_validates() {
+        let ok =
+            MatMulW8A8Params { out_dtype: DType::F16, m: 8192, n: 8192, k: 8192, per_row_a_scale: true, bias: false };
+        assert_eq!(ok.plan().unwrap().dims.grid, (64, 64, 1));
+        let err = |p: MatMulW8A8Params| p.plan().unwrap_err().to_string();
+        assert!(err(MatMulW8A8Params { k: 131072, ..ok }).contains("int32 accumulation"));
+        assert!(err(MatMulW8A8Params { out_dtype: DType::I8, ..ok }).contains("not supported"));
+        assert!(err(MatMulW8A8Params { n: 0, ..ok }).contains("N = 0"));
+    }
+}

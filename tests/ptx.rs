@@ -18,6 +18,25 @@ const ENTRY_POINTS: &[&str] = &[
     "probe_mma_m16n8k16_f16_ktrans",
     "probe_mma_m16n8k32_s8",
     "probe_fast_math_f32",
+    "attention_fwd_f16_d64",
+    "attention_fwd_f16_d80",
+    "attention_fwd_f16_d96",
+    "attention_fwd_f16_d128",
+    "attention_fwd_f16_d256",
+    "attention_fwd_bf16_d64",
+    "attention_fwd_bf16_d80",
+    "attention_fwd_bf16_d96",
+    "attention_fwd_bf16_d128",
+    "attention_fwd_bf16_d256",
+    "matmul_w8a8_f16",
+    "matmul_w8a8_bf16",
+    "matmul_w8a8_f32",
+    "matmul_w8a8_small_f16",
+    "matmul_w8a8_small_bf16",
+    "matmul_w8a8_small_f32",
+    "matmul_w8a8_quantize_f16",
+    "matmul_w8a8_quantize_bf16",
+    "matmul_w8a8_quantize_f32",
     "matmul_nbits_f16_small",
     "matmul_nbits_f16_large",
     "matmul_nbits_bf16_small",
@@ -109,6 +128,14 @@ fn module_selection_follows_compute_capability() {
     assert_eq!(ptx::select(7, 5), None, "Turing is older than every module");
 }
 
+/// Local-memory bytes (stack frame, spill stores, spill loads) an entry may use: none, except
+/// the attention kernels at head sizes 96 and 128 with 64-key tiles. There ptxas spills a few
+/// words per tile (one load per ~300 instructions), and that build measured 5-7% faster on
+/// the H200 than the spill-free 32-key build (docs/perf-notes/attention.md).
+fn spill_budget(entry: &str) -> u64 {
+    if entry.starts_with("attention_fwd_") && (entry.ends_with("_d96") || entry.ends_with("_d128")) { 128 } else { 0 }
+}
+
 #[test]
 fn ptxas_assembles_every_module_without_spills() {
     let ptxas = common::find_ptxas()
@@ -131,13 +158,21 @@ fn ptxas_assembles_every_module_without_spills() {
         assert!(out.status.success(), "ptxas -arch=sm_{sm} failed:\n{log}");
         let entries = log.matches("Compiling entry function").count();
         assert_eq!(entries, ENTRY_POINTS.len(), "sm_{sm}: ptxas compiled {entries} entries:\n{log}");
-        for line in log.lines().filter(|l| l.contains("spill")) {
-            assert!(line.contains(" 0 bytes spill stores, 0 bytes spill loads"), "sm_{sm}: spills: {line}\n{log}");
+        // Per entry: "Compiling entry function 'NAME'", then a line with the stack frame and
+        // spill bytes.
+        let mut entry = "";
+        for line in log.lines() {
+            if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+                entry = rest.split('\'').next().unwrap_or("");
+            } else if line.contains("bytes spill stores") {
+                let bytes: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+                let budget = spill_budget(entry);
+                assert!(
+                    bytes.len() == 3 && bytes.iter().all(|&b| b <= budget),
+                    "sm_{sm}: {entry}: stack / spills over its budget of {budget} bytes: {line}\n{log}"
+                );
+            }
         }
-        assert!(
-            !log.contains("bytes stack frame") || log.matches(" 0 bytes stack frame").count() == entries,
-            "sm_{sm}: a kernel uses a stack frame (local memory):\n{log}"
-        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -6,7 +6,9 @@
 //! (what DLPack, ONNX Runtime and PyTorch hand over) and makes one launch, and a safe function
 //! over cudarc `CudaSlice`s whose lengths prove the pointers valid.
 
+pub mod attention;
 pub mod matmul_nbits;
+pub mod matmul_w8a8;
 pub mod paged_attention;
 pub mod probe;
 pub mod rmsnorm;

@@ -110,6 +110,7 @@ const ATTENTION_ATTRS: &[TypedAttr] = &[
     TypedAttr { name: c"scale", kind: AttrKind::Float(0) },
     TypedAttr { name: c"softcap", kind: AttrKind::Float(0) },
     TypedAttr { name: c"window_left", kind: AttrKind::OptionalInt },
+    TypedAttr { name: c"max_seqlen_q", kind: AttrKind::OptionalInt },
 ];
 
 const MATMUL_NBITS_ATTRS: &[TypedAttr] = &[
@@ -184,20 +185,20 @@ fn all_ops() -> &'static [DlkernOp] {
             elem,
             attrs: MATMUL_NBITS_ATTRS,
         };
+        let attention = |elem| Kind::Typed {
+            op: c"FlashAttention",
+            kernel: registry::builtin::ATTENTION,
+            inputs: ATTENTION_INPUTS,
+            elem,
+            attrs: ATTENTION_ATTRS,
+        };
         for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16] {
             ops.push(DlkernOp { base: custom_op_table(), kind: nbits(elem), provider: Provider::Cuda });
+            ops.push(DlkernOp { base: custom_op_table(), kind: attention(elem), provider: Provider::Cuda });
         }
-        // MatMulIntegerToFloat and FlashAttention have no GPU kernels yet: CPU EP only, so ORT
-        // places them there.
+        // MatMulIntegerToFloat has no GPU kernel yet: CPU EP only, so ORT places it there.
         for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16] {
-            let kind = Kind::Typed {
-                op: c"FlashAttention",
-                kernel: registry::builtin::ATTENTION,
-                inputs: ATTENTION_INPUTS,
-                elem,
-                attrs: ATTENTION_ATTRS,
-            };
-            ops.push(DlkernOp { base: custom_op_table(), kind, provider: Provider::Cpu });
+            ops.push(DlkernOp { base: custom_op_table(), kind: attention(elem), provider: Provider::Cpu });
             ops.push(DlkernOp { base: custom_op_table(), kind: nbits(elem), provider: Provider::Cpu });
             let kind = Kind::Typed {
                 op: c"MatMulIntegerToFloat",

@@ -51,15 +51,19 @@ pub fn definitions() -> Vec<KernelDef> {
         KernelDef::rust(MATMUL_NBITS, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, matmul_nbits_compute)
             .with_infer(matmul_nbits_infer)
             .with_outputs(1),
-        KernelDef::rust(QUANTIZE_PER_TOKEN, DEVICE_MASK_CPU, int8::quantize_compute)
+        KernelDef::rust(QUANTIZE_PER_TOKEN, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, int8::quantize_compute)
             .with_infer(int8::quantize_infer)
             .with_outputs(2),
-        KernelDef::rust(MATMUL_W8A8, DEVICE_MASK_CPU, int8::w8a8_compute).with_infer(int8::w8a8_infer).with_outputs(1),
+        KernelDef::rust(MATMUL_W8A8, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, int8::w8a8_compute)
+            .with_infer(int8::w8a8_infer)
+            .with_outputs(1),
         KernelDef::rust(MATMUL_INTEGER_TO_FLOAT, DEVICE_MASK_CPU, int8::itf_compute)
             .with_infer(int8::itf_infer)
             .with_outputs(1),
-        KernelDef::rust(ATTENTION, DEVICE_MASK_CPU, attention::compute).with_infer(attention::infer).with_outputs(1),
-        KernelDef::rust(ATTENTION_LSE, DEVICE_MASK_CPU, attention::compute)
+        KernelDef::rust(ATTENTION, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, attention::compute)
+            .with_infer(attention::infer)
+            .with_outputs(1),
+        KernelDef::rust(ATTENTION_LSE, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, attention::compute)
             .with_infer(attention::infer)
             .with_outputs(2),
     ]

@@ -12,9 +12,11 @@
 #![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
 #![allow(clippy::missing_safety_doc)]
 
+pub mod attention;
 pub mod device;
 pub mod element;
 pub mod matmul_nbits;
+pub mod matmul_w8a8;
 pub mod paged_attention;
 pub mod probe;
 pub mod rmsnorm;

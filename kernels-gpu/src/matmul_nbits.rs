@@ -35,7 +35,7 @@
 use crate::device::ldmatrix::ldmatrix_x4;
 use crate::device::memory::{ld_global_nc_u32, ld_global_nc_v4};
 use crate::device::shared::{dynamic_shared_base, st_shared_u32};
-use crate::device::{index, math, sync};
+use crate::device::{index, sync};
 use crate::element::{Bf16, Element, F16, TensorElement};
 use crate::unroll;
 

@@ -116,3 +116,44 @@ def test_matmulnbits_on_cuda_ep_matches_ort(block_size, symmetric, m):
     assert providers_of(sess)["MatMulNBits"] == {CUDA}
     # Both dequantize to f16 and accumulate in f32; they differ in summation order.
     np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64), rtol=4e-3, atol=4e-3)
+
+
+@pytest.mark.parametrize("np_dtype,elem", [(np.float16, TensorProto.FLOAT16)])
+@pytest.mark.parametrize("attrs", [dict(), dict(causal=1), dict(causal=1, window_left=20, softcap=3.0)])
+@pytest.mark.parametrize("heads,kv_heads,d", [(8, 2, 128), (4, 4, 80)])
+def test_flash_attention_on_cuda_ep_matches_numpy(np_dtype, elem, attrs, heads, kv_heads, d):
+    from test_attention import attention_np
+
+    rng = np.random.default_rng(d)
+    b, sq, sk = 2, 97, 130
+    q = rng.uniform(-1, 1, (b, sq, heads, d)).astype(np_dtype)
+    k = rng.uniform(-1, 1, (b, sk, kv_heads, d)).astype(np_dtype)
+    v = rng.uniform(-1, 1, (b, sk, kv_heads, d)).astype(np_dtype)
+    sess = dx.session(LIB_PATH, dx.attention_model(elem, heads, kv_heads, d, **attrs), CUDA, profile=True)
+    o = run_bound(sess, {"Q": q, "K": k, "V": v}, "cuda")
+    assert providers_of(sess)["FlashAttention"] == {CUDA}
+    for i in range(b):
+        want, _ = attention_np(q[i], k[i], v[i], **attrs)
+        np.testing.assert_allclose(o[i].astype(np.float64), want, rtol=4e-3, atol=4e-3)
+
+
+def test_flash_attention_packed_on_cuda_ep_with_lse():
+    from test_attention import attention_np
+
+    rng = np.random.default_rng(3)
+    heads, kv_heads, d = 4, 2, 64
+    lens_q, lens_k = [3, 100, 65], [10, 100, 200]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1], heads, d)).astype(np.float16)
+    k = rng.standard_normal((cu_k[-1], kv_heads, d)).astype(np.float16)
+    v = rng.standard_normal((cu_k[-1], kv_heads, d)).astype(np.float16)
+    model = dx.attention_model(TensorProto.FLOAT16, heads, kv_heads, d, packed=True, generic_lse=True, causal=1,
+                               max_seqlen_q=100)
+    sess = dx.session(LIB_PATH, model, CUDA)
+    o, lse = sess.run(None, {"Q": q, "K": k, "V": v, "cu_q": cu_q, "cu_k": cu_k})
+    for i in range(3):
+        rows = slice(cu_q[i], cu_q[i + 1])
+        want, want_lse = attention_np(q[rows], k[cu_k[i]:cu_k[i + 1]], v[cu_k[i]:cu_k[i + 1]], causal=1)
+        np.testing.assert_allclose(o[rows].astype(np.float64), want, rtol=4e-3, atol=4e-3)
+        np.testing.assert_allclose(lse[:, rows], want_lse, rtol=1e-3, atol=1e-3)

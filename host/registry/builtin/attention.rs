@@ -3,6 +3,11 @@
 //! f64 reference ([`crate::reference::attention`], O(S) memory per row); the tensor-core kernel
 //! (issue 6) will take CUDA tensors behind the same names.
 //!
+//! CUDA tensors (f16/bf16; head dims 64, 80, 96, 128, 256) run `launch::attention`; packed
+//! batches there also read the optional `max_seqlen_q` attribute (the longest sequence's query
+//! count, flash-attention's argument; default the total), and their lengths are checked on the
+//! device only for memory safety (clamped), not for meaning.
+//!
 //! Inputs: `q`, `k`, `v`, then optional `cu_seqlens_q`, `cu_seqlens_k` (i32 `[batch + 1]`).
 //! - padded batch: `q [B, Sq, H, D]`, `k`/`v [B, Sk, Hkv, D]`, no sequence lengths.
 //! - variable-length (packed) batch: `q [total_q, H, D]`, `k`/`v [total_k, Hkv, D]` and both
@@ -237,8 +242,11 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
     for t in
         [Some(&q), Some(&k), Some(&v), cu_q.as_ref(), cu_k.as_ref(), Some(&out), lse.as_ref()].into_iter().flatten()
     {
-        t.expect_device(DeviceKind::Cpu)?;
+        t.expect_device(q.device())?;
         t.expect_contiguous()?;
+    }
+    if let DeviceKind::Cuda(ordinal) = q.device() {
+        return compute_cuda(args, ordinal, &l, &opts, [&q, &k, &v, &out], cu, lse.as_ref());
     }
     // SAFETY: CPU tensors (checked above), valid for the call by the registry's contract;
     // outputs are distinct buffers.
@@ -264,4 +272,61 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The GPU path: the tensor-core kernel on the caller's stream. Packed batches' lengths stay on
+/// the device (the kernel clamps them to the tensors); `max_seqlen_q` (attribute, default the
+/// total) sizes the grid.
+fn compute_cuda(
+    args: &KernelArgs,
+    ordinal: i32,
+    l: &Layout,
+    opts: &AttentionOptions,
+    [q, k, v, out]: [&TensorView; 4],
+    cu: Option<(&TensorView, &TensorView)>,
+    lse: Option<&TensorView>,
+) -> Result<()> {
+    use crate::launch::attention::{AttentionParams, AttentionPointers, Batch, attention_raw};
+    let name = args.function_name;
+    let layout = match l.padded {
+        Some((seqlen_q, seqlen_k)) => Batch::Padded { seqlen_q, seqlen_k },
+        None => {
+            let max_seqlen_q = match args.attrs.int("max_seqlen_q")? {
+                Some(m) if m >= 1 => (m as usize).min(l.total_q),
+                Some(m) => return Err(fail(name, format!("max_seqlen_q = {m} (must be >= 1)"))),
+                None => l.total_q,
+            };
+            Batch::Packed { total_q: l.total_q, total_k: l.total_k, max_seqlen_q }
+        }
+    };
+    if l.total_q == 0 || l.batch == 0 {
+        return Ok(());
+    }
+    let params = AttentionParams {
+        dtype: q.dtype(),
+        batch: l.batch,
+        layout,
+        heads: l.heads,
+        kv_heads: l.kv_heads,
+        head_dim: l.head_dim,
+        causal: opts.causal,
+        window_left: opts.window_left,
+        scale: opts.scale as f32,
+        softcap: opts.softcap as f32,
+        lse: lse.is_some(),
+    };
+    let device = crate::runtime::Device::get(ordinal.max(0) as usize)?;
+    let ptrs = AttentionPointers {
+        q: q.data_address(),
+        k: k.data_address(),
+        v: v.data_address(),
+        out: out.data_address(),
+        lse: lse.map_or(0, |t| t.data_address()),
+        cu_seqlens_q: cu.map_or(0, |(a, _)| a.data_address()),
+        cu_seqlens_k: cu.map_or(0, |(_, b)| b.data_address()),
+    };
+    // SAFETY: the registry's caller guarantees the tensors' memory for their extents, which the
+    // shape checks relate to the parameters; outputs are distinct buffers; the kernel clamps
+    // device-side sequence lengths to the tensors.
+    unsafe { attention_raw(&device, args.stream.cast(), &params, &ptrs) }.map(|_| ())
 }

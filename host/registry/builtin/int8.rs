@@ -31,8 +31,7 @@ pub(super) fn quantize_compute(args: &KernelArgs) -> Result<()> {
     args.expect_counts(1, 2)?;
     let x = args.input(0, "x")?;
     x.expect_rank(1, crate::dlpack::MAX_NDIM)?;
-    x.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
-    x.expect_device(DeviceKind::Cpu)?;
+    let dtype = x.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
     let (rows, cols) = rows_cols(x.shape());
     let q = args.output(0, "q")?;
     let scales = args.output(1, "scales")?;
@@ -40,6 +39,27 @@ pub(super) fn quantize_compute(args: &KernelArgs) -> Result<()> {
     q.expect_dtype(&[DType::I8])?;
     scales.expect_shape(&[rows as i64])?;
     scales.expect_dtype(&[DType::F32])?;
+    for t in [&x, &q, &scales] {
+        t.expect_device(x.device())?;
+        t.expect_contiguous()?;
+    }
+    if let DeviceKind::Cuda(ordinal) = x.device() {
+        let device = crate::runtime::Device::get(ordinal.max(0) as usize)?;
+        // SAFETY: the registry's caller guarantees the tensors (shapes checked above); the
+        // outputs are distinct buffers.
+        return unsafe {
+            crate::launch::matmul_w8a8::quantize_per_token_raw(
+                &device,
+                args.stream.cast(),
+                dtype,
+                rows,
+                cols,
+                x.data_address(),
+                q.data_address(),
+                scales.data_address(),
+            )
+        };
+    }
     // SAFETY: CPU tensors valid for the call; outputs are distinct buffers.
     unsafe {
         let (codes, s) = w8::quantize_rows(&floats(&x)?, rows, cols)?;
@@ -83,7 +103,6 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
     let y = args.output(0, "y")?;
     for t in [&a, &w] {
         t.expect_dtype(&[DType::I8])?;
-        t.expect_device(DeviceKind::Cpu)?;
     }
     a.expect_rank(1, crate::dlpack::MAX_NDIM)?;
     w.expect_rank(2, 2)?;
@@ -115,14 +134,39 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
             message: format!("dtype {} (out_dtype says {want})", y.dtype()),
         });
     }
+    if let Some(b) = &bias {
+        b.expect_dtype(&[DType::F32])?;
+        b.expect_shape(&[n as i64])?;
+    }
+    for t in [Some(&a_scale), Some(&w), Some(&w_scale), bias.as_ref(), Some(&y)].into_iter().flatten() {
+        t.expect_device(a.device())?;
+        t.expect_contiguous()?;
+    }
+    a.expect_contiguous()?;
+    if let DeviceKind::Cuda(ordinal) = a.device() {
+        use crate::launch::matmul_w8a8::{MatMulW8A8Params, MatMulW8A8Pointers, matmul_w8a8_raw};
+        if m == 0 {
+            return Ok(());
+        }
+        let params =
+            MatMulW8A8Params { out_dtype: want, m, n, k, per_row_a_scale: a_scale.len() == m, bias: bias.is_some() };
+        let ptrs = MatMulW8A8Pointers {
+            a: a.data_address(),
+            a_scale: a_scale.data_address(),
+            w: w.data_address(),
+            w_scale: w_scale.data_address(),
+            bias: bias.as_ref().map_or(0, |b| b.data_address()),
+            y: y.data_address(),
+        };
+        let device = crate::runtime::Device::get(ordinal.max(0) as usize)?;
+        // SAFETY: the registry's caller guarantees the tensors for their extents (checked
+        // against the params above); y is a distinct output buffer.
+        return unsafe { matmul_w8a8_raw(&device, args.stream.cast(), &params, &ptrs) }.map(|_| ());
+    }
     // SAFETY: CPU tensors valid for the call; y is a distinct buffer.
     unsafe {
         let bias = match &bias {
-            Some(b) => {
-                b.expect_dtype(&[DType::F32])?;
-                b.expect_shape(&[n as i64])?;
-                Some(b.host_slice::<f32>()?)
-            }
+            Some(b) => Some(b.host_slice::<f32>()?),
             None => None,
         };
         let out = w8::matmul_reference(

@@ -64,3 +64,13 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     };
     y
 }
+
+/// `cvt.rni.s32.f32` (PTX ISA §9.7.9.21): round to the nearest integer, ties to even (NaN
+/// gives 0, out-of-range values saturate).
+#[inline(always)]
+pub fn round_ties_even_i32(x: f32) -> i32 {
+    let y: i32;
+    // SAFETY: a pure register operation.
+    unsafe { asm!("cvt.rni.s32.f32 {}, {};", out(reg32) y, in(reg32) x, options(pure, nomem, nostack)) };
+    y
+}

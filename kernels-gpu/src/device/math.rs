@@ -65,3 +65,12 @@ pub fn fma_bf16x2(a: u32, b: u32, c: u32) -> u32 {
     };
     y
 }
+
+/// `lg2.approx.ftz.f32` (PTX ISA §9.7.3.19): log2(x), max absolute error 2^-22 (x in 0.5..2).
+#[inline(always)]
+pub fn lg2_approx(x: f32) -> f32 {
+    let y: f32;
+    // SAFETY: a pure register operation.
+    unsafe { asm!("lg2.approx.ftz.f32 {}, {};", out(reg32) y, in(reg32) x, options(pure, nomem, nostack)) };
+    y
+}

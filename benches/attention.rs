@@ -1,0 +1,94 @@
+//! Attention (prefill) forward: the shapes (B16 H16 S2048 D128, B4 H16 S8192 D128,
+//! B8 H32 S4096 D64), causal and not, f16 and bf16, reported in TFLOP/s (4 B H S^2 D, halved
+//! when causal). PyTorch SDPA (flash and cuDNN backends) on the same shapes comes from
+//! `benches/compare_torch.py` in the same run.
+
+mod common;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use dlkern::DType;
+use dlkern::launch::attention::{AttentionParams, AttentionPointers, Batch, attention_raw};
+use half::{bf16, f16};
+use std::time::Duration;
+
+/// (batch, heads, seqlen, head dim)
+const SHAPES: &[(usize, usize, usize, usize)] = &[(16, 16, 2048, 128), (4, 16, 8192, 128), (8, 32, 4096, 64)];
+
+fn bench_dtype<T: dlkern::Element + cudarc::driver::DeviceRepr>(
+    c: &mut Criterion,
+    gpu: &common::Gpu,
+    dtype: DType,
+    name: &str,
+) {
+    let mut group = c.benchmark_group("attention");
+    group.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(10);
+    let s = &gpu.stream;
+    for &(b, h, seq, d) in SHAPES {
+        let n = b * seq * h * d;
+        // Distinct pseudo-random Q, K, V (never zeros, never Q = K: the softmax must do real work).
+        let data =
+            |mult: usize| -> Vec<T> { (0..n).map(|i| T::from_f64(((i * mult) % 251) as f64 / 125.5 - 1.0)).collect() };
+        let (q, k, v) = (
+            s.clone_htod(&data(7919)).unwrap(),
+            s.clone_htod(&data(104729)).unwrap(),
+            s.clone_htod(&data(15485863)).unwrap(),
+        );
+        let mut out = s.alloc_zeros::<T>(n).unwrap();
+        for causal in [false, true] {
+            let params = AttentionParams {
+                dtype,
+                batch: b,
+                layout: Batch::Padded { seqlen_q: seq, seqlen_k: seq },
+                heads: h,
+                kv_heads: h,
+                head_dim: d,
+                causal,
+                window_left: None,
+                scale: 1.0 / (d as f32).sqrt(),
+                softcap: 0.0,
+                lse: false,
+            };
+            let flops = (4 * b * h * seq * seq * d / if causal { 2 } else { 1 }) as u64;
+            let shape = format!("B{b} H{h} S{seq} D{d}{}", if causal { " causal" } else { "" });
+            let id = format!("dlkern_{name}/b{b}_h{h}_s{seq}_d{d}{}", if causal { "_causal" } else { "" });
+            common::record(&common::Meta {
+                family: "attention",
+                id: format!("attention/{id}"),
+                implementation: "dlkern",
+                shape,
+                dtype: name,
+                bytes: (4 * n * std::mem::size_of::<T>()) as u64,
+                flops,
+                workspace_bytes: 0,
+            });
+            let ptrs = AttentionPointers {
+                q: q.device_ptr(s).0,
+                k: k.device_ptr(s).0,
+                v: v.device_ptr(s).0,
+                out: out.device_ptr_mut(s).0,
+                lse: 0,
+                cu_seqlens_q: 0,
+                cu_seqlens_k: 0,
+            };
+            group.bench_function(&id, |bench| {
+                bench.iter_custom(|iters| {
+                    gpu.time(iters, || {
+                        // SAFETY: buffers sized by the params above, alive for the bench.
+                        unsafe { attention_raw(&gpu.device, s.cu_stream(), &params, &ptrs) }.expect("launch");
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let Some(gpu) = common::gpu() else { return };
+    bench_dtype::<f16>(c, &gpu, DType::F16, "f16");
+    bench_dtype::<bf16>(c, &gpu, DType::BF16, "bf16");
+}
+
+criterion_group!(attention, benches);
+criterion_main!(attention);

@@ -1,0 +1,289 @@
+//! Attention (prefill) forward on the GPU (device code: `kernels-gpu/src/attention.rs`), with
+//! flash-attention's layouts: padded `[B, S, H, D]` or packed `[total, H, D]` batches with
+//! cumulative sequence lengths, GQA/MQA, bottom-right causal, left window, soft cap, and the
+//! optional row log-sum-exp. Memory: O(S) (the scores never leave registers).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+use super::{check_pointer, check_same_device, check_slice};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::runtime::{Device, LaunchDims};
+
+const KERNEL: &str = "attention";
+const THREADS: u32 = 128;
+/// Head sizes with a kernel.
+pub const HEAD_DIMS: [usize; 5] = [64, 80, 96, 128, 256];
+
+/// The kernel's scalar arguments (`Dims` in the device code; same layout).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Dims {
+    heads: u32,
+    kv_heads: u32,
+    seqlen_q: u32,
+    seqlen_k: u32,
+    q_row_stride: u32,
+    k_row_stride: u32,
+    causal: u32,
+    window_left: i32,
+    scale: f32,
+    softcap: f32,
+    lse_head_stride: u32,
+    lse_batch_stride: u32,
+    total_q: u32,
+    total_k: u32,
+}
+
+/// How the batch is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batch {
+    /// `[B, Sq, H, D]` queries and `[B, Sk, Hkv, D]` keys/values.
+    Padded { seqlen_q: usize, seqlen_k: usize },
+    /// `[total_q, H, D]` / `[total_k, Hkv, D]` with cumulative lengths (i32 `[B + 1]`, on the
+    /// device); `max_seqlen_q` bounds every sequence's query count (sizes the grid).
+    Packed { total_q: usize, total_k: usize, max_seqlen_q: usize },
+}
+
+/// Shapes and options of one call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    pub dtype: DType,
+    pub batch: usize,
+    pub layout: Batch,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// Keys at most this far left of the diagonal, if set.
+    pub window_left: Option<usize>,
+    pub scale: f32,
+    /// `cap * tanh(s / cap)`, 0 for none.
+    pub softcap: f32,
+    /// Whether the log-sum-exp is written.
+    pub lse: bool,
+}
+
+/// What a validated call launches.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionPlan {
+    pub kernel: &'static str,
+    pub dims: LaunchDims,
+    args: Dims,
+}
+
+fn kernel_name(dtype: DType, d: usize) -> Option<&'static str> {
+    Some(match (dtype, d) {
+        (DType::F16, 64) => "attention_fwd_f16_d64",
+        (DType::F16, 80) => "attention_fwd_f16_d80",
+        (DType::F16, 96) => "attention_fwd_f16_d96",
+        (DType::F16, 128) => "attention_fwd_f16_d128",
+        (DType::F16, 256) => "attention_fwd_f16_d256",
+        (DType::BF16, 64) => "attention_fwd_bf16_d64",
+        (DType::BF16, 80) => "attention_fwd_bf16_d80",
+        (DType::BF16, 96) => "attention_fwd_bf16_d96",
+        (DType::BF16, 128) => "attention_fwd_bf16_d128",
+        (DType::BF16, 256) => "attention_fwd_bf16_d256",
+        _ => return None,
+    })
+}
+
+/// Query rows per block (mirrors `block_m` in the device code): 4 warps of 32 rows, 16 at
+/// head size 256.
+fn block_m(d: usize) -> usize {
+    if d > 128 { 64 } else { 128 }
+}
+
+/// Dynamic shared memory of the kernel (mirrors `shared_bytes` in the device code).
+fn shared_bytes(d: usize) -> usize {
+    let block_n = if d > 128 { 32 } else { 64 };
+    (block_m(d) + 4 * block_n) * (d * 2 + 16)
+}
+
+impl AttentionParams {
+    /// Query rows and key rows in all (`total_q`, `total_k`).
+    pub fn totals(&self) -> (usize, usize) {
+        match self.layout {
+            Batch::Padded { seqlen_q, seqlen_k } => (self.batch * seqlen_q, self.batch * seqlen_k),
+            Batch::Packed { total_q, total_k, .. } => (total_q, total_k),
+        }
+    }
+
+    /// Elements of the log-sum-exp output: `[B, H, Sq]` or `[H, total_q]`.
+    pub fn lse_len(&self) -> usize {
+        self.heads * self.totals().0
+    }
+
+    pub fn plan(&self) -> Result<AttentionPlan> {
+        let p = self;
+        let bad = |m: String| Error::invalid(KERNEL, m);
+        let kernel = match p.dtype {
+            DType::F16 | DType::BF16 => kernel_name(p.dtype, p.head_dim)
+                .ok_or_else(|| bad(format!("head dim {} not supported ({HEAD_DIMS:?})", p.head_dim)))?,
+            other => return Err(bad(format!("dtype {other} not supported on the GPU (f16, bf16)"))),
+        };
+        if p.batch == 0 || p.batch > 65535 || p.heads == 0 || p.heads > 65535 || p.kv_heads == 0 {
+            return Err(bad(format!("batch {} and heads {} must be 1..=65535, kv heads >= 1", p.batch, p.heads)));
+        }
+        if !p.heads.is_multiple_of(p.kv_heads) {
+            return Err(bad(format!("{} heads are not a multiple of {} KV heads", p.heads, p.kv_heads)));
+        }
+        let (total_q, total_k) = p.totals();
+        let max_q = match p.layout {
+            Batch::Padded { seqlen_q, .. } => seqlen_q,
+            Batch::Packed { max_seqlen_q, .. } => max_seqlen_q,
+        };
+        let q_row = p.heads * p.head_dim;
+        let k_row = p.kv_heads * p.head_dim;
+        if total_q.max(total_k).saturating_mul(q_row.max(k_row)) > i32::MAX as usize
+            || p.window_left.is_some_and(|w| w > i32::MAX as usize)
+        {
+            return Err(bad("tensors too large for the kernel's 32-bit strides".into()));
+        }
+        if !(p.scale.is_finite() && p.softcap.is_finite() && p.softcap >= 0.0) {
+            return Err(bad(format!("scale {} / softcap {} must be finite (softcap >= 0)", p.scale, p.softcap)));
+        }
+        let (seqlen_q, seqlen_k) = match p.layout {
+            Batch::Padded { seqlen_q, seqlen_k } => (seqlen_q, seqlen_k),
+            Batch::Packed { .. } => (0, 0),
+        };
+        let (lse_head_stride, lse_batch_stride) = match p.layout {
+            Batch::Padded { seqlen_q, .. } => (seqlen_q, p.heads * seqlen_q),
+            Batch::Packed { total_q, .. } => (total_q, 0),
+        };
+        let args = Dims {
+            heads: p.heads as u32,
+            kv_heads: p.kv_heads as u32,
+            seqlen_q: seqlen_q as u32,
+            seqlen_k: seqlen_k as u32,
+            q_row_stride: q_row as u32,
+            k_row_stride: k_row as u32,
+            causal: p.causal as u32,
+            window_left: p.window_left.map_or(-1, |w| w as i32),
+            scale: p.scale,
+            softcap: p.softcap,
+            lse_head_stride: lse_head_stride as u32,
+            lse_batch_stride: lse_batch_stride as u32,
+            total_q: total_q as u32,
+            total_k: total_k as u32,
+        };
+        let dims = LaunchDims {
+            grid: (max_q.div_ceil(block_m(p.head_dim)).max(1) as u32, p.heads as u32, p.batch as u32),
+            block: (THREADS, 1, 1),
+            shared_bytes: shared_bytes(p.head_dim) as u32,
+        };
+        Ok(AttentionPlan { kernel, dims, args })
+    }
+}
+
+/// Device addresses of one call (`lse`, `cu_seqlens_*` 0 when absent).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionPointers {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub out: u64,
+    pub lse: u64,
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+}
+
+/// Attention forward on raw device pointers, on `stream`.
+///
+/// # Safety
+/// Device addresses in `device`'s context valid for the extents the parameters describe until
+/// the kernel has run on `stream`. Packed batches' cumulative lengths need not be valid for
+/// memory safety (the kernel clamps them to the totals), but only valid ones (from 0,
+/// non-decreasing, no sequence longer than `max_seqlen_q`) give a meaningful result.
+pub unsafe fn attention_raw(
+    device: &Device,
+    stream: CUstream,
+    params: &AttentionParams,
+    ptrs: &AttentionPointers,
+) -> Result<AttentionPlan> {
+    let plan = params.plan()?;
+    for (name, ptr) in [("q", ptrs.q), ("k", ptrs.k), ("v", ptrs.v), ("out", ptrs.out)] {
+        check_pointer(KERNEL, name, ptr, 16)?;
+    }
+    if params.lse {
+        check_pointer(KERNEL, "lse", ptrs.lse, 4)?;
+    }
+    let packed = matches!(params.layout, Batch::Packed { .. });
+    if packed {
+        check_pointer(KERNEL, "cu_seqlens_q", ptrs.cu_seqlens_q, 4)?;
+        check_pointer(KERNEL, "cu_seqlens_k", ptrs.cu_seqlens_k, 4)?;
+    }
+    let mut a = [
+        ptrs.q,
+        ptrs.k,
+        ptrs.v,
+        ptrs.out,
+        if params.lse { ptrs.lse } else { 0 },
+        if packed { ptrs.cu_seqlens_q } else { 0 },
+        if packed { ptrs.cu_seqlens_k } else { 0 },
+    ];
+    let mut dims = plan.args;
+    let mut args: Vec<*mut c_void> = a.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+    args.push((&mut dims as *mut Dims).cast());
+    // SAFETY: seven pointers and the Dims struct, as the kernel declares; validity by contract.
+    unsafe { device.launch(plan.kernel, plan.dims, stream, &mut args)? };
+    Ok(plan)
+}
+
+/// Attention forward over cudarc slices for a padded batch (safe: lengths are checked against
+/// the params).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_padded<T: Element>(
+    device: &Device,
+    stream: &Arc<CudaStream>,
+    params: &AttentionParams,
+    q: &CudaSlice<T>,
+    k: &CudaSlice<T>,
+    v: &CudaSlice<T>,
+    out: &mut CudaSlice<T>,
+    lse: Option<&mut CudaSlice<f32>>,
+) -> Result<AttentionPlan> {
+    if !matches!(params.layout, Batch::Padded { .. }) {
+        return Err(Error::invalid(
+            KERNEL,
+            "attention_padded needs Batch::Padded (use attention_raw for packed batches)",
+        ));
+    }
+    if T::DTYPE != params.dtype || params.lse != lse.is_some() {
+        return Err(Error::invalid(KERNEL, "slices must match params.dtype and params.lse"));
+    }
+    params.plan()?;
+    check_same_device(KERNEL, device, stream)?;
+    let (tq, tk) = params.totals();
+    check_slice(KERNEL, "q", device, q, tq * params.heads * params.head_dim)?;
+    check_slice(KERNEL, "k", device, k, tk * params.kv_heads * params.head_dim)?;
+    check_slice(KERNEL, "v", device, v, tk * params.kv_heads * params.head_dim)?;
+    check_slice(KERNEL, "out", device, out, tq * params.heads * params.head_dim)?;
+    let (q_ptr, _q) = q.device_ptr(stream);
+    let (k_ptr, _k) = k.device_ptr(stream);
+    let (v_ptr, _v) = v.device_ptr(stream);
+    let (out_ptr, _out) = out.device_ptr_mut(stream);
+    let lse_ptr = match lse {
+        Some(l) => {
+            check_slice(KERNEL, "lse", device, l, params.lse_len())?;
+            Some(l.device_ptr_mut(stream))
+        }
+        None => None,
+    };
+    let ptrs = AttentionPointers {
+        q: q_ptr,
+        k: k_ptr,
+        v: v_ptr,
+        out: out_ptr,
+        lse: lse_ptr.as_ref().map_or(0, |(p, _)| *p),
+        cu_seqlens_q: 0,
+        cu_seqlens_k: 0,
+    };
+    // SAFETY: the slices hold the extents the params describe; `out` and `lse` are borrowed
+    // mutably, so they alias nothing else.
+    unsafe { attention_raw(device, stream.cu_stream(), params, &ptrs) }
+}

@@ -1,0 +1,230 @@
+//! W8A8 matmul on the GPU (device code: `kernels-gpu/src/matmul_w8a8.rs`): int8 activations
+//! `[M, K]` (per-row or one scale) times int8 weights `[N, K]` (per-row scales) on int8 tensor
+//! cores, int32 accumulation, f32 epilogue (+ bias), stored as f16, bf16 or f32.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+use super::{check_pointer, check_same_device, check_slice};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::quant::w8::MAX_K_I32;
+use crate::runtime::{Device, LaunchDims};
+
+const KERNEL: &str = "matmul_w8a8";
+const FLAG_BIAS: u32 = 1;
+const FLAG_SCALAR_A_SCALE: u32 = 2;
+const FLAG_VEC16: u32 = 4;
+/// Largest M of the decode kernel `matmul_w8a8_small_*` (one 16-row `mma` tile).
+const SMALL_M_MAX: usize = 16;
+/// Three stages of two 128 x 80-byte tiles (mirrors `SHARED_BYTES` in the device code).
+const SHARED_BYTES: u32 = 3 * 2 * 128 * 80;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Dims {
+    m: u32,
+    n: u32,
+    k: u32,
+    flags: u32,
+}
+
+/// Shapes and options of one call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatMulW8A8Params {
+    /// Output type: f16, bf16 or f32.
+    pub out_dtype: DType,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// One activation scale per row (`[M]`), else a single one (`[1]`).
+    pub per_row_a_scale: bool,
+    pub bias: bool,
+}
+
+/// What a validated call launches.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatMulW8A8Plan {
+    pub kernel: &'static str,
+    pub dims: LaunchDims,
+    args: Dims,
+}
+
+impl MatMulW8A8Params {
+    pub fn plan(&self) -> Result<MatMulW8A8Plan> {
+        let p = self;
+        let bad = |m: String| Error::invalid(KERNEL, m);
+        let kernel = match p.out_dtype {
+            DType::F16 => "matmul_w8a8_f16",
+            DType::BF16 => "matmul_w8a8_bf16",
+            DType::F32 => "matmul_w8a8_f32",
+            other => return Err(bad(format!("output dtype {other} not supported (f16, bf16, f32)"))),
+        };
+        for (name, v) in [("M", p.m), ("N", p.n), ("K", p.k)] {
+            if v == 0 || v > i32::MAX as usize {
+                return Err(bad(format!("{name} = {v} (must be 1..=2^31-1)")));
+            }
+        }
+        if p.k > MAX_K_I32 {
+            return Err(bad(format!("K = {} exceeds {MAX_K_I32}, where int32 accumulation could overflow", p.k)));
+        }
+        if p.m.div_ceil(128) > 65535 || (p.m as u64) * (p.k.max(p.n) as u64) > i64::MAX as u64 / 4 {
+            return Err(bad(format!("M = {} too large", p.m)));
+        }
+        let mut flags = if p.bias { FLAG_BIAS } else { 0 };
+        if !p.per_row_a_scale {
+            flags |= FLAG_SCALAR_A_SCALE;
+        }
+        let args = Dims { m: p.m as u32, n: p.n as u32, k: p.k as u32, flags };
+        let dims = LaunchDims {
+            grid: (p.n.div_ceil(128) as u32, p.m.div_ceil(128) as u32, 1),
+            block: (256, 1, 1),
+            shared_bytes: SHARED_BYTES,
+        };
+        Ok(MatMulW8A8Plan { kernel, dims, args })
+    }
+}
+
+/// Device addresses of one call (`bias` 0 when absent).
+#[derive(Clone, Copy, Debug)]
+pub struct MatMulW8A8Pointers {
+    pub a: u64,
+    pub a_scale: u64,
+    pub w: u64,
+    pub w_scale: u64,
+    pub bias: u64,
+    pub y: u64,
+}
+
+/// W8A8 matmul on raw device pointers, on `stream`.
+///
+/// # Safety
+/// Device addresses in `device`'s context valid for the extents the parameters describe (`a`
+/// M x K, `w` N x K int8, scales and bias f32, `y` M x N of the output type, not overlapping
+/// the inputs) until the kernel has run on `stream`.
+pub unsafe fn matmul_w8a8_raw(
+    device: &Device,
+    stream: CUstream,
+    params: &MatMulW8A8Params,
+    ptrs: &MatMulW8A8Pointers,
+) -> Result<MatMulW8A8Plan> {
+    let mut plan = params.plan()?;
+    check_pointer(KERNEL, "a", ptrs.a, 1)?;
+    check_pointer(KERNEL, "w", ptrs.w, 1)?;
+    check_pointer(KERNEL, "a_scale", ptrs.a_scale, 4)?;
+    check_pointer(KERNEL, "w_scale", ptrs.w_scale, 4)?;
+    check_pointer(KERNEL, "y", ptrs.y, params.out_dtype.size_bytes() as u64)?;
+    if params.bias {
+        check_pointer(KERNEL, "bias", ptrs.bias, 4)?;
+    }
+    if params.k.is_multiple_of(16) && ptrs.a.is_multiple_of(16) && ptrs.w.is_multiple_of(16) {
+        plan.args.flags |= FLAG_VEC16;
+        if params.m <= SMALL_M_MAX {
+            // Decoding: one pass over W with 16-byte loads; the tiled kernel would leave most of
+            // each 128-row A tile empty and need ceil(N / 128) blocks only.
+            plan.kernel = match params.out_dtype {
+                DType::F16 => "matmul_w8a8_small_f16",
+                DType::BF16 => "matmul_w8a8_small_bf16",
+                _ => "matmul_w8a8_small_f32",
+            };
+            plan.dims = LaunchDims { grid: (params.n.div_ceil(16) as u32, 1, 1), block: (128, 1, 1), shared_bytes: 0 };
+        }
+    }
+    let mut a = [ptrs.a, ptrs.w, ptrs.a_scale, ptrs.w_scale, if params.bias { ptrs.bias } else { 0 }, ptrs.y];
+    let mut dims = plan.args;
+    let mut args: Vec<*mut c_void> = a.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+    args.push((&mut dims as *mut Dims).cast());
+    // SAFETY: six pointers and the Dims struct, as the kernel declares; validity by contract.
+    unsafe { device.launch(plan.kernel, plan.dims, stream, &mut args)? };
+    Ok(plan)
+}
+
+/// W8A8 matmul over cudarc slices (safe: lengths are checked against the params).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_w8a8<T: Element>(
+    device: &Device,
+    stream: &Arc<CudaStream>,
+    params: &MatMulW8A8Params,
+    a: &CudaSlice<i8>,
+    a_scale: &CudaSlice<f32>,
+    w: &CudaSlice<i8>,
+    w_scale: &CudaSlice<f32>,
+    bias: Option<&CudaSlice<f32>>,
+    y: &mut CudaSlice<T>,
+) -> Result<MatMulW8A8Plan> {
+    let p = params;
+    if T::DTYPE != p.out_dtype || p.bias != bias.is_some() {
+        return Err(Error::invalid(KERNEL, "y's type and the bias must match params.out_dtype and params.bias"));
+    }
+    p.plan()?;
+    check_same_device(KERNEL, device, stream)?;
+    check_slice(KERNEL, "a", device, a, p.m * p.k)?;
+    check_slice(KERNEL, "a_scale", device, a_scale, if p.per_row_a_scale { p.m } else { 1 })?;
+    check_slice(KERNEL, "w", device, w, p.n * p.k)?;
+    check_slice(KERNEL, "w_scale", device, w_scale, p.n)?;
+    check_slice(KERNEL, "y", device, y, p.m * p.n)?;
+    if let Some(b) = bias {
+        check_slice(KERNEL, "bias", device, b, p.n)?;
+    }
+    let (a_ptr, _a) = a.device_ptr(stream);
+    let (sa_ptr, _sa) = a_scale.device_ptr(stream);
+    let (w_ptr, _w) = w.device_ptr(stream);
+    let (sw_ptr, _sw) = w_scale.device_ptr(stream);
+    let bias_ptr = bias.map(|b| b.device_ptr(stream));
+    let (y_ptr, _y) = y.device_ptr_mut(stream);
+    let ptrs = MatMulW8A8Pointers {
+        a: a_ptr,
+        a_scale: sa_ptr,
+        w: w_ptr,
+        w_scale: sw_ptr,
+        bias: bias_ptr.as_ref().map_or(0, |(p, _)| *p),
+        y: y_ptr,
+    };
+    // SAFETY: every slice holds the extent the params describe; `y` is borrowed mutably.
+    unsafe { matmul_w8a8_raw(device, stream.cu_stream(), params, &ptrs) }
+}
+
+/// Per-token int8 quantization on the GPU: row `r` of `x [rows, cols]` (f16/bf16/f32) to int8
+/// `q` with `scales[r] = max|x| / 127`, bit for bit what [`crate::quant::w8::quantize_rows`]
+/// computes on finite inputs.
+///
+/// # Safety
+/// Device addresses in `device`'s context: `x` rows x cols of `dtype`, `q` rows x cols int8,
+/// `scales` rows f32, outputs not overlapping `x`, valid until the kernel has run on `stream`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn quantize_per_token_raw(
+    device: &Device,
+    stream: CUstream,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    x: u64,
+    q: u64,
+    scales: u64,
+) -> Result<()> {
+    let kernel = match dtype {
+        DType::F16 => "matmul_w8a8_quantize_f16",
+        DType::BF16 => "matmul_w8a8_quantize_bf16",
+        DType::F32 => "matmul_w8a8_quantize_f32",
+        other => return Err(Error::invalid(KERNEL, format!("input dtype {other} not supported (f16, bf16, f32)"))),
+    };
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    if rows > i32::MAX as usize || cols > u32::MAX as usize || (rows as u64) * (cols as u64) > i64::MAX as u64 / 4 {
+        return Err(Error::invalid(KERNEL, format!("[{rows}, {cols}] too large")));
+    }
+    check_pointer(KERNEL, "x", x, dtype.size_bytes() as u64)?;
+    check_pointer(KERNEL, "q", q, 1)?;
+    check_pointer(KERNEL, "scales", scales, 4)?;
+    let mut ptrs = [x, q, scales];
+    let mut cols = cols as u32;
+    let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+    args.push((&mut cols as *mut u32).cast());
+    let dims = LaunchDims { grid: (rows as u32, 1, 1), block: (256, 1, 1), shared_bytes: 0 };
+    // SAFETY: three pointers and a u32, as the kernel declares; validity by contract.
+    unsafe { device.launch(kernel, dims, stream, &mut args) }
+}

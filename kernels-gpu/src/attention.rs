@@ -1,0 +1,480 @@
+//! Attention (prefill) forward on tensor cores, FlashAttention-2 style: each block owns
+//! [`block_m`] query rows of one head (32 per warp, 16 at head size 256) and streams the keys
+//! in tiles through shared memory, with an online softmax in registers, so memory stays O(S)
+//! (no S x S buffer).
+//!
+//! Layouts: `q`, `out` rows of `q_row_stride` elements per token (`H * D` when dense), head `h`
+//! at offset `h * D`; `k`, `v` likewise with `k_row_stride` and KV head `h / (H / Hkv)`.
+//! Sequence `b` owns query rows `cu_q[b]..cu_q[b + 1]` and key rows `cu_k[b]..cu_k[b + 1]`
+//! (packed batches), or `b * seqlen_q ..` and `b * seqlen_k ..` when `cu_q` / `cu_k` are null
+//! (padded batches). Query `i` of a sequence with `sq` queries and `sk` keys sits at key
+//! position `i + sk - sq` (bottom-right alignment): causal keeps keys `j <= i + sk - sq`, a left
+//! window `w >= 0` keeps `j >= i + sk - sq - w`.
+//!
+//! # Launch contract: `attention_fwd_{f16,bf16}_d{D}`
+//! - grid `(ceil(max_seqlen_q / block_m(D)), H, batch)`, block `(128, 1, 1)`, dynamic shared memory
+//!   [`shared_bytes`]`(D)`; `q`, `k`, `v`, `out` 16-byte aligned, row strides multiples of 8.
+//! - writes `out` (and, when `lse` is not null, the natural-log log-sum-exp of each row at
+//!   `lse[h * lse_head_stride + row_base + i]`, `row_base = b * lse_batch_stride` (padded) or
+//!   `cu_q[b]` (packed); `-inf` and a zero output for a row that sees no key).
+//! - `cu_q`, `cu_k` (when given) are clamped to `[0, total]` and made non-decreasing, so no
+//!   value can send an access outside the tensors; a sequence longer than the grid's
+//!   `block_m(D) * gridDim.x` queries leaves its later rows unwritten.
+
+use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
+use crate::device::ldmatrix::{ldmatrix_x4, ldmatrix_x4_trans};
+use crate::device::shared::dynamic_shared_base;
+use crate::device::{SharedAddr, index, math, sync, warp};
+use crate::element::{Bf16, F16, TensorElement};
+use crate::unroll;
+
+const WARPS: usize = 4;
+const THREADS: usize = WARPS * 32;
+const LOG2_E: f32 = core::f32::consts::LOG2_E;
+const LN_2: f32 = core::f32::consts::LN_2;
+
+/// Scalar arguments.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct Dims {
+    pub heads: u32,
+    pub kv_heads: u32,
+    /// Padded batches: every sequence's lengths (ignored where `cu_q` / `cu_k` are given).
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub q_row_stride: u32,
+    pub k_row_stride: u32,
+    pub causal: u32,
+    /// Left window in keys, negative for none.
+    pub window_left: i32,
+    pub scale: f32,
+    /// Logit soft cap, 0 for none.
+    pub softcap: f32,
+    pub lse_head_stride: u32,
+    pub lse_batch_stride: u32,
+    /// Query and key rows in all: packed lengths are clamped to them.
+    pub total_q: u32,
+    pub total_k: u32,
+}
+
+/// 16-row query tiles per warp: two up to head size 128 (each K / V fragment read from shared
+/// memory feeds twice the `mma`s, and each warp has two independent accumulator chains), one
+/// at 256 (the output accumulators alone take 128 registers per tile there).
+pub const fn m_tiles(d: usize) -> usize {
+    if d > 128 { 1 } else { 2 }
+}
+
+/// Query rows per block: 4 warps x 16 x [`m_tiles`].
+pub const fn block_m(d: usize) -> usize {
+    WARPS * 16 * m_tiles(d)
+}
+
+/// Keys per tile: 64, or 32 at head size 256 (registers).
+pub const fn block_n(d: usize) -> usize {
+    if d > 128 { 32 } else { 64 }
+}
+
+/// Keys per compute pass within a tile (score registers: MT x SUB / 8 x 4 per thread).
+pub const fn sub_n(d: usize) -> usize {
+    if d > 128 { 32 } else { 64 }
+}
+
+/// Bytes per shared row: `D` halves plus 16 bytes of padding (conflict-free `ldmatrix`).
+const fn row_bytes(d: usize) -> usize {
+    d * 2 + 16
+}
+
+/// Dynamic shared memory for head size `d` (the host mirrors it): Q `[block_m][D]`, K and V
+/// `[2 stages][block_n][D]`.
+pub const fn shared_bytes(d: usize) -> usize {
+    (block_m(d) + 4 * block_n(d)) * row_bytes(d)
+}
+
+/// tanh through `ex2.approx` and `rcp.approx` (as in paged attention).
+#[inline(always)]
+fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 * math::rcp_approx(math::ex2_approx(2.0 * LOG2_E * x) + 1.0)
+}
+
+/// Copies `ROWS` rows (of `D` halves) starting at `src`, `stride` elements apart, into shared
+/// `dst` (one row per `row_bytes`), zero-filling rows at or past `valid`; all 128 threads.
+///
+/// # Safety
+/// Rows below `valid` must be readable; `src` must be a global address and 16-byte aligned
+/// with `stride` a multiple of 8.
+#[inline(always)]
+unsafe fn load_tile<T, const D: usize, const ROWS: usize>(dst: SharedAddr, src: *const T, stride: u32, valid: u32) {
+    let chunks = D / 8;
+    let tid = index::thread_idx_x() as usize;
+    if THREADS % chunks == 0 {
+        // Each thread keeps one column and walks down the rows with one pointer, so the
+        // unrolled copies need two registers of addresses, not one pair per copy.
+        let rows_per_pass = THREADS / chunks;
+        let (r0, c) = (tid / chunks, tid % chunks);
+        let dst = dst.offset((r0 * row_bytes(D) + c * 16) as u32);
+        let step = (rows_per_pass as u32 * stride) as usize;
+        // SAFETY: offsets fit in 32 bits (the host bounds every tensor by i32::MAX elements).
+        let mut from = unsafe { src.add((r0 as u32 * stride + (c * 8) as u32) as usize) };
+        unroll!(IT in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            if IT * rows_per_pass < ROWS {
+                let ok = ((r0 + IT * rows_per_pass) as u32) < valid;
+                // SAFETY: rows below `valid` are readable; others copy 0 bytes from the base.
+                unsafe {
+                    cp_async_16_zfill(dst.offset((IT * rows_per_pass * row_bytes(D)) as u32), if ok { from } else { src }.cast(), if ok { 16 } else { 0 });
+                    from = from.wrapping_add(step);
+                }
+            }
+        });
+    } else {
+        // A constant trip count, so the loop unrolls and the bounds checks fold away.
+        unroll!(IT in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            let i = tid + IT * THREADS;
+            if IT * THREADS < ROWS * chunks && i < ROWS * chunks {
+                let (r, c) = (i / chunks, i % chunks);
+                let ok = (r as u32) < valid;
+                // SAFETY: rows below `valid` are readable; others copy 0 bytes from the base.
+                // Offsets fit in 32 bits: the host bounds every tensor by i32::MAX elements.
+                unsafe {
+                    let from = if ok { src.add((r as u32 * stride + (c * 8) as u32) as usize) } else { src };
+                    cp_async_16_zfill(dst.offset((r * row_bytes(D) + c * 16) as u32), from.cast(), if ok { 16 } else { 0 });
+                }
+            }
+        });
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_fwd<
+    T: TensorElement,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const SUB: usize,
+    const MT: usize,
+    const Q_REGS: bool,
+>(
+    q: *const T,
+    k: *const T,
+    v: *const T,
+    out: *mut T,
+    lse: *mut f32,
+    cu_q: *const i32,
+    cu_k: *const i32,
+    p: Dims,
+) {
+    let block_m = BM;
+    let mb = index::block_idx_x() as usize;
+    let h = index::block_idx_y() as usize;
+    let b = index::block_idx_z() as usize;
+    let tid = index::thread_idx_x() as usize;
+    let (warp_id, lane) = (tid / 32, index::lane_id() as usize);
+    let (g, qd) = (lane / 4, lane % 4);
+    let group = (p.heads / p.kv_heads.max(1)).max(1) as usize;
+    let kvh = h / group;
+    let ksteps = D / 16;
+
+    // SAFETY (whole body): the launch contract sizes every buffer; loads past a sequence are
+    // zero-filled, never read; barriers and warp-collective instructions are reached by all
+    // threads (loop bounds depend only on the block).
+    unsafe {
+        // Row indices and element offsets are u32 (the host bounds every tensor by i32::MAX
+        // elements): half the registers of usize, which the main loop needs.
+        let (q0, q1, k0, k1) = if cu_q.is_null() {
+            let (sq, sk, b) = (p.seqlen_q, p.seqlen_k, b as u32);
+            (b * sq, (b + 1) * sq, b * sk, (b + 1) * sk)
+        } else {
+            // Clamped to the tensors, so bad lengths can never send a read or write outside.
+            let clamp = |cu: *const i32, total: u32| {
+                let lo = (cu.add(b).read().max(0) as u32).min(total);
+                let hi = (cu.add(b + 1).read().max(0) as u32).clamp(lo, total);
+                (lo, hi)
+            };
+            let ((q0, q1), (k0, k1)) = (clamp(cu_q, p.total_q), clamp(cu_k, p.total_k));
+            (q0, q1, k0, k1)
+        };
+        let (sq, sk) = (q1.saturating_sub(q0), k1.saturating_sub(k0));
+        let m0 = (mb * block_m) as u32;
+        if m0 >= sq {
+            return;
+        }
+        let shift = sk as i64 - sq as i64; // key position of query 0
+        // Key tiles this block can see.
+        let last_row = (m0 + block_m as u32 - 1).min(sq - 1) as i64;
+        let hi = if p.causal != 0 { (last_row + shift + 1).max(0).min(sk as i64) as u32 } else { sk };
+        let lo = if p.window_left >= 0 { (m0 as i64 + shift - p.window_left as i64).max(0) as u32 } else { 0 };
+        let (tile_lo, tile_hi) = ((lo / BN as u32) as usize, hi.div_ceil(BN as u32) as usize);
+
+        let smem = dynamic_shared_base();
+        let q_s = smem;
+        let k_s = |stage: usize| smem.offset(((block_m + stage * BN) * row_bytes(D)) as u32);
+        let v_s = |stage: usize| smem.offset(((block_m + 2 * BN + stage * BN) * row_bytes(D)) as u32);
+        let q_ptr = q.add((q0 * p.q_row_stride + (h * D) as u32) as usize);
+        let k_ptr = k.add((k0 * p.k_row_stride + (kvh * D) as u32) as usize);
+        let v_ptr = v.add((k0 * p.k_row_stride + (kvh * D) as u32) as usize);
+        let load_kv = |tile: usize, stage: usize| {
+            let first = (tile * BN) as u32;
+            let valid = sk.saturating_sub(first).min(BN as u32);
+            let off = (first * p.k_row_stride) as usize;
+            load_tile::<T, D, BN>(k_s(stage), k_ptr.add(off), p.k_row_stride, valid);
+            load_tile::<T, D, BN>(v_s(stage), v_ptr.add(off), p.k_row_stride, valid);
+        };
+
+        load_tile::<T, D, BM>(q_s, q_ptr.add((m0 * p.q_row_stride) as usize), p.q_row_stride, sq - m0);
+        if tile_lo < tile_hi {
+            load_kv(tile_lo, 0);
+        }
+        commit_group();
+
+        // Warp `w`'s query tile `t` holds block rows `t * 64 + w * 16 ..+ 16`.
+        // ldmatrix row addresses: Q (A operand), K (n-major B), V (k-major B, transposed).
+        let q_row = |t: usize| {
+            q_s.offset(((t * WARPS * 16 + warp_id * 16 + lane % 16) * row_bytes(D) + (lane / 16) * 16) as u32)
+        };
+        let k_row = (lane % 8 + 8 * (lane / 16)) * row_bytes(D) + ((lane / 8) % 2) * 16;
+        let v_row = (lane % 16) * row_bytes(D) + (lane / 16) * 16;
+
+        // Scores stay raw q.k (log2 units = s * `units`, scale * log2 e) so the scaling folds
+        // into the exponent's FMA; a soft cap needs the scaled value first, and a scale <= 0
+        // would turn the row max into a min: both scale up front on the masking path (units 1).
+        let capped = p.softcap > 0.0;
+        let prescaled = capped || !(p.scale > 0.0);
+        let units = if prescaled { 1.0 } else { p.scale * LOG2_E };
+        let inv_cap = if capped { math::rcp_approx(p.softcap) } else { 0.0 };
+
+        let mut qf = [[[0u32; 4]; 8]; 2];
+        let mut o = [[[0.0f32; 4]; 32]; 2];
+        let mut m = [[f32::NEG_INFINITY; 2]; 2];
+        let mut l = [[0.0f32; 2]; 2];
+
+        let mut tile = tile_lo;
+        while tile < tile_hi {
+            let stage = (tile - tile_lo) % 2;
+            // One barrier per tile: after it, tile `tile` is visible to every warp and every
+            // warp is done with the previous tile, whose stage the next copy then refills (it
+            // lands while this tile is computed).
+            wait_group::<0>();
+            sync::sync_threads();
+            if tile + 1 < tile_hi {
+                load_kv(tile + 1, stage ^ 1);
+                commit_group();
+            }
+            if Q_REGS && tile == tile_lo {
+                unroll!(MI in [0, 1] {
+                    if MI < MT {
+                        unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
+                            if S < ksteps {
+                                qf[MI][S] = ldmatrix_x4(q_row(MI).offset((S * 32) as u32));
+                            }
+                        });
+                    }
+                });
+            }
+
+            // The tile is computed in sub-tiles of SUB keys: the score registers of SUB keys,
+            // the barrier and copy granularity of BN.
+            unroll!(HF in [0, 1, 2, 3] {
+            if HF * SUB < BN {
+                // Scores: this warp's MT x 16 rows x SUB keys. Each K fragment feeds every query tile.
+                let mut s = [[[0.0f32; 4]; 8]; 2];
+                unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    if S < ksteps {
+                        let mut a = [[0u32; 4]; 2];
+                        unroll!(MI in [0, 1] {
+                            if MI < MT {
+                                a[MI] = if Q_REGS { qf[MI][S % 8] } else { ldmatrix_x4(q_row(MI).offset((S * 32) as u32)) };
+                            }
+                        });
+                        unroll!(P in [0, 1, 2, 3] {
+                            if P < SUB / 16 {
+                                let bf = ldmatrix_x4(k_s(stage).offset((k_row + (HF * SUB + P * 16) * row_bytes(D) + S * 32) as u32));
+                                unroll!(MI in [0, 1] {
+                                    if MI < MT {
+                                        s[MI][2 * P] = T::mma(s[MI][2 * P], a[MI], [bf[0], bf[1]]);
+                                        s[MI][2 * P + 1] = T::mma(s[MI][2 * P + 1], a[MI], [bf[2], bf[3]]);
+                                    }
+                                });
+                            }
+                        });
+                    }
+                });
+
+                // Mask (and cap) where the tile is not fully visible to the whole block.
+                let first_key = (tile * BN + HF * SUB) as u32;
+                let full = first_key + SUB as u32 <= sk
+                    && (p.causal == 0 || (first_key + SUB as u32 - 1) as i64 <= m0 as i64 + shift)
+                    && (p.window_left < 0 || first_key as i64 >= last_row + shift - p.window_left as i64)
+                    && !prescaled;
+                if !full {
+                    unroll!(MI in [0, 1] {
+                        if MI < MT {
+                            let row0 = m0 as i64 + (MI * WARPS * 16 + warp_id * 16 + g) as i64;
+                            unroll!(NT in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                if NT < SUB / 8 {
+                                    unroll!(C in [0, 1, 2, 3] {
+                                        let j = first_key as i64 + (8 * NT + 2 * qd + C % 2) as i64;
+                                        let diag = row0 + 8 * (C / 2) as i64 + shift;
+                                        let visible = j < sk as i64
+                                            && (p.causal == 0 || j <= diag)
+                                            && (p.window_left < 0 || j >= diag - p.window_left as i64);
+                                        let mut x = s[MI][NT][C];
+                                        if capped {
+                                            x = p.softcap * LOG2_E * tanh(x * p.scale * inv_cap);
+                                        } else if prescaled {
+                                            x *= p.scale * LOG2_E;
+                                        }
+                                        s[MI][NT][C] = if visible { x } else { f32::NEG_INFINITY };
+                                    });
+                                }
+                            });
+                        }
+                    });
+                }
+
+                // Online softmax per row (g and g + 8 of each tile; four lanes per row).
+                let mut corr = [[1.0f32; 2]; 2];
+                unroll!(MI in [0, 1] {
+                    if MI < MT {
+                        unroll!(RH in [0, 1] {
+                            let mut mx = f32::NEG_INFINITY;
+                            unroll!(NT in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                if NT < SUB / 8 {
+                                    mx = mx.max(s[MI][NT][2 * RH]).max(s[MI][NT][2 * RH + 1]);
+                                }
+                            });
+                            mx = mx.max(warp::shfl_xor_f32(mx, 1));
+                            mx = mx.max(warp::shfl_xor_f32(mx, 2));
+                            let m_new = m[MI][RH].max(mx);
+                            // A row that has seen no key yet: keep exponents finite (all e = 0).
+                            let m_scaled = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new * units };
+                            corr[MI][RH] = math::ex2_approx(math::fma(m[MI][RH], units, -m_scaled));
+                            let mut sum = 0.0f32;
+                            unroll!(NT in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                if NT < SUB / 8 {
+                                    unroll!(C in [0, 1] {
+                                        let e = math::ex2_approx(math::fma(s[MI][NT][2 * RH + C], units, -m_scaled));
+                                        s[MI][NT][2 * RH + C] = e;
+                                        sum += e;
+                                    });
+                                }
+                            });
+                            l[MI][RH] = math::fma(l[MI][RH], corr[MI][RH], sum);
+                            m[MI][RH] = m_new;
+                        });
+                    }
+                });
+                let moved =
+                    (corr[0][0] != 1.0 || corr[0][1] != 1.0) || (MT > 1 && (corr[1][0] != 1.0 || corr[1][1] != 1.0));
+                if warp::any(moved) {
+                    unroll!(MI in [0, 1] {
+                        if MI < MT {
+                            unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                                if U < D / 8 {
+                                    unroll!(C in [0, 1, 2, 3] {
+                                        o[MI][U][C] *= corr[MI][C / 2];
+                                    });
+                                }
+                            });
+                        }
+                    });
+                }
+
+                // O += P V: the score fragments of key tiles 2t, 2t + 1 are the A fragment of step t;
+                // each V fragment feeds every query tile.
+                unroll!(TT in [0, 1, 2, 3] {
+                    if TT < SUB / 16 {
+                        let mut a = [[0u32; 4]; 2];
+                        unroll!(MI in [0, 1] {
+                            if MI < MT {
+                                a[MI] = [
+                                    T::pack2(s[MI][2 * TT][0], s[MI][2 * TT][1]),
+                                    T::pack2(s[MI][2 * TT][2], s[MI][2 * TT][3]),
+                                    T::pack2(s[MI][2 * TT + 1][0], s[MI][2 * TT + 1][1]),
+                                    T::pack2(s[MI][2 * TT + 1][2], s[MI][2 * TT + 1][3]),
+                                ];
+                            }
+                        });
+                        unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                            if U < D / 16 {
+                                let bf = ldmatrix_x4_trans(v_s(stage).offset((v_row + (HF * SUB + TT * 16) * row_bytes(D) + U * 32) as u32));
+                                unroll!(MI in [0, 1] {
+                                    if MI < MT {
+                                        o[MI][2 * U] = T::mma(o[MI][2 * U], a[MI], [bf[0], bf[1]]);
+                                        o[MI][2 * U + 1] = T::mma(o[MI][2 * U + 1], a[MI], [bf[2], bf[3]]);
+                                    }
+                                });
+                            }
+                        });
+                    }
+                });
+            }
+            });
+            tile += 1;
+        }
+        wait_group::<0>(); // no copy outlives the block (Q when no key tile is visible)
+
+        // Normalize and write: rows g and g + 8, columns 2q, 2q + 1 of each 8-column tile.
+        unroll!(MI in [0, 1] {
+            if MI < MT {
+                unroll!(RH in [0, 1] {
+                    let mut sum = l[MI][RH];
+                    sum += warp::shfl_xor_f32(sum, 1);
+                    sum += warp::shfl_xor_f32(sum, 2);
+                    let i = m0 + (MI * WARPS * 16 + warp_id * 16 + g + 8 * RH) as u32;
+                    if i < sq {
+                        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+                        let row = out.add(((q0 + i) * p.q_row_stride + (h * D) as u32) as usize);
+                        unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                            if U < D / 8 {
+                                let pair = T::pack2(o[MI][U][2 * RH] * inv, o[MI][U][2 * RH + 1] * inv);
+                                row.add(8 * U + 2 * qd).cast::<u32>().write(pair);
+                            }
+                        });
+                        if !lse.is_null() && qd == 0 {
+                            let value = if sum > 0.0 {
+                                (m[MI][RH] * units + math::lg2_approx(sum)) * LN_2
+                            } else {
+                                f32::NEG_INFINITY
+                            };
+                            let base = if cu_q.is_null() { b as u32 * p.lse_batch_stride } else { q0 };
+                            lse.add((h as u32 * p.lse_head_stride + base + i) as usize).write(value);
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+macro_rules! attention_entries {
+    ($ty:ty, $($name:ident: $d:literal);+ $(;)?) => {$(
+        /// Attention forward; see the module docs for the launch contract.
+        ///
+        /// # Safety
+        /// The launch contract in the module docs.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            q: *const $ty, k: *const $ty, v: *const $ty, out: *mut $ty, lse: *mut f32,
+            cu_q: *const i32, cu_k: *const i32, dims: Dims,
+        ) {
+            // SAFETY: forwarded launch contract.
+            unsafe { attention_fwd::<$ty, $d, { block_m($d) }, { block_n($d) }, { sub_n($d) }, { m_tiles($d) }, { $d == 64 }>(q, k, v, out, lse, cu_q, cu_k, dims) }
+        }
+    )+};
+}
+
+attention_entries!(F16,
+    attention_fwd_f16_d64: 64;
+    attention_fwd_f16_d80: 80;
+    attention_fwd_f16_d96: 96;
+    attention_fwd_f16_d128: 128;
+    attention_fwd_f16_d256: 256;
+);
+attention_entries!(Bf16,
+    attention_fwd_bf16_d64: 64;
+    attention_fwd_bf16_d80: 80;
+    attention_fwd_bf16_d96: 96;
+    attention_fwd_bf16_d128: 128;
+    attention_fwd_bf16_d256: 256;
+);
