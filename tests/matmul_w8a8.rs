@@ -48,6 +48,29 @@ fn int32_accumulation_is_exact_up_to_max_k() {
     assert_eq!(y, vec![(1u64 << 30) as f64, (1u64 << 29) as f64 + 1.0]);
 }
 
+/// The registry quantizer on CPU tensors: zero-width rows get scale 0 (the GPU test checks the
+/// CUDA path does the same).
+#[test]
+fn registry_quantizer_gives_zero_width_rows_zero_scales() {
+    use common::Host;
+    use dlkern::registry::{self, Attributes};
+    let mut x = Host::new(Vec::<half::f16>::new(), &[3, 0]);
+    let mut q = Host::new(Vec::<i8>::new(), &[3, 0]);
+    let mut s = Host::new(vec![7.0f32; 3], &[3]);
+    // SAFETY: host tensors alive for the call.
+    unsafe {
+        registry::call(
+            "dlkern.quantize_per_token",
+            &mut [x.dl(), q.dl(), s.dl()],
+            1,
+            std::ptr::null_mut(),
+            &Attributes::new(),
+        )
+    }
+    .unwrap();
+    assert_eq!(s.data, vec![0.0; 3]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // GPU kernel (`dlkern::launch::matmul_w8a8`) against the exact integer reference.
 
@@ -164,6 +187,119 @@ mod gpu {
                 _ => check::<f32>(m, n, k, &a, &w, per_row, bias, seed),
             };
         }
+    }
+
+    /// The registry kernels on CUDA tensors (what ONNX Runtime's CUDA EP, `DLPackKernel` and C
+    /// callers reach): `dlkern.quantize_per_token` then `dlkern.matmul_w8a8`, decode and tiled
+    /// shapes, with and without bias, against the same calls on CPU tensors; a zero-width row
+    /// block still gets its (zero) scales.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_registry_kernels_run_on_cuda_tensors() {
+        use super::common::Host;
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor};
+        use dlkern::registry::{self, AttrValue, Attributes};
+        let (_device, stream) = gpu();
+        let raw_stream = stream.cu_stream() as *mut std::ffi::c_void;
+        let cuda = |t: DLTensor, ptr: u64| DLTensor {
+            data: ptr as *mut std::ffi::c_void,
+            device: DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 },
+            ..t
+        };
+        let attrs = Attributes::new().with("out_dtype", AttrValue::String("f32".into()));
+        let mut rng = Rng::new(31);
+        for &(m, n, k, bias) in &[(3, 40, 64, true), (40, 33, 100, false), (1, 17, 4096, true)] {
+            let x: Vec<f16> = (0..m * k).map(|_| f16::from_f64(rng.uniform(-2.0, 2.0))).collect();
+            let w: Vec<i8> = rng.vec_i8(n * k);
+            let w_scale: Vec<f32> = (0..n).map(|_| rng.uniform(1e-3, 2e-2) as f32).collect();
+            let bias_v: Vec<f32> = (0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+            let (mi, ni, ki) = (m as i64, n as i64, k as i64);
+
+            // CPU: quantize, then the matmul.
+            let mut hx = Host::new(x.clone(), &[mi, ki]);
+            let mut hq = Host::new(vec![0i8; m * k], &[mi, ki]);
+            let mut hs = Host::new(vec![0f32; m], &[mi]);
+            // SAFETY: host tensors alive for the call.
+            unsafe {
+                registry::call(
+                    "dlkern.quantize_per_token",
+                    &mut [hx.dl(), hq.dl(), hs.dl()],
+                    1,
+                    std::ptr::null_mut(),
+                    &attrs,
+                )
+            }
+            .unwrap();
+            let mut hw = Host::new(w.clone(), &[ni, ki]);
+            let mut hws = Host::new(w_scale.clone(), &[ni]);
+            let mut hb = Host::new(bias_v.clone(), &[ni]);
+            let mut hy = Host::new(vec![0f32; m * n], &[mi, ni]);
+            let mut cpu = vec![hq.dl(), hs.dl(), hw.dl(), hws.dl()];
+            if bias {
+                cpu.push(hb.dl());
+            }
+            cpu.push(hy.dl());
+            let inputs = cpu.len() - 1;
+            // SAFETY: as above.
+            unsafe { registry::call("dlkern.matmul_w8a8", &mut cpu, inputs, std::ptr::null_mut(), &attrs) }.unwrap();
+
+            // CUDA: the same two calls on device buffers, on one stream.
+            let x_d = stream.clone_htod(&x).unwrap();
+            let mut q_d = stream.alloc_zeros::<i8>(m * k).unwrap();
+            let mut s_d = stream.alloc_zeros::<f32>(m).unwrap();
+            let (w_d, ws_d, b_d) = (
+                stream.clone_htod(&w).unwrap(),
+                stream.clone_htod(&w_scale).unwrap(),
+                stream.clone_htod(&bias_v).unwrap(),
+            );
+            let mut y_d = stream.alloc_zeros::<f32>(m * n).unwrap();
+            {
+                let (xp, _x) = x_d.device_ptr(&stream);
+                let (qp, _q) = q_d.device_ptr_mut(&stream);
+                let (sp, _s) = s_d.device_ptr_mut(&stream);
+                let (wp, _w) = w_d.device_ptr(&stream);
+                let (wsp, _ws) = ws_d.device_ptr(&stream);
+                let (bp, _b) = b_d.device_ptr(&stream);
+                let (yp, _y) = y_d.device_ptr_mut(&stream);
+                let mut quant = [cuda(hx.dl(), xp), cuda(hq.dl(), qp), cuda(hs.dl(), sp)];
+                // SAFETY: device buffers of the shapes described, alive until the stream syncs.
+                unsafe { registry::call("dlkern.quantize_per_token", &mut quant, 1, raw_stream, &attrs) }.unwrap();
+                let mut mm = vec![cuda(hq.dl(), qp), cuda(hs.dl(), sp), cuda(hw.dl(), wp), cuda(hws.dl(), wsp)];
+                if bias {
+                    mm.push(cuda(hb.dl(), bp));
+                }
+                mm.push(cuda(hy.dl(), yp));
+                // SAFETY: as above.
+                unsafe { registry::call("dlkern.matmul_w8a8", &mut mm, inputs, raw_stream, &attrs) }.unwrap();
+            }
+            stream.synchronize().unwrap();
+            assert_eq!(stream.clone_dtoh(&q_d).unwrap(), hq.data, "codes, M{m} K{k}");
+            assert_eq!(stream.clone_dtoh(&s_d).unwrap(), hs.data, "scales, M{m} K{k}");
+            // The GPU epilogue rounds `acc * a_scale * w_scale` in f32, the reference in f64.
+            for (i, (g, want)) in stream.clone_dtoh(&y_d).unwrap().iter().zip(&hy.data).enumerate() {
+                let tol = 4.0 * f32::EPSILON * (want.abs() + bias_v[i % n].abs()) + 1e-30;
+                assert!((g - want).abs() <= tol, "M{m} N{n} K{k}: y[{i}] = {g} vs {want}");
+            }
+        }
+
+        // Rows of width 0: no codes, every scale 0 (the kernel still runs, one block per row).
+        let mut s_d = stream.clone_htod(&[7.0f32; 3]).unwrap();
+        let x_d = stream.alloc_zeros::<f16>(1).unwrap();
+        let q_d = stream.alloc_zeros::<i8>(1).unwrap();
+        {
+            let mut hx = Host::new(Vec::<f16>::new(), &[3, 0]);
+            let mut hq = Host::new(Vec::<i8>::new(), &[3, 0]);
+            let mut hs = Host::new(vec![0f32; 3], &[3]);
+            let (xp, _x) = x_d.device_ptr(&stream);
+            let (qp, _q) = q_d.device_ptr(&stream);
+            let (sp, _s) = s_d.device_ptr_mut(&stream);
+            let mut t = [cuda(hx.dl(), xp), cuda(hq.dl(), qp), cuda(hs.dl(), sp)];
+            // SAFETY: as above (no element of x or q is read or written).
+            unsafe { registry::call("dlkern.quantize_per_token", &mut t, 1, raw_stream, &attrs) }.unwrap();
+        }
+        stream.synchronize().unwrap();
+        assert_eq!(stream.clone_dtoh(&s_d).unwrap(), vec![0.0; 3]);
     }
 
     /// The GPU quantizer reproduces the host's codes and scales bit for bit (f32 and f16 rows,

@@ -22,7 +22,8 @@ pub fn quantize_rows(x: &[f32], rows: usize, cols: usize) -> Result<(Vec<i8>, Ve
     }
     let mut q = Vec::with_capacity(x.len());
     let mut scales = Vec::with_capacity(rows);
-    for row in x.chunks(cols.max(1)).take(rows) {
+    // By index, not `chunks`: rows of width 0 still get their (zero) scale.
+    for row in (0..rows).map(|r| &x[r * cols..(r + 1) * cols]) {
         let max_abs = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let scale = max_abs / 127.0;
         scales.push(scale);
