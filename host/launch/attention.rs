@@ -15,7 +15,12 @@ use crate::error::{Error, Result};
 use crate::runtime::{Device, LaunchDims};
 
 const KERNEL: &str = "attention";
-const THREADS: u32 = 128;
+/// The kernel's tile shapes: the device crate's own source, compiled here too.
+#[allow(dead_code)]
+#[path = "../../kernels-gpu/src/layout/attention.rs"]
+mod layout;
+use layout::{WARPS, block_m, shared_bytes};
+const THREADS: u32 = 32 * WARPS as u32;
 /// Head sizes with a kernel.
 pub const HEAD_DIMS: [usize; 5] = [64, 80, 96, 128, 256];
 
@@ -90,18 +95,6 @@ fn kernel_name(dtype: DType, d: usize) -> Option<&'static str> {
         (DType::BF16, 256) => "attention_fwd_bf16_d256",
         _ => return None,
     })
-}
-
-/// Query rows per block (mirrors `block_m` in the device code): 4 warps of 32 rows, 16 at
-/// head size 256.
-fn block_m(d: usize) -> usize {
-    if d > 128 { 64 } else { 128 }
-}
-
-/// Dynamic shared memory of the kernel (mirrors `shared_bytes` in the device code).
-fn shared_bytes(d: usize) -> usize {
-    let block_n = if d > 128 { 32 } else { 64 };
-    (block_m(d) + 4 * block_n) * (d * 2 + 16)
 }
 
 impl AttentionParams {

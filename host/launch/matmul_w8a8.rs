@@ -15,13 +15,14 @@ use crate::quant::w8::MAX_K_I32;
 use crate::runtime::{Device, LaunchDims};
 
 const KERNEL: &str = "matmul_w8a8";
-const FLAG_BIAS: u32 = 1;
-const FLAG_SCALAR_A_SCALE: u32 = 2;
-const FLAG_VEC16: u32 = 4;
-/// Largest M of the decode kernel `matmul_w8a8_small_*` (one 16-row `mma` tile).
-const SMALL_M_MAX: usize = 16;
-/// Three stages of two 128 x 80-byte tiles (mirrors `SHARED_BYTES` in the device code).
-const SHARED_BYTES: u32 = 3 * 2 * 128 * 80;
+/// The kernels' tile shapes and flags: the device crate's own source, compiled here too.
+#[allow(dead_code)]
+#[path = "../../kernels-gpu/src/layout/matmul_w8a8.rs"]
+mod layout;
+use layout::{
+    BM, BN, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, QUANTIZE_THREADS, SHARED_BYTES, SMALL_M_MAX, SMALL_N_PER_BLOCK,
+    SMALL_THREADS, THREADS,
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -71,7 +72,7 @@ impl MatMulW8A8Params {
         if p.k > MAX_K_I32 {
             return Err(bad(format!("K = {} exceeds {MAX_K_I32}, where int32 accumulation could overflow", p.k)));
         }
-        if p.m.div_ceil(128) > 65535 || (p.m as u64) * (p.k.max(p.n) as u64) > i64::MAX as u64 / 4 {
+        if p.m.div_ceil(BM) > 65535 || (p.m as u64) * (p.k.max(p.n) as u64) > i64::MAX as u64 / 4 {
             return Err(bad(format!("M = {} too large", p.m)));
         }
         let mut flags = if p.bias { FLAG_BIAS } else { 0 };
@@ -80,9 +81,9 @@ impl MatMulW8A8Params {
         }
         let args = Dims { m: p.m as u32, n: p.n as u32, k: p.k as u32, flags };
         let dims = LaunchDims {
-            grid: (p.n.div_ceil(128) as u32, p.m.div_ceil(128) as u32, 1),
-            block: (256, 1, 1),
-            shared_bytes: SHARED_BYTES,
+            grid: (p.n.div_ceil(BN) as u32, p.m.div_ceil(BM) as u32, 1),
+            block: (THREADS as u32, 1, 1),
+            shared_bytes: SHARED_BYTES as u32,
         };
         Ok(MatMulW8A8Plan { kernel, dims, args })
     }
@@ -130,7 +131,11 @@ pub unsafe fn matmul_w8a8_raw(
                 DType::BF16 => "matmul_w8a8_small_bf16",
                 _ => "matmul_w8a8_small_f32",
             };
-            plan.dims = LaunchDims { grid: (params.n.div_ceil(16) as u32, 1, 1), block: (128, 1, 1), shared_bytes: 0 };
+            plan.dims = LaunchDims {
+                grid: (params.n.div_ceil(SMALL_N_PER_BLOCK) as u32, 1, 1),
+                block: (SMALL_THREADS as u32, 1, 1),
+                shared_bytes: 0,
+            };
         }
     }
     let mut a = [ptrs.a, ptrs.w, ptrs.a_scale, ptrs.w_scale, if params.bias { ptrs.bias } else { 0 }, ptrs.y];
@@ -227,7 +232,7 @@ pub unsafe fn quantize_per_token_raw(
     let mut cols = cols as u32;
     let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
     args.push((&mut cols as *mut u32).cast());
-    let dims = LaunchDims { grid: (rows as u32, 1, 1), block: (256, 1, 1), shared_bytes: 0 };
+    let dims = LaunchDims { grid: (rows as u32, 1, 1), block: (QUANTIZE_THREADS as u32, 1, 1), shared_bytes: 0 };
     // SAFETY: three pointers and a u32, as the kernel declares; validity by contract.
     unsafe { device.launch(kernel, dims, stream, &mut args) }
 }

@@ -28,7 +28,8 @@ use crate::device::{SharedAddr, index, math, sync, warp};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::unroll;
 
-const WARPS: usize = 4;
+pub use crate::layout::attention::{WARPS, block_m, block_n, m_tiles, row_bytes, shared_bytes, sub_n};
+
 const THREADS: usize = WARPS * 32;
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;
@@ -55,39 +56,6 @@ pub struct Dims {
     /// Query and key rows in all: packed lengths are clamped to them.
     pub total_q: u32,
     pub total_k: u32,
-}
-
-/// 16-row query tiles per warp: two up to head size 128 (each K / V fragment read from shared
-/// memory feeds twice the `mma`s, and each warp has two independent accumulator chains), one
-/// at 256 (the output accumulators alone take 128 registers per tile there).
-pub const fn m_tiles(d: usize) -> usize {
-    if d > 128 { 1 } else { 2 }
-}
-
-/// Query rows per block: 4 warps x 16 x [`m_tiles`].
-pub const fn block_m(d: usize) -> usize {
-    WARPS * 16 * m_tiles(d)
-}
-
-/// Keys per tile: 64, or 32 at head size 256 (registers).
-pub const fn block_n(d: usize) -> usize {
-    if d > 128 { 32 } else { 64 }
-}
-
-/// Keys per compute pass within a tile (score registers: MT x SUB / 8 x 4 per thread).
-pub const fn sub_n(d: usize) -> usize {
-    if d > 128 { 32 } else { 64 }
-}
-
-/// Bytes per shared row: `D` halves plus 16 bytes of padding (conflict-free `ldmatrix`).
-const fn row_bytes(d: usize) -> usize {
-    d * 2 + 16
-}
-
-/// Dynamic shared memory for head size `d` (the host mirrors it): Q `[block_m][D]`, K and V
-/// `[2 stages][block_n][D]`.
-pub const fn shared_bytes(d: usize) -> usize {
-    (block_m(d) + 4 * block_n(d)) * row_bytes(d)
 }
 
 /// tanh through `ex2.approx` and `rcp.approx` (as in paged attention).

@@ -15,6 +15,7 @@
 pub mod attention;
 pub mod device;
 pub mod element;
+pub mod layout;
 pub mod matmul_nbits;
 pub mod matmul_w8a8;
 pub mod paged_attention;

@@ -38,21 +38,7 @@ use crate::device::{SharedAddr, index, sync, warp};
 use crate::element::{Bf16, Element, F16};
 use crate::{shared_array, unroll};
 
-const BM: usize = 128;
-const BN: usize = 128;
-/// K bytes per tile.
-const BK: usize = 64;
-const STAGES: usize = 3;
-const THREADS: usize = 256;
-/// Shared row: 64 bytes + 16 of padding (rows of one `ldmatrix` fall in distinct banks).
-const ROW: usize = BK + 16;
-const TILE_BYTES: usize = BM * ROW;
-/// Dynamic shared memory: A and W tiles for each stage.
-pub const SHARED_BYTES: usize = STAGES * 2 * TILE_BYTES;
-
-pub const FLAG_BIAS: u32 = 1;
-pub const FLAG_SCALAR_A_SCALE: u32 = 2;
-pub const FLAG_VEC16: u32 = 4;
+pub use crate::layout::matmul_w8a8::*;
 
 /// Scalar arguments.
 #[derive(Clone, Copy)]
@@ -190,6 +176,9 @@ unsafe fn matmul_w8a8<T: Element>(
 
 /// K steps (of 64 bytes) each warp of the decode kernel keeps in flight.
 const SMALL_UNROLL: usize = 4;
+/// The decode kernel is written for 4 warps over 16 W rows (the partial-sum exchange below).
+const SMALL_WARPS: usize = SMALL_THREADS / 32;
+const _: () = assert!(SMALL_WARPS == 4 && SMALL_N_PER_BLOCK == 16 && SMALL_M_MAX == 16);
 
 /// The epilogue shared by both kernels: `acc * a_scale[row] * w_scale[col] (+ bias[col])`.
 ///
@@ -231,7 +220,7 @@ unsafe fn matmul_w8a8_small<T: Element>(
     let (warp, lane) = (tid / 32, index::lane_id() as usize);
     let (g, qd) = (lane / 4, lane % 4);
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
-    let n0 = index::block_idx_x() as usize * 16;
+    let n0 = index::block_idx_x() as usize * SMALL_N_PER_BLOCK;
     let chunks = k / 16; // 16-byte chunks per row
     let steps = k.div_ceil(64);
     let scratch = shared_array!(DLKERN_W8A8_SMALL_PARTIALS, 4096, 16);
@@ -255,7 +244,7 @@ unsafe fn matmul_w8a8_small<T: Element>(
             let mut wv = [[[0u32; 4]; 2]; SMALL_UNROLL];
             // All loads of the group first, then the math: four steps of W in flight per lane.
             unroll!(U in [0, 1, 2, 3] {
-                let step = base + 4 * U;
+                let step = base + SMALL_WARPS * U;
                 let in_k = step * 4 + qd < chunks;
                 let off = step * 64;
                 if in_k && w_lo_ok { wv[U][0] = ld_global_nc_v4(w_lo.wrapping_add(off).cast()); }
@@ -271,7 +260,7 @@ unsafe fn matmul_w8a8_small<T: Element>(
                     });
                 });
             });
-            base += 4 * SMALL_UNROLL;
+            base += SMALL_WARPS * SMALL_UNROLL;
         }
 
         // Sum the four warps' partial tiles: [warp][lane][8 words].
@@ -318,7 +307,7 @@ unsafe fn quantize<T: Element>(x: *const T, q: *mut i8, scales: *mut f32, cols: 
         let mut i = tid;
         while i < cols {
             max_abs = max_abs.max(x.add(i).read().to_f32().abs());
-            i += THREADS;
+            i += QUANTIZE_THREADS;
         }
         let max_abs = warp::warp_max_f32(max_abs);
         if index::lane_id() == 0 {
@@ -326,7 +315,7 @@ unsafe fn quantize<T: Element>(x: *const T, q: *mut i8, scales: *mut f32, cols: 
         }
         sync::sync_threads();
         let mut block_max = 0.0f32;
-        for w in 0..THREADS / 32 {
+        for w in 0..QUANTIZE_THREADS / 32 {
             block_max = block_max.max(ld_shared_f32(scratch.offset(4 * w as u32)));
         }
         let scale = block_max / 127.0;
@@ -338,7 +327,7 @@ unsafe fn quantize<T: Element>(x: *const T, q: *mut i8, scales: *mut f32, cols: 
             let code =
                 if scale > 0.0 { round_ties_even_i32(x.add(i).read().to_f32() / scale).clamp(-127, 127) } else { 0 };
             q.add(row * cols + i).write(code as i8);
-            i += THREADS;
+            i += QUANTIZE_THREADS;
         }
     }
 }

@@ -1,0 +1,30 @@
+// Tile shapes and flags of `matmul_w8a8_*` (kernels-gpu/src/matmul_w8a8.rs), also compiled into
+// the host launcher (host/launch/matmul_w8a8.rs): plain constants, no device code.
+
+/// Tiled kernel: rows of A and of W per block.
+pub const BM: usize = 128;
+pub const BN: usize = 128;
+/// K bytes per tile.
+pub const BK: usize = 64;
+pub const STAGES: usize = 3;
+/// Threads per block of the tiled kernel (8 warps, 2 x 4, each a 64 x 32 tile).
+pub const THREADS: usize = 256;
+/// Shared row: 64 bytes + 16 of padding (rows of one `ldmatrix` fall in distinct banks).
+pub const ROW: usize = BK + 16;
+pub const TILE_BYTES: usize = BM * ROW;
+/// Dynamic shared memory of the tiled kernel: A and W tiles for each stage.
+pub const SHARED_BYTES: usize = STAGES * 2 * TILE_BYTES;
+
+/// Decode kernel (`matmul_w8a8_small_*`): largest M (one 16-row `mma` tile), W rows per block,
+/// threads per block (4 warps splitting K).
+pub const SMALL_M_MAX: usize = 16;
+pub const SMALL_N_PER_BLOCK: usize = 16;
+pub const SMALL_THREADS: usize = 128;
+
+/// Per-token quantization (`matmul_w8a8_quantize_*`): one block of this many threads per row.
+pub const QUANTIZE_THREADS: usize = 256;
+
+pub const FLAG_BIAS: u32 = 1;
+pub const FLAG_SCALAR_A_SCALE: u32 = 2;
+/// `K % 16 == 0` and `a`, `w` 16-byte aligned: 16-byte copies (set by the launcher).
+pub const FLAG_VEC16: u32 = 4;
