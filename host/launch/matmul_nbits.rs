@@ -20,14 +20,14 @@ use crate::quant::w4::valid_block_size;
 use crate::runtime::{Device, LaunchDims};
 
 const KERNEL: &str = "matmul_nbits";
-const CHUNK: usize = 128;
-
-/// Device-side flag bits (`FLAG_*` in the device code).
-const FLAG_ZERO_U8: u32 = 1;
-const FLAG_ZERO_T: u32 = 2;
-const FLAG_BIAS: u32 = 4;
-const FLAG_B_VEC16: u32 = 8;
-const FLAG_A_VEC16: u32 = 16;
+/// The kernels' tile shapes and flags: the device crate's own source, compiled here too.
+#[allow(dead_code)]
+#[path = "../../kernels-gpu/src/layout/matmul_nbits.rs"]
+mod layout;
+use layout::{
+    CHUNK, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, REDUCE_THREADS,
+    SMALL,
+};
 
 /// The kernels' scalar arguments (`Dims` in the device code; same layout).
 #[repr(C)]
@@ -65,10 +65,11 @@ pub enum Variant {
 
 impl Variant {
     fn tile(self) -> (usize, usize, u32) {
-        match self {
-            Variant::Small => (16, 128, 128),
-            Variant::Large => (128, 128, 256),
-        }
+        let t = match self {
+            Variant::Small => SMALL,
+            Variant::Large => LARGE,
+        };
+        (t.block_m(), t.block_n(), t.threads() as u32)
     }
 }
 
@@ -184,12 +185,13 @@ impl MatMulNBitsParams {
         let dims = LaunchDims {
             grid: (tiles_n as u32, tiles_m as u32, splits as u32),
             block: (threads, 1, 1),
-            shared_bytes: if variant == Variant::Small { 0 } else { (bm * (CHUNK * 2 + 16)) as u32 },
+            shared_bytes: if variant == Variant::Small { 0 } else { LARGE_SHARED_BYTES as u32 },
         };
         let reduce = (splits > 1).then(|| {
-            (reduce, LaunchDims { grid: ((p.m * p.n).div_ceil(256) as u32, 1, 1), block: (256, 1, 1), shared_bytes: 0 })
+            let grid = ((p.m * p.n).div_ceil(REDUCE_THREADS) as u32, 1, 1);
+            (reduce, LaunchDims { grid, block: (REDUCE_THREADS as u32, 1, 1), shared_bytes: 0 })
         });
-        if (p.m * p.n).div_ceil(256) > i32::MAX as usize {
+        if (p.m * p.n).div_ceil(REDUCE_THREADS) > i32::MAX as usize {
             return Err(bad("M x N too large for the reduction grid".into()));
         }
         Ok(MatMulNBitsPlan {

@@ -24,13 +24,14 @@ use crate::error::{Error, Result};
 use crate::runtime::{Device, LaunchDims};
 
 const KERNEL: &str = "paged_attention";
-const THREADS: u32 = 128;
 /// Head sizes with a kernel.
 pub const HEAD_SIZES: [usize; 5] = [64, 80, 96, 128, 256];
-/// Status bit: a block-table entry (or slot) outside the cache.
-pub const STATUS_BAD_BLOCK: u32 = 1;
-/// Status bit: a context length below `q_len` or beyond the block table.
-pub const STATUS_BAD_CONTEXT: u32 = 2;
+/// The kernels' tile shapes and status bits: the device crate's own source, compiled here too.
+#[allow(dead_code)]
+#[path = "../../kernels-gpu/src/layout/paged_attention.rs"]
+mod layout;
+use layout::{M_TILE, THREADS};
+pub use layout::{STATUS_BAD_BLOCK, STATUS_BAD_CONTEXT};
 /// Most query rows (query heads per KV head times query tokens) one block handles.
 pub const MAX_ROWS: usize = 64;
 
@@ -55,21 +56,14 @@ struct Dims {
     block_shift: u32,
 }
 
-/// Query rows per partition block (one tensor-core M tile).
-const M_TILE: usize = 16;
-const WARPS: usize = THREADS as usize / 32;
-
-/// Dynamic shared memory of the partition kernel (mirrors `shared_bytes` in the device code):
-/// permuted queries, per-warp max/sum, per-warp accumulators.
+/// Dynamic shared memory of the partition kernel.
 fn partition_shared_bytes(d: usize) -> usize {
-    let d_out = d / column_split(d);
-    M_TILE * (d.div_ceil(32) * 64 + 16) + WARPS * M_TILE * 2 * 4 + WARPS * 32 * d_out.div_ceil(64) * 32 * 4
+    layout::shared_bytes(d)
 }
 
-/// Blocks sharing one partition's output columns (mirrors `split` in the device code): head
-/// size 256 splits them in two so the accumulators stay in registers.
+/// Blocks sharing one partition's output columns (2 at head size 256).
 fn column_split(d: usize) -> usize {
-    if d > 128 { 2 } else { 1 }
+    layout::split(d)
 }
 
 /// Constants for dividing `n < 2^31` by `d` with a multiply-high, a shift and an add (the

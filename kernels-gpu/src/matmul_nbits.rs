@@ -39,19 +39,7 @@ use crate::device::{index, sync};
 use crate::element::{Bf16, Element, F16, TensorElement};
 use crate::unroll;
 
-/// K per chunk: 4 lanes x 32 codes.
-const CHUNK: usize = 128;
-/// Shared row: 128 halves + 16 bytes of padding (conflict-free `ldmatrix`).
-const A_ROW_BYTES: usize = CHUNK * 2 + 16;
-
-/// `flags` bits.
-pub const FLAG_ZERO_U8: u32 = 1;
-pub const FLAG_ZERO_T: u32 = 2;
-pub const FLAG_BIAS: u32 = 4;
-/// Rows of `b` start on 16-byte boundaries (and `b` is 16-byte aligned).
-pub const FLAG_B_VEC16: u32 = 8;
-/// `K % 8 == 0` and `a` is 16-byte aligned: 16-byte activation loads.
-pub const FLAG_A_VEC16: u32 = 16;
+pub use crate::layout::matmul_nbits::*;
 
 /// Scalar arguments.
 #[derive(Clone, Copy)]
@@ -396,7 +384,7 @@ unsafe fn matmul_nbits<
 
 #[inline(always)]
 unsafe fn reduce<T: Element>(bias: *const T, y: *mut T, workspace: *const f32, p: Dims, splits: u32) {
-    let i = (index::block_idx_x() * 256 + index::thread_idx_x()) as usize;
+    let i = (index::block_idx_x() * REDUCE_THREADS as u32 + index::thread_idx_x()) as usize;
     let (m, n) = (p.m as usize, p.n as usize);
     if i >= m * n {
         return;
@@ -414,7 +402,7 @@ unsafe fn reduce<T: Element>(bias: *const T, y: *mut T, workspace: *const f32, p
 }
 
 macro_rules! matmul_nbits_entries {
-    ($ty:ty, $reduce:ident, $($name:ident: $mt:literal, $nt:literal, $wm:literal, $wn:literal, $direct:literal, $typed:literal);+ $(;)?) => {
+    ($ty:ty, $reduce:ident, $($name:ident: $tiling:ident, $direct:literal, $typed:literal);+ $(;)?) => {
         $(
         /// One variant of the W4A16 kernel; see the module docs.
         ///
@@ -428,7 +416,9 @@ macro_rules! matmul_nbits_entries {
         ) {
             // SAFETY: forwarded launch contract.
             unsafe {
-                matmul_nbits::<$ty, $mt, $nt, $wm, $wn, $direct, $typed>(a, b, scales, zeros_u8, zeros_t, bias, y, workspace, dims)
+                matmul_nbits::<$ty, { $tiling.mt }, { $tiling.nt }, { $tiling.wm }, { $tiling.wn }, $direct, $typed>(
+                    a, b, scales, zeros_u8, zeros_t, bias, y, workspace, dims,
+                )
             }
         }
         )+
@@ -448,14 +438,14 @@ macro_rules! matmul_nbits_entries {
 }
 
 matmul_nbits_entries!(F16, matmul_nbits_reduce_f16,
-    matmul_nbits_f16_small: 1, 4, 1, 4, true, false;
-    matmul_nbits_f16_small_zf: 1, 4, 1, 4, true, true;
-    matmul_nbits_f16_large: 4, 4, 2, 4, false, false;
-    matmul_nbits_f16_large_zf: 4, 4, 2, 4, false, true;
+    matmul_nbits_f16_small: SMALL, true, false;
+    matmul_nbits_f16_small_zf: SMALL, true, true;
+    matmul_nbits_f16_large: LARGE, false, false;
+    matmul_nbits_f16_large_zf: LARGE, false, true;
 );
 matmul_nbits_entries!(Bf16, matmul_nbits_reduce_bf16,
-    matmul_nbits_bf16_small: 1, 4, 1, 4, true, false;
-    matmul_nbits_bf16_small_zf: 1, 4, 1, 4, true, true;
-    matmul_nbits_bf16_large: 4, 4, 2, 4, false, false;
-    matmul_nbits_bf16_large_zf: 4, 4, 2, 4, false, true;
+    matmul_nbits_bf16_small: SMALL, true, false;
+    matmul_nbits_bf16_small_zf: SMALL, true, true;
+    matmul_nbits_bf16_large: LARGE, false, false;
+    matmul_nbits_bf16_large_zf: LARGE, false, true;
 );

@@ -44,16 +44,11 @@ use crate::device::{SharedAddr, index, math, sync, warp};
 use crate::element::{Bf16, Element, F16, TensorElement};
 use crate::{shared_array, unroll};
 
-const WARPS: u32 = 4;
-const THREADS: u32 = WARPS * 32;
-/// Query rows per block: one `mma` M tile (rows past `R` are zero queries, never written).
-const M_TILE: usize = 16;
+pub use crate::layout::paged_attention::*;
+
 /// Tokens per warp step: the K (reduction) size of the P x V `mma`, two N tiles of Q x K^T.
 const TOKENS: usize = 16;
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
-
-pub const STATUS_BAD_BLOCK: u32 = 1;
-pub const STATUS_BAD_CONTEXT: u32 = 2;
 
 /// `a / b` without a division-by-zero panic path (the host guarantees `b > 0`; a zero divisor
 /// divides by one instead of trapping).
@@ -119,25 +114,6 @@ pub struct Dims {
     /// [`divmod`] constants for `block_size`.
     pub block_magic: u32,
     pub block_shift: u32,
-}
-
-/// Dynamic shared memory of the partition kernel for head size `d` (the host mirrors it):
-/// permuted queries `[16][32 * ceil(d / 32) + 8]` b16, per-warp max/sum `[4][16][2]` f32, and
-/// per-warp accumulators `[4][32 * ceil(d / 64)][32]` f32.
-pub const fn shared_bytes(d: usize) -> usize {
-    let d_out = d / split(d);
-    M_TILE * q_row_bytes(d) + (WARPS as usize) * M_TILE * 2 * 4 + (WARPS as usize) * 32 * d_out.div_ceil(64) * 32 * 4
-}
-
-/// Blocks that share one partition's output columns: 2 at head size 256 (each computes the
-/// scores and half of `P V`, so the accumulators fit in registers), else 1.
-pub const fn split(d: usize) -> usize {
-    if d > 128 { 2 } else { 1 }
-}
-
-/// Bytes per permuted query row: 16 bytes of padding keep `ldmatrix` rows on distinct banks.
-const fn q_row_bytes(d: usize) -> usize {
-    d.div_ceil(32) * 64 + 16
 }
 
 /// The context length of sequence `b` if valid, else `None` (status already flagged).

@@ -1,0 +1,51 @@
+// Tile shapes and flags of `matmul_nbits_*` (kernels-gpu/src/matmul_nbits.rs), also compiled
+// into the host launcher (host/launch/matmul_nbits.rs): plain constants, no device code.
+
+/// K per chunk: 4 lanes x 32 codes.
+pub const CHUNK: usize = 128;
+/// Shared row of the `large` variant: 128 halves + 16 bytes of padding (conflict-free `ldmatrix`).
+pub const A_ROW_BYTES: usize = CHUNK * 2 + 16;
+
+/// A variant's tiling: `mt` x `nt` `mma` tiles (16 x 8) per warp, `wm` x `wn` warps per block.
+#[derive(Clone, Copy)]
+pub struct Tiling {
+    pub mt: usize,
+    pub nt: usize,
+    pub wm: usize,
+    pub wn: usize,
+}
+
+impl Tiling {
+    /// Rows of A (M) per block.
+    pub const fn block_m(self) -> usize {
+        16 * self.mt * self.wm
+    }
+
+    /// Columns of the output (N) per block.
+    pub const fn block_n(self) -> usize {
+        8 * self.nt * self.wn
+    }
+
+    pub const fn threads(self) -> usize {
+        32 * self.wm * self.wn
+    }
+}
+
+/// `small`: warp tile 16 x 32, 4 warps side by side (block 16 x 128), no shared memory.
+pub const SMALL: Tiling = Tiling { mt: 1, nt: 4, wm: 1, wn: 4 };
+/// `large`: warp tile 64 x 32, 2 x 4 warps (block 128 x 128), A staged in shared memory.
+pub const LARGE: Tiling = Tiling { mt: 4, nt: 4, wm: 2, wn: 4 };
+/// Dynamic shared memory of the `large` variant: one K chunk of its A rows.
+pub const LARGE_SHARED_BYTES: usize = LARGE.block_m() * A_ROW_BYTES;
+
+/// Threads per block of `matmul_nbits_reduce_*` (one output element each).
+pub const REDUCE_THREADS: usize = 256;
+
+/// `flags` bits.
+pub const FLAG_ZERO_U8: u32 = 1;
+pub const FLAG_ZERO_T: u32 = 2;
+pub const FLAG_BIAS: u32 = 4;
+/// Rows of `b` start on 16-byte boundaries (and `b` is 16-byte aligned).
+pub const FLAG_B_VEC16: u32 = 8;
+/// `K % 8 == 0` and `a` is 16-byte aligned: 16-byte activation loads.
+pub const FLAG_A_VEC16: u32 = 16;

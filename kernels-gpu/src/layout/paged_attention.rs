@@ -1,0 +1,31 @@
+// Tile shapes and status bits of `paged_attention_*` (kernels-gpu/src/paged_attention.rs), also
+// compiled into the host launcher (host/launch/paged_attention.rs): no device code.
+
+pub const WARPS: u32 = 4;
+pub const THREADS: u32 = WARPS * 32;
+/// Query rows per block: one `mma` M tile (rows past `R` are zero queries, never written).
+pub const M_TILE: usize = 16;
+
+/// Status bit: a block-table entry (or slot) outside the cache.
+pub const STATUS_BAD_BLOCK: u32 = 1;
+/// Status bit: a context length below `q_len` or beyond the block table.
+pub const STATUS_BAD_CONTEXT: u32 = 2;
+
+/// Dynamic shared memory of the partition kernel for head size `d`: permuted queries
+/// `[16][32 * ceil(d / 32) + 8]` b16, per-warp max/sum `[4][16][2]` f32, and per-warp
+/// accumulators `[4][32 * ceil(d / 64)][32]` f32.
+pub const fn shared_bytes(d: usize) -> usize {
+    let d_out = d / split(d);
+    M_TILE * q_row_bytes(d) + (WARPS as usize) * M_TILE * 2 * 4 + (WARPS as usize) * 32 * d_out.div_ceil(64) * 32 * 4
+}
+
+/// Blocks that share one partition's output columns: 2 at head size 256 (each computes the
+/// scores and half of `P V`, so the accumulators fit in registers), else 1.
+pub const fn split(d: usize) -> usize {
+    if d > 128 { 2 } else { 1 }
+}
+
+/// Bytes per permuted query row: 16 bytes of padding keep `ldmatrix` rows on distinct banks.
+pub const fn q_row_bytes(d: usize) -> usize {
+    d.div_ceil(32) * 64 + 16
+}
