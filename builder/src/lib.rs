@@ -262,6 +262,9 @@ impl KernelBuilder {
             .arg("--target")
             .arg("nvptx64-nvidia-cuda")
             .arg("--")
+            // The kernel crate only (not `core`): its warnings fail the build, since cargo shows
+            // a build script's output only when it fails.
+            .arg("-Dwarnings")
             .arg(format!("--emit=asm={}", emitted.display()));
         // RUSTFLAGS reach `core` too, so the whole module is generated for `arch`.
         // -JumpThreading: rustc's MIR pass can duplicate a barrier into divergent branches and

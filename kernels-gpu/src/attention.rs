@@ -71,6 +71,8 @@ fn tanh(x: f32) -> f32 {
 /// Rows below `valid` must be readable; `src` must be a global address and 16-byte aligned
 /// with `stride` a multiple of 8.
 #[inline(always)]
+// The unrolled walk advances `from` after its last copy too (dead, removed by the optimizer).
+#[allow(unused_assignments)]
 unsafe fn load_tile<T, const D: usize, const ROWS: usize>(dst: SharedAddr, src: *const T, stride: u32, valid: u32) {
     let chunks = D / 8;
     let tid = index::thread_idx_x() as usize;
