@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds one test and one bench executable of a kernel family for several git refs (branches
+# or commits) and packs them with a runner into .gpu-variants.tar.xz, so that one GPU run can
+# test and time the variants side by side (same machine, same run, same inputs).
+#
+# Usage: scripts/gpu-variants.sh FAMILY REF [REF ...]
+#   e.g. scripts/gpu-variants.sh attention main wip/attention-regs wip/attention-regs-causal
+# There: tar -xJf .gpu-variants.tar.xz && bash .gpu-variants/run.sh [bench filter]
+#   runs every variant's GPU tests, then each bench twice in alternating order (A B A B), and
+#   prints one line per bench and variant.
+set -euo pipefail
+[ $# -ge 2 ] || { sed -n 2,10p "$0"; exit 2; }
+family=$1; shift
+root=$(git rev-parse --show-toplevel); cd "$root"
+out="$root/.gpu-variants"
+rm -rf "$out"; mkdir -p "$out"
+# One target directory for all variants: dependencies build once.
+export CARGO_TARGET_DIR="$root/target/variants"
+export CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=symbols
+export CARGO_PROFILE_BENCH_DEBUG=false CARGO_PROFILE_BENCH_STRIP=symbols
+executable() { # kind (test|bench) -> path of the family's executable
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$family"
+}
+for ref in "$@"; do
+  name=$(echo "$ref" | tr '/' '-')
+  tree=$(mktemp -d)
+  git worktree add --quiet --detach "$tree" "$ref"
+  (
+    cd "$tree"
+    echo "== $ref ($(git rev-parse --short HEAD))"
+    cp "$(cargo build --release --test "$family" --message-format=json | executable)" "$out/test-$name"
+    cp "$(cargo build --release --bench "$family" --message-format=json | executable)" "$out/bench-$name"
+  )
+  git worktree remove --force "$tree"
+  echo "$name $ref" >> "$out/variants"
+done
+cat > "$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# GPU tests of every variant, then every bench twice in alternating order.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+filter=${1:-}
+while read -r name ref; do
+  echo "== tests $ref"
+  timeout 300 "$here/test-$name" --include-ignored gpu_ 2>&1 | grep -E "^test result|panicked|FAILED" | head -5
+done < "$here/variants"
+for round in 1 2; do
+  while read -r name ref; do
+    timeout 300 "$here/bench-$name" --bench --warm-up-time 0.3 --measurement-time 1 --noplot $filter 2>&1 \
+      | grep -E "^[a-z_]+/|time:" | paste - - | awk -v v="$ref" -v r="$round" '{print r, v, $1, $5, $6}'
+  done < "$here/variants"
+done
+RUN
+tar -cf - -C "$root" .gpu-variants | xz -T0 -6 > "$root/.gpu-variants.tar.xz"
+du -sh "$root/.gpu-variants.tar.xz"
