@@ -19,30 +19,10 @@ const KERNEL: &str = "attention";
 #[allow(dead_code)]
 #[path = "../../kernels-gpu/src/layout/attention.rs"]
 mod layout;
-use layout::{WARPS, block_m, shared_bytes};
+use layout::{Dims, WARPS, block_m, shared_bytes};
 const THREADS: u32 = 32 * WARPS as u32;
 /// Head sizes with a kernel.
 pub const HEAD_DIMS: [usize; 5] = [64, 80, 96, 128, 256];
-
-/// The kernel's scalar arguments (`Dims` in the device code; same layout).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Dims {
-    heads: u32,
-    kv_heads: u32,
-    seqlen_q: u32,
-    seqlen_k: u32,
-    q_row_stride: u32,
-    k_row_stride: u32,
-    causal: u32,
-    window_left: i32,
-    scale: f32,
-    softcap: f32,
-    lse_head_stride: u32,
-    lse_batch_stride: u32,
-    total_q: u32,
-    total_k: u32,
-}
 
 /// How the batch is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,23 +25,9 @@ const KERNEL: &str = "matmul_nbits";
 #[path = "../../kernels-gpu/src/layout/matmul_nbits.rs"]
 mod layout;
 use layout::{
-    CHUNK, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, REDUCE_THREADS,
-    SMALL,
+    CHUNK, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES,
+    REDUCE_THREADS, SMALL,
 };
-
-/// The kernels' scalar arguments (`Dims` in the device code; same layout).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Dims {
-    m: u32,
-    n: u32,
-    k: u32,
-    k_blocks: u32,
-    block_shift: u32,
-    row_bytes: u32,
-    chunks_per_split: u32,
-    flags: u32,
-}
 
 /// How the zero points are given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

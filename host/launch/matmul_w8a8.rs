@@ -20,18 +20,9 @@ const KERNEL: &str = "matmul_w8a8";
 #[path = "../../kernels-gpu/src/layout/matmul_w8a8.rs"]
 mod layout;
 use layout::{
-    BM, BN, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, QUANTIZE_THREADS, SHARED_BYTES, SMALL_M_MAX, SMALL_N_PER_BLOCK,
-    SMALL_THREADS, THREADS,
+    BM, BN, Dims, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, QUANTIZE_THREADS, SHARED_BYTES, SMALL_M_MAX,
+    SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS,
 };
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Dims {
-    m: u32,
-    n: u32,
-    k: u32,
-    flags: u32,
-}
 
 /// Shapes and options of one call.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -30,41 +30,10 @@ pub const HEAD_SIZES: [usize; 5] = [64, 80, 96, 128, 256];
 #[allow(dead_code)]
 #[path = "../../kernels-gpu/src/layout/paged_attention.rs"]
 mod layout;
-use layout::{M_TILE, THREADS};
+use layout::{Dims, M_TILE, THREADS};
 pub use layout::{STATUS_BAD_BLOCK, STATUS_BAD_CONTEXT};
 /// Most query rows (query heads per KV head times query tokens) one block handles.
 pub const MAX_ROWS: usize = 64;
-
-/// The kernels' scalar arguments (`Dims` in the device code; same layout).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Dims {
-    num_blocks: u32,
-    block_size: u32,
-    kv_heads: u32,
-    group: u32,
-    q_len: u32,
-    max_blocks: u32,
-    partition: u32,
-    num_partitions: u32,
-    window: u32,
-    max_context: u32,
-    scale: f32,
-    softcap: f32,
-    m_tiles: u32,
-    block_magic: u32,
-    block_shift: u32,
-}
-
-/// Dynamic shared memory of the partition kernel.
-fn partition_shared_bytes(d: usize) -> usize {
-    layout::shared_bytes(d)
-}
-
-/// Blocks sharing one partition's output columns (2 at head size 256).
-fn column_split(d: usize) -> usize {
-    layout::split(d)
-}
 
 /// Constants for dividing `n < 2^31` by `d` with a multiply-high, a shift and an add (the
 /// round-up method of Granlund and Montgomery): `q = (mulhi(n, magic) + n) >> shift`.
@@ -182,7 +151,7 @@ impl PagedAttentionParams {
             )));
         }
         if p.batch > 65535
-            || p.num_kv_heads * rows.div_ceil(M_TILE) * column_split(p.head_size) > 65535
+            || p.num_kv_heads * rows.div_ceil(M_TILE) * layout::split(p.head_size) > 65535
             || p.num_q_heads > 65535
             || p.q_len > 65535
         {
@@ -198,7 +167,7 @@ impl PagedAttentionParams {
         }
         let d = p.head_size;
         let m_tiles = rows.div_ceil(M_TILE);
-        let smem = partition_shared_bytes(d);
+        let smem = layout::shared_bytes(d);
         // Partitions of up to 1024 tokens; halve them while there are too few blocks to fill
         // the GPU (a few waves).
         let mut partition = if p.partition > 0 { p.partition } else { 1024 };
@@ -237,7 +206,7 @@ impl PagedAttentionParams {
             block_shift: divmod_constants(p.block_size as u32).1,
         };
         let attention_dims = LaunchDims {
-            grid: (num_partitions as u32, (p.num_kv_heads * m_tiles * column_split(d)) as u32, p.batch as u32),
+            grid: (num_partitions as u32, (p.num_kv_heads * m_tiles * layout::split(d)) as u32, p.batch as u32),
             block: (THREADS, 1, 1),
             shared_bytes: smem as u32,
         };

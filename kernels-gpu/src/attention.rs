@@ -28,35 +28,11 @@ use crate::device::{SharedAddr, index, math, sync, warp};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::unroll;
 
-pub use crate::layout::attention::{WARPS, block_m, block_n, m_tiles, row_bytes, shared_bytes, sub_n};
+pub use crate::layout::attention::{Dims, WARPS, block_m, block_n, m_tiles, row_bytes, shared_bytes, sub_n};
 
 const THREADS: usize = WARPS * 32;
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;
-
-/// Scalar arguments.
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct Dims {
-    pub heads: u32,
-    pub kv_heads: u32,
-    /// Padded batches: every sequence's lengths (ignored where `cu_q` / `cu_k` are given).
-    pub seqlen_q: u32,
-    pub seqlen_k: u32,
-    pub q_row_stride: u32,
-    pub k_row_stride: u32,
-    pub causal: u32,
-    /// Left window in keys, negative for none.
-    pub window_left: i32,
-    pub scale: f32,
-    /// Logit soft cap, 0 for none.
-    pub softcap: f32,
-    pub lse_head_stride: u32,
-    pub lse_batch_stride: u32,
-    /// Query and key rows in all: packed lengths are clamped to them.
-    pub total_q: u32,
-    pub total_k: u32,
-}
 
 /// tanh through `ex2.approx` and `rcp.approx` (as in paged attention).
 #[inline(always)]

@@ -41,22 +41,6 @@ use crate::unroll;
 
 pub use crate::layout::matmul_nbits::*;
 
-/// Scalar arguments.
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct Dims {
-    pub m: u32,
-    pub n: u32,
-    pub k: u32,
-    pub k_blocks: u32,
-    /// log2(block_size).
-    pub block_shift: u32,
-    /// Bytes per row of `b`: `k_blocks * block_size / 2`.
-    pub row_bytes: u32,
-    pub chunks_per_split: u32,
-    pub flags: u32,
-}
-
 /// The 16 bytes of codes lane `q` needs from one row of `b`, zero past the row's end.
 ///
 /// # Safety

@@ -40,16 +40,6 @@ use crate::{shared_array, unroll};
 
 pub use crate::layout::matmul_w8a8::*;
 
-/// Scalar arguments.
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct Dims {
-    pub m: u32,
-    pub n: u32,
-    pub k: u32,
-    pub flags: u32,
-}
-
 /// Copies rows `[0, valid)` of a 128 x 64 tile (`src` at the tile's first row and K offset
 /// `k0`, rows `k` bytes apart) into shared memory, zero-filling rows past `valid` and bytes
 /// past `k`; all 256 threads.

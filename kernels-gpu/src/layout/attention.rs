@@ -35,3 +35,27 @@ pub const fn row_bytes(d: usize) -> usize {
 pub const fn shared_bytes(d: usize) -> usize {
     (block_m(d) + 4 * block_n(d)) * row_bytes(d)
 }
+
+/// Scalar arguments. The host launcher passes this very type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub struct Dims {
+    pub heads: u32,
+    pub kv_heads: u32,
+    /// Padded batches: every sequence's lengths (ignored where `cu_q` / `cu_k` are given).
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub q_row_stride: u32,
+    pub k_row_stride: u32,
+    pub causal: u32,
+    /// Left window in keys, negative for none.
+    pub window_left: i32,
+    pub scale: f32,
+    /// Logit soft cap, 0 for none.
+    pub softcap: f32,
+    pub lse_head_stride: u32,
+    pub lse_batch_stride: u32,
+    /// Query and key rows in all: packed lengths are clamped to them.
+    pub total_q: u32,
+    pub total_k: u32,
+}

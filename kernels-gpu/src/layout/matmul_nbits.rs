@@ -49,3 +49,19 @@ pub const FLAG_BIAS: u32 = 4;
 pub const FLAG_B_VEC16: u32 = 8;
 /// `K % 8 == 0` and `a` is 16-byte aligned: 16-byte activation loads.
 pub const FLAG_A_VEC16: u32 = 16;
+
+/// Scalar arguments. The host launcher passes this very type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub struct Dims {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub k_blocks: u32,
+    /// log2(block_size).
+    pub block_shift: u32,
+    /// Bytes per row of `b`: `k_blocks * block_size / 2`.
+    pub row_bytes: u32,
+    pub chunks_per_split: u32,
+    pub flags: u32,
+}

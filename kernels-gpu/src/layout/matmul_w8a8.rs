@@ -28,3 +28,13 @@ pub const FLAG_BIAS: u32 = 1;
 pub const FLAG_SCALAR_A_SCALE: u32 = 2;
 /// `K % 16 == 0` and `a`, `w` 16-byte aligned: 16-byte copies (set by the launcher).
 pub const FLAG_VEC16: u32 = 4;
+
+/// Scalar arguments. The host launcher passes this very type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub struct Dims {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub flags: u32,
+}

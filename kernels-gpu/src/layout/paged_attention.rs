@@ -29,3 +29,30 @@ pub const fn split(d: usize) -> usize {
 pub const fn q_row_bytes(d: usize) -> usize {
     d.div_ceil(32) * 64 + 16
 }
+
+/// Scalar arguments shared by the partition and combine kernels. The host launcher passes this very type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub struct Dims {
+    pub num_blocks: u32,
+    pub block_size: u32,
+    pub kv_heads: u32,
+    /// Query heads per KV head.
+    pub group: u32,
+    pub q_len: u32,
+    pub max_blocks: u32,
+    pub partition: u32,
+    pub num_partitions: u32,
+    /// Sliding window in tokens, 0 for none.
+    pub window: u32,
+    /// The caller's bound on context lengths; longer ones are errors.
+    pub max_context: u32,
+    pub scale: f32,
+    /// Logit soft cap, 0 for none.
+    pub softcap: f32,
+    /// Query-row tiles of [`M_TILE`] per KV head (`ceil(group * q_len / 16)`).
+    pub m_tiles: u32,
+    /// [`divmod`] constants for `block_size`.
+    pub block_magic: u32,
+    pub block_shift: u32,
+}
