@@ -73,6 +73,20 @@ fn builtin_rmsnorm_reports_bad_inputs() {
     assert!(err.to_string().contains("called with 0 outputs, the kernel has 1"), "{err}");
 }
 
+/// Kernels with optional inputs refuse counts outside their range, saying which range.
+#[test]
+fn builtin_kernels_check_their_input_count_ranges() {
+    let mut a = Host::<i8>::new(vec![1; 4], &[1, 4]);
+    let mut y = Host::<f32>::new(vec![0.0; 1], &[1, 1]);
+    let mut tensors = [a.dl(), a.dl(), y.dl()];
+    let attrs = Attributes::new();
+    // SAFETY: host tensors alive for the call (the count check comes first).
+    let err = unsafe { registry::call("dlkern.matmul_w8a8", &mut tensors, 2, std::ptr::null_mut(), &attrs) }
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("called with 2 inputs and 1 outputs (expected 4 to 5 and 1)"), "{err}");
+}
+
 #[test]
 fn unknown_names_suggest_close_matches() {
     let err = registry::get("dlkern.rmsnrom").err().unwrap();

@@ -176,12 +176,7 @@ pub(super) unsafe fn store(t: &TensorView, values: &[f64]) -> Result<()> {
 fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
     use crate::launch::matmul_nbits::ZeroPointKind;
     use crate::quant::w4::{W4Weights, ZeroPoints, matmul_reference};
-    if !(3..=6).contains(&args.num_inputs()) || args.num_outputs() != 1 {
-        return Err(Error::KernelFailed {
-            name: args.function_name.to_string(),
-            message: format!("takes 3 to 6 inputs and 1 output, got {} and {}", args.num_inputs(), args.num_outputs()),
-        });
-    }
+    args.expect_count_ranges(3..=6, 1..=1)?;
     let at = nbits_attrs(args.function_name, args.attrs)?;
     let a = args.input(0, "A")?;
     let b = args.input(1, "B")?;

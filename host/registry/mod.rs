@@ -13,6 +13,7 @@ mod plugin;
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_void};
+use std::ops::RangeInclusive;
 use std::sync::{Arc, LazyLock, RwLock};
 
 pub(crate) use attributes::c_string;
@@ -47,18 +48,27 @@ impl<'a> KernelArgs<'a> {
     }
     /// Errors unless the call has exactly these counts.
     pub fn expect_counts(&self, inputs: usize, outputs: usize) -> Result<()> {
-        if self.num_inputs() == inputs && self.num_outputs() == outputs {
-            Ok(())
-        } else {
-            Err(Error::KernelFailed {
-                name: self.function_name.to_string(),
-                message: format!(
-                    "called with {} inputs and {} outputs (expected {inputs} and {outputs})",
-                    self.num_inputs(),
-                    self.num_outputs()
-                ),
-            })
+        self.expect_count_ranges(inputs..=inputs, outputs..=outputs)
+    }
+    /// Errors unless the input and output counts lie in these ranges (optional trailing
+    /// inputs, optional outputs).
+    pub fn expect_count_ranges(&self, inputs: RangeInclusive<usize>, outputs: RangeInclusive<usize>) -> Result<()> {
+        if inputs.contains(&self.num_inputs()) && outputs.contains(&self.num_outputs()) {
+            return Ok(());
         }
+        let show = |r: &RangeInclusive<usize>| {
+            if r.start() == r.end() { r.start().to_string() } else { format!("{} to {}", r.start(), r.end()) }
+        };
+        Err(Error::KernelFailed {
+            name: self.function_name.to_string(),
+            message: format!(
+                "called with {} inputs and {} outputs (expected {} and {})",
+                self.num_inputs(),
+                self.num_outputs(),
+                show(&inputs),
+                show(&outputs)
+            ),
+        })
     }
     /// Input `i`, validated, named `name` in errors.
     pub fn input(&self, i: usize, name: &'a str) -> Result<TensorView<'a>> {

@@ -210,12 +210,7 @@ unsafe fn offsets(name: &str, l: &Layout, cu: Option<(&TensorView, &TensorView)>
 pub(super) fn compute(args: &KernelArgs) -> Result<()> {
     let name = args.function_name;
     let with_lse = args.num_outputs() == 2;
-    if !(3..=5).contains(&args.num_inputs()) || !(1..=2).contains(&args.num_outputs()) {
-        return Err(fail(
-            name,
-            format!("takes 3 to 5 inputs and 1 or 2 outputs, got {} and {}", args.num_inputs(), args.num_outputs()),
-        ));
-    }
+    args.expect_count_ranges(3..=5, 1..=2)?;
     let q = args.input(0, "q")?;
     let k = args.input(1, "k")?;
     let v = args.input(2, "v")?;

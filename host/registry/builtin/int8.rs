@@ -89,12 +89,7 @@ pub(super) fn w8a8_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
 
 pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
     let name = args.function_name;
-    if !(4..=5).contains(&args.num_inputs()) || args.num_outputs() != 1 {
-        return Err(fail(
-            name,
-            format!("takes 4 or 5 inputs and 1 output, got {} and {}", args.num_inputs(), args.num_outputs()),
-        ));
-    }
+    args.expect_count_ranges(4..=5, 1..=1)?;
     let a = args.input(0, "a_q")?;
     let a_scale = args.input(1, "a_scale")?;
     let w = args.input(2, "w_q")?;
@@ -211,13 +206,7 @@ unsafe fn broadcast(t: &TensorView, len: usize, what: &str) -> Result<Vec<f64>> 
 /// `Y = sum_k (A[m,k] - a_zp[k]) a_scale[k] (B[k,n] - b_zp[n]) b_scale[n] + bias[n]`, where the A
 /// parameters are scalars or per column of A (per k), as that op defines them.
 pub(super) fn itf_compute(args: &KernelArgs) -> Result<()> {
-    let name = args.function_name;
-    if !(4..=7).contains(&args.num_inputs()) || args.num_outputs() != 1 {
-        return Err(fail(
-            name,
-            format!("takes 4 to 7 inputs and 1 output, got {} and {}", args.num_inputs(), args.num_outputs()),
-        ));
-    }
+    args.expect_count_ranges(4..=7, 1..=1)?;
     let a = args.input(0, "A")?;
     let b = args.input(1, "B")?;
     let a_scale = args.input(2, "a_scale")?;
