@@ -34,6 +34,22 @@ const THREADS: usize = WARPS * 32;
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;
 
+/// Where in a tile the next tile's copy is issued. Any point after the barrier is safe (every
+/// warp is done with the stage it refills); the point only moves the copy addresses' live
+/// range, which decides ptxas's spills at 255 registers.
+const COPY_AT_TOP: usize = 0;
+const COPY_AFTER_SCORES: usize = 1;
+const COPY_BEFORE_PV: usize = 2;
+
+/// The copy point with the fewest spills per head size (ptxas 13.0, sm_90).
+pub const fn copy_at(d: usize) -> usize {
+    match d {
+        96 => COPY_BEFORE_PV,
+        128 => COPY_AFTER_SCORES,
+        _ => COPY_AT_TOP,
+    }
+}
+
 /// tanh through `ex2.approx` and `rcp.approx` (as in paged attention).
 #[inline(always)]
 fn tanh(x: f32) -> f32 {
@@ -99,6 +115,7 @@ unsafe fn attention_fwd<
     const SUB: usize,
     const MT: usize,
     const Q_REGS: bool,
+    const COPY_AT: usize,
 >(
     q: *const T,
     k: *const T,
@@ -201,7 +218,7 @@ unsafe fn attention_fwd<
             // lands while this tile is computed).
             wait_group::<0>();
             sync::sync_threads();
-            if tile + 1 < tile_hi {
+            if COPY_AT == COPY_AT_TOP && tile + 1 < tile_hi {
                 load_kv(tile + 1, stage ^ 1);
                 commit_group();
             }
@@ -244,6 +261,11 @@ unsafe fn attention_fwd<
                         });
                     }
                 });
+
+                if COPY_AT == COPY_AFTER_SCORES && HF == 0 && tile + 1 < tile_hi {
+                    load_kv(tile + 1, stage ^ 1);
+                    commit_group();
+                }
 
                 // Mask (and cap) where the tile is not fully visible to the whole block.
                 let first_key = (tile * BN + HF * SUB) as u32;
@@ -323,6 +345,11 @@ unsafe fn attention_fwd<
                             });
                         }
                     });
+                }
+
+                if COPY_AT == COPY_BEFORE_PV && HF == 0 && tile + 1 < tile_hi {
+                    load_kv(tile + 1, stage ^ 1);
+                    commit_group();
                 }
 
                 // O += P V: the score fragments of key tiles 2t, 2t + 1 are the A fragment of step t;
@@ -405,7 +432,7 @@ macro_rules! attention_entries {
             cu_q: *const i32, cu_k: *const i32, dims: Dims,
         ) {
             // SAFETY: forwarded launch contract.
-            unsafe { attention_fwd::<$ty, $d, { block_m($d) }, { block_n($d) }, { sub_n($d) }, { m_tiles($d) }, { $d == 64 }>(q, k, v, out, lse, cu_q, cu_k, dims) }
+            unsafe { attention_fwd::<$ty, $d, { block_m($d) }, { block_n($d) }, { sub_n($d) }, { m_tiles($d) }, { $d == 64 }, { copy_at($d) }>(q, k, v, out, lse, cu_q, cu_k, dims) }
         }
     )+};
 }
