@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Builds one test and one bench executable of a kernel family for several git refs (branches
-# or commits) and packs them with a runner into .gpu-variants.tar.xz, so that one GPU run can
-# test and time the variants side by side (same machine, same run, same inputs).
+# or commits) and packs them with a runner into .gpu-variants-FAMILY.tar.xz, so that one GPU run
+# can test and time the variants side by side (same machine, same run, same inputs). Each family
+# has its own archive, so several families can travel to one GPU run.
 #
 # Usage: scripts/gpu-variants.sh FAMILY REF [REF ...]
 #   e.g. scripts/gpu-variants.sh attention main wip/attention-regs wip/attention-regs-causal
-# There: tar -xJf .gpu-variants.tar.xz && bash .gpu-variants/run.sh [bench filter]
+# There: tar -xJf .gpu-variants-FAMILY.tar.xz && bash .gpu-variants-FAMILY/run.sh [bench filter]
 #   runs every variant's GPU tests, then each bench twice in alternating order (A B A B), and
 #   prints one line per bench and variant.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n 2,10p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,11p "$0"; exit 2; }
 family=$1; shift
 root=$(git rev-parse --show-toplevel); cd "$root"
-out="$root/.gpu-variants"
+out="$root/.gpu-variants-$family"
 rm -rf "$out"; mkdir -p "$out"
 # One target directory for all variants: dependencies build once.
 export CARGO_TARGET_DIR="$root/target/variants"
@@ -53,9 +54,10 @@ done < "$here/variants"
 for round in 1 2; do
   while read -r name ref; do
     timeout 300 "$here/bench-$name" --bench --warm-up-time 0.3 --measurement-time 1 --noplot $filter 2>&1 \
-      | grep -E "^[a-z_]+/|time:" | paste - - | awk -v v="$ref" -v r="$round" '{print r, v, $1, $5, $6}'
+      | awk -v v="$ref" -v r="$round" '/^[a-z0-9_]+\//{id=$1}
+          /time:/{for(i=1;i<=NF;i++) if($i=="time:") print r, v, id, $(i+3), $(i+4)}'
   done < "$here/variants"
 done
 RUN
-tar -cf - -C "$root" .gpu-variants | xz -T0 -6 > "$root/.gpu-variants.tar.xz"
-du -sh "$root/.gpu-variants.tar.xz"
+tar -cf - -C "$root" ".gpu-variants-$family" | xz -T0 -6 > "$root/.gpu-variants-$family.tar.xz"
+du -sh "$root/.gpu-variants-$family.tar.xz"
