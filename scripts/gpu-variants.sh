@@ -6,12 +6,13 @@
 #
 # Usage: scripts/gpu-variants.sh FAMILY REF [REF ...]
 #   e.g. scripts/gpu-variants.sh attention main wip/attention-regs wip/attention-regs-causal
+#   FAMILY names the test and bench targets; TEST:BENCH where they differ (matmul_w4:matmul_nbits).
 # There: tar -xJf .gpu-variants-FAMILY.tar.xz && bash .gpu-variants-FAMILY/run.sh [bench filter]
 #   runs every variant's GPU tests, then each bench twice in alternating order (A B A B), and
 #   prints one line per bench and variant.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n 2,11p "$0"; exit 2; }
-family=$1; shift
+[ $# -ge 2 ] || { sed -n 2,12p "$0"; exit 2; }
+family=${1%%:*}; bench=${1##*:}; shift
 root=$(git rev-parse --show-toplevel); cd "$root"
 out="$root/.gpu-variants-$family"
 rm -rf "$out"; mkdir -p "$out"
@@ -19,14 +20,14 @@ rm -rf "$out"; mkdir -p "$out"
 export CARGO_TARGET_DIR="$root/target/variants"
 export CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=symbols
 export CARGO_PROFILE_BENCH_DEBUG=false CARGO_PROFILE_BENCH_STRIP=symbols
-executable() { # kind (test|bench) -> path of the family's executable
+executable() { # target name -> path of its executable
   python3 -c '
 import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
-        print(m["executable"])' "$family"
+        print(m["executable"])' "$1"
 }
 for ref in "$@"; do
   name=$(echo "$ref" | tr '/' '-')
@@ -35,8 +36,8 @@ for ref in "$@"; do
   (
     cd "$tree"
     echo "== $ref ($(git rev-parse --short HEAD))"
-    cp "$(cargo build --release --test "$family" --message-format=json | executable)" "$out/test-$name"
-    cp "$(cargo build --release --bench "$family" --message-format=json | executable)" "$out/bench-$name"
+    cp "$(cargo build --release --test "$family" --message-format=json | executable "$family")" "$out/test-$name"
+    cp "$(cargo build --release --bench "$bench" --message-format=json | executable "$bench")" "$out/bench-$name"
   )
   git worktree remove --force "$tree"
   echo "$name $ref" >> "$out/variants"

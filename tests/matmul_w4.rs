@@ -198,7 +198,8 @@ mod gpu {
 
         /// Each output within 2 roundoffs of sum |a| |w| (each weight is rounded to T once)
         /// plus one roundoff of the value (the final rounding).
-        fn check(&self) {
+        /// Runs the GPU kernel and checks it against the reference; returns what it launched.
+        fn check(&self) -> MatMulNBitsPlan {
             let (got, plan) = self.run();
             let (m, n, k) = (self.p.m, self.p.n, self.p.k);
             let a64: Vec<f64> = self.a.iter().map(|v| v.to_f64()).collect();
@@ -220,6 +221,7 @@ mod gpu {
                     );
                 }
             }
+            plan
         }
     }
 
@@ -256,6 +258,33 @@ mod gpu {
         }
     }
 
+    /// The `decode` builds (integer zero points, blocks >= 128, 16-byte rows): both row builds,
+    /// N not a multiple of the 32-column tile, K ending inside a chunk and inside a block,
+    /// forced K splits, both types.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_decode_kernels_match_reference() {
+        let mut seed = 500;
+        for m in [1, 5, 8, 9, 16, 33] {
+            for (block, k) in [(128, 1096), (256, 4104), (128, 128)] {
+                for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
+                    for splits in [0, 3] {
+                        seed += 1;
+                        let p = MatMulNBitsParams {
+                            zero_points,
+                            bias: seed % 2 == 0,
+                            splits,
+                            ..params(DType::F16, m, 100, k, block)
+                        };
+                        assert!(problem::<f16>(p, seed).check().kernel.contains("decode"));
+                        let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                        assert!(problem::<bf16>(p, seed + 1000).check().kernel.contains("decode"));
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_variants_and_splits_agree_with_reference() {
@@ -282,7 +311,7 @@ mod gpu {
             let variant = [None, Some(Variant::Small), Some(Variant::Large)][variant];
             let dtype = if bf { DType::BF16 } else { DType::F16 };
             let p = MatMulNBitsParams { zero_points, bias, variant, splits, ..params(dtype, m, n, k, block) };
-            if bf { problem::<bf16>(p, seed).check() } else { problem::<f16>(p, seed).check() }
+            if bf { problem::<bf16>(p, seed).check(); } else { problem::<f16>(p, seed).check(); }
         }
     }
 }
@@ -302,9 +331,23 @@ fn gpu_plan_validates_and_splits() {
         variant: None,
         splits: 0,
     };
+    // N alone fills the GPU: 256 blocks of 32 columns, the 8-row build, no K split.
     let plan = ok.plan(132).unwrap();
-    assert_eq!((plan.variant, plan.dims.grid.0, plan.dims.grid.1), (Variant::Small, 64, 1));
-    assert!(plan.splits > 1 && plan.reduce.is_some() && plan.workspace_bytes == plan.splits * 8192 * 4);
+    assert_eq!(
+        (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
+        (Variant::Small, "matmul_nbits_f16_decode8", (256, 1, 1), 1)
+    );
+    assert_eq!((plan.reduce, plan.workspace_bytes, plan.unaligned_kernel), (None, 0, "matmul_nbits_f16_small"));
+    let plan = MatMulNBitsParams { m: 9, ..ok }.plan(132).unwrap();
+    assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_f16_decode16", 1));
+    // Blocks smaller than a K chunk and fractional zero points take the general `small`.
+    let plan = MatMulNBitsParams { block_size: 64, ..ok }.plan(132).unwrap();
+    assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_f16_small", 1));
+    let plan = MatMulNBitsParams { m: 9, zero_points: ZeroPointKind::Typed, ..ok }.plan(132).unwrap();
+    assert_eq!(plan.kernel, "matmul_nbits_f16_small_zf");
+    // Few columns: K is split until every SM has a block.
+    let plan = MatMulNBitsParams { n: 1024, ..ok }.plan(132).unwrap();
+    assert!(plan.splits == 5 && plan.reduce.is_some() && plan.workspace_bytes == 5 * 1024 * 4);
     assert_eq!(MatMulNBitsParams { m: 1024, ..ok }.plan(132).unwrap().variant, Variant::Large);
     let err = |p: MatMulNBitsParams| p.plan(132).unwrap_err().to_string();
     assert!(err(MatMulNBitsParams { dtype: DType::F32, ..ok }).contains("not supported on the GPU"));

@@ -2,9 +2,9 @@
 //! `kernels-gpu/src/matmul_nbits.rs`): `Y [M, N] = A [M, K] W^T (+ bias)` with `W` given as
 //! ONNX Runtime's 4-bit blocks (see [`crate::quant::w4`] for the format).
 //!
-//! Two variants of one tensor-core kernel: `small` (16-row tiles, for decoding) streams the
-//! weights once per 16 rows of A with no shared memory or barriers; `large` (128 x 128 tiles) reuses each dequantized weight over
-//! 128 rows. Either may split K over several blocks when the output tiles alone cannot fill
+//! Two tensor-core kernels: `small` (8- or 16-row tiles, for decoding) streams the weights
+//! once per tile of A rows, 4 warps splitting K, with activations straight from global memory;
+//! `large` (128 x 128 tiles) reuses each dequantized weight over 128 rows. Either may split K over several blocks when the output tiles alone cannot fill
 //! the GPU; the partial sums then go through an f32 workspace and a reduction kernel.
 
 use std::ffi::c_void;
@@ -25,8 +25,8 @@ const KERNEL: &str = "matmul_nbits";
 #[path = "../../kernels-gpu/src/layout/matmul_nbits.rs"]
 mod layout;
 use layout::{
-    CHUNK, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES,
-    REDUCE_THREADS, SMALL,
+    CHUNK, DECODE8_ROWS, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
+    LARGE_SHARED_BYTES, REDUCE_THREADS, SMALL,
 };
 
 /// How the zero points are given.
@@ -43,20 +43,10 @@ pub enum ZeroPointKind {
 /// Which kernel variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
-    /// Block tile 16 x 128 (4 warps): small M.
+    /// Block tile 16 x 32 (8 x 32 for M <= 8), 4 warps splitting K: small M.
     Small,
     /// Block tile 128 x 128 (8 warps): large M.
     Large,
-}
-
-impl Variant {
-    fn tile(self) -> (usize, usize, u32) {
-        let t = match self {
-            Variant::Small => SMALL,
-            Variant::Large => LARGE,
-        };
-        (t.block_m(), t.block_n(), t.threads() as u32)
-    }
 }
 
 /// Shapes and options of one call.
@@ -78,7 +68,10 @@ pub struct MatMulNBitsParams {
 /// What a validated call launches.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MatMulNBitsPlan {
+    /// The kernel launched when the rows of A and B are 16-byte aligned multiples of 16 bytes,
+    /// else `unaligned_kernel` (the same grid; `small` instead of `decode`).
     pub kernel: &'static str,
+    pub unaligned_kernel: &'static str,
     pub dims: LaunchDims,
     pub variant: Variant,
     pub splits: usize,
@@ -105,13 +98,45 @@ impl MatMulNBitsParams {
         let p = self;
         let bad = |m: String| Error::invalid(KERNEL, m);
         let typed = p.zero_points == ZeroPointKind::Typed;
-        let (small, large, reduce) = match (p.dtype, typed) {
-            (DType::F16, false) => ("matmul_nbits_f16_small", "matmul_nbits_f16_large", "matmul_nbits_reduce_f16"),
-            (DType::F16, true) => ("matmul_nbits_f16_small_zf", "matmul_nbits_f16_large_zf", "matmul_nbits_reduce_f16"),
-            (DType::BF16, false) => ("matmul_nbits_bf16_small", "matmul_nbits_bf16_large", "matmul_nbits_reduce_bf16"),
-            (DType::BF16, true) => {
-                ("matmul_nbits_bf16_small_zf", "matmul_nbits_bf16_large_zf", "matmul_nbits_reduce_bf16")
-            }
+        // Kernels: [decode for M <= 8, decode, small, large] and the reduction. Only integer
+        // zero points have decode builds.
+        let (kernels, reduce) = match (p.dtype, typed) {
+            (DType::F16, false) => (
+                [
+                    "matmul_nbits_f16_decode8",
+                    "matmul_nbits_f16_decode16",
+                    "matmul_nbits_f16_small",
+                    "matmul_nbits_f16_large",
+                ],
+                "matmul_nbits_reduce_f16",
+            ),
+            (DType::F16, true) => (
+                [
+                    "matmul_nbits_f16_small_zf",
+                    "matmul_nbits_f16_small_zf",
+                    "matmul_nbits_f16_small_zf",
+                    "matmul_nbits_f16_large_zf",
+                ],
+                "matmul_nbits_reduce_f16",
+            ),
+            (DType::BF16, false) => (
+                [
+                    "matmul_nbits_bf16_decode8",
+                    "matmul_nbits_bf16_decode16",
+                    "matmul_nbits_bf16_small",
+                    "matmul_nbits_bf16_large",
+                ],
+                "matmul_nbits_reduce_bf16",
+            ),
+            (DType::BF16, true) => (
+                [
+                    "matmul_nbits_bf16_small_zf",
+                    "matmul_nbits_bf16_small_zf",
+                    "matmul_nbits_bf16_small_zf",
+                    "matmul_nbits_bf16_large_zf",
+                ],
+                "matmul_nbits_reduce_bf16",
+            ),
             (other, _) => return Err(bad(format!("dtype {other} not supported on the GPU (f16, bf16)"))),
         };
         for (name, v) in [("M", p.m), ("N", p.n), ("K", p.k)] {
@@ -130,18 +155,30 @@ impl MatMulNBitsParams {
         }
         // 16-row tiles re-read the weights once per tile; beyond 48 rows the 128-row tiles win.
         let variant = p.variant.unwrap_or(if p.m <= 48 { Variant::Small } else { Variant::Large });
-        let (bm, bn, threads) = variant.tile();
+        // `decode` (the lean `small`) needs integer zero points and one block per K chunk; it
+        // also needs 16-byte rows, which only the pointers tell (`matmul_nbits_raw`).
+        let decode = variant == Variant::Small && !typed && p.block_size >= CHUNK;
+        let rows8 = decode && p.m <= DECODE8_ROWS;
+        let (kernel, tiling) = match variant {
+            Variant::Small if decode => (kernels[if rows8 { 0 } else { 1 }], SMALL),
+            Variant::Small => (kernels[2], SMALL),
+            Variant::Large => (kernels[3], LARGE),
+        };
+        let (bm, bn, threads) =
+            (if rows8 { DECODE8_ROWS } else { tiling.block_m() }, tiling.block_n(), tiling.threads());
         let tiles_m = p.m.div_ceil(bm);
         let tiles_n = p.n.div_ceil(bn);
         if tiles_m > 65535 || tiles_n > i32::MAX as usize {
             return Err(bad(format!("M = {} needs {tiles_m} row tiles (at most 65535)", p.m)));
         }
         let chunks = p.k.div_ceil(CHUNK);
-        // Split K until there are about four blocks per SM (or one chunk per split).
+        // Split K until there are about four blocks per SM (`large`; one for `small`, whose
+        // warps already split K four ways), or one chunk per split.
         let wanted = if p.splits > 0 {
             p.splits
         } else {
-            let target = 4 * multiprocessors.max(1) as usize;
+            let per_sm = if variant == Variant::Small { 1 } else { 4 };
+            let target = per_sm * multiprocessors.max(1) as usize;
             target.div_ceil(tiles_m * tiles_n).clamp(1, 16)
         };
         let chunks_per_split = chunks.div_ceil(wanted.clamp(1, chunks));
@@ -170,7 +207,7 @@ impl MatMulNBitsParams {
         };
         let dims = LaunchDims {
             grid: (tiles_n as u32, tiles_m as u32, splits as u32),
-            block: (threads, 1, 1),
+            block: (threads as u32, 1, 1),
             shared_bytes: if variant == Variant::Small { 0 } else { LARGE_SHARED_BYTES as u32 },
         };
         let reduce = (splits > 1).then(|| {
@@ -180,15 +217,8 @@ impl MatMulNBitsParams {
         if (p.m * p.n).div_ceil(REDUCE_THREADS) > i32::MAX as usize {
             return Err(bad("M x N too large for the reduction grid".into()));
         }
-        Ok(MatMulNBitsPlan {
-            kernel: if variant == Variant::Small { small } else { large },
-            dims,
-            variant,
-            splits,
-            reduce,
-            workspace_bytes,
-            args,
-        })
+        let unaligned_kernel = if decode { kernels[2] } else { kernel };
+        Ok(MatMulNBitsPlan { kernel, unaligned_kernel, dims, variant, splits, reduce, workspace_bytes, args })
     }
 }
 
@@ -235,11 +265,16 @@ pub unsafe fn matmul_nbits_raw(
     if plan.workspace_bytes > 0 {
         check_pointer(KERNEL, "workspace", ptrs.workspace, 16)?;
     }
-    if ptrs.b.is_multiple_of(16) && params.row_bytes().is_multiple_of(16) {
+    let b_vec16 = ptrs.b.is_multiple_of(16) && params.row_bytes().is_multiple_of(16);
+    let a_vec16 = ptrs.a.is_multiple_of(16) && params.k.is_multiple_of(8);
+    if b_vec16 {
         plan.args.flags |= FLAG_B_VEC16;
     }
-    if ptrs.a.is_multiple_of(16) && params.k.is_multiple_of(8) {
+    if a_vec16 {
         plan.args.flags |= FLAG_A_VEC16;
+    }
+    if !(a_vec16 && b_vec16) {
+        plan.kernel = plan.unaligned_kernel;
     }
     let (zeros_u8, zeros_t) = match params.zero_points {
         ZeroPointKind::Default => (0, 0),

@@ -112,6 +112,8 @@ pub trait TensorElement: Element {
     /// # Safety
     /// All 32 lanes of the warp must execute it.
     unsafe fn mma(c: [f32; 4], a: [u32; 4], b: [u32; 2]) -> [f32; 4];
+    /// The element with bit pattern `bits`.
+    fn from_bits(bits: u16) -> Self;
     /// Two f32 rounded to a packed pair, `lo` in the low half.
     fn pack2(lo: f32, hi: f32) -> u32;
     /// `a * b + c` on packed pairs.
@@ -119,10 +121,21 @@ pub trait TensorElement: Element {
     /// Eight 4-bit codes (code `j` in bits `4j..4j+4`) minus `zero` (an integer 0..=15),
     /// exactly, as pairs `(0, 4)`, `(1, 5)`, `(2, 6)`, `(3, 7)`: the OR-into-the-mantissa
     /// trick (a code ORed into the mantissa of 2^10 or 2^7 is that power plus the code).
-    fn codes_minus_zero(word: u32, zero: u32) -> [u32; 4];
+    fn codes_minus_zero(word: u32, zero: u32) -> [u32; 4] {
+        Self::codes_minus_bias(word, Self::code_bias(zero))
+    }
+    /// The constants [`Self::codes_minus_bias`] subtracts for zero point `zero` (0..=15),
+    /// built with integer arithmetic: once per block, not per word.
+    fn code_bias(zero: u32) -> [u32; 2];
+    /// [`Self::codes_minus_zero`] with the zero point's [`Self::code_bias`].
+    fn codes_minus_bias(word: u32, bias: [u32; 2]) -> [u32; 4];
 }
 
 impl TensorElement for F16 {
+    #[inline(always)]
+    fn from_bits(bits: u16) -> Self {
+        F16(bits)
+    }
     #[inline(always)]
     unsafe fn mma(c: [f32; 4], a: [u32; 4], b: [u32; 2]) -> [f32; 4] {
         // SAFETY: forwarded contract.
@@ -137,13 +150,16 @@ impl TensorElement for F16 {
         crate::device::math::fma_f16x2(a, b, c)
     }
     #[inline(always)]
-    fn codes_minus_zero(word: u32, zero: u32) -> [u32; 4] {
+    fn code_bias(zero: u32) -> [u32; 2] {
+        // -(1024 + z) (0xE400: -1024, unit 1) and -(64 + z) (0xD400: -64, unit 1/16), twice:
+        // both exact in f16 for z <= 15.
+        [(0xE400 + zero) * 0x1_0001, (0xD400 + 16 * zero) * 0x1_0001]
+    }
+    #[inline(always)]
+    fn codes_minus_bias(word: u32, [neg_lo, neg_hi]: [u32; 2]) -> [u32; 4] {
         const MAGIC: u32 = 0x6400_6400; // 1024.0 twice
         const ONE: u32 = 0x3C00_3C00;
         const SIXTEENTH: u32 = 0x2C00_2C00;
-        // -(1024 + z) and -(64 + z): both exact in f16 for z <= 15.
-        let neg_lo = convert::pack_f16x2(-(1024.0 + zero as f32), -(1024.0 + zero as f32));
-        let neg_hi = convert::pack_f16x2(-(64.0 + zero as f32), -(64.0 + zero as f32));
         let w8 = word >> 8;
         [
             Self::fma2((word & 0x000F_000F) | MAGIC, ONE, neg_lo),
@@ -155,6 +171,10 @@ impl TensorElement for F16 {
 }
 
 impl TensorElement for Bf16 {
+    #[inline(always)]
+    fn from_bits(bits: u16) -> Self {
+        Bf16(bits)
+    }
     #[inline(always)]
     unsafe fn mma(c: [f32; 4], a: [u32; 4], b: [u32; 2]) -> [f32; 4] {
         // SAFETY: forwarded contract.
@@ -169,11 +189,16 @@ impl TensorElement for Bf16 {
         crate::device::math::fma_bf16x2(a, b, c)
     }
     #[inline(always)]
-    fn codes_minus_zero(word: u32, zero: u32) -> [u32; 4] {
+    fn code_bias(zero: u32) -> [u32; 2] {
+        // -(128 + z) twice (0xC300: -128, unit 1), exact for z <= 15.
+        let neg = (0xC300 + zero) * 0x1_0001;
+        [neg, neg]
+    }
+    #[inline(always)]
+    fn codes_minus_bias(word: u32, [neg, _]: [u32; 2]) -> [u32; 4] {
         // bfloat16 has 7 mantissa bits: only the low nibble of each half fits, so shift.
         const MAGIC: u32 = 0x4300_4300; // 128.0 twice
         const ONE: u32 = 0x3F80_3F80;
-        let neg = convert::pack_bf16x2(-(128.0 + zero as f32), -(128.0 + zero as f32));
         let nib = |shift: u32| Self::fma2(((word >> shift) & 0x000F_000F) | MAGIC, ONE, neg);
         [nib(0), nib(4), nib(8), nib(12)]
     }

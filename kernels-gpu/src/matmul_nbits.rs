@@ -11,33 +11,41 @@
 //! tile at K offset `32q` of each 128-wide K chunk, and turns each 32-bit word into the B
 //! fragments of two `mma.sync.m16n8k16` steps (codes `(0,4),(1,5)` then `(2,6),(3,7)`, which is
 //! what the OR-into-mantissa conversion yields). The sum over K does not care about order, so
-//! the activations are staged in shared memory in the matching permuted order (see the
-//! staging loop) and read with `ldmatrix`. Dequantization is `(code - zero) * scale` rounded
-//! to A's type (as ONNX Runtime's CUDA kernel does), accumulation in f32.
+//! the activations are permuted to match: `large` stages them in shared memory in that order
+//! (see its staging loop) and reads them with `ldmatrix`; `small` and `decode` build each
+//! lane's fragments from its own global loads. `small` and `large` dequantize to
+//! `(code - zero) * scale` rounded to A's type (as ONNX Runtime's CUDA kernel does); `decode`
+//! feeds the exact `code - zero` to the tensor cores and scales each block's f32 sums (no
+//! rounding of the weights). Accumulation in f32.
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_{small,large}[_zf]`
+//! # Launch contract: `matmul_nbits_{f16,bf16}_{decode8,decode16,small,large}[_zf]`
 //! - `_zf`: zero points in A's type (fractional allowed; dequantized in f32); otherwise u8 or
 //!   none, dequantized exactly in packed 16-bit arithmetic.
-//! - `small`: warp tile 16 x 32, 4 warps side by side (block tile 16 x 128); `large`: warp
-//!   tile 64 x 32, 2 x 4 warps (block tile 128 x 128). Block `(32 * warps, 1, 1)`.
+//! - `decode8` / `decode16` / `small`: warp tile 16 x 32 (8 x 32 for `decode8`, whose `mma`
+//!   rows 8..16 stay empty), 4 warps splitting the block's K chunks (block tile `BM` x 32 with
+//!   `BM` = 8 or 16), block `(128, 1, 1)`, 6144 bytes of static shared memory for the warps'
+//!   partial sums. `large`: warp tile 64 x 32, 2 x 4 warps (block tile 128 x 128), block
+//!   `(256, 1, 1)`.
+//! - `decode*` only: zero points none or u8, `block_size >= 128`, `K % 8 == 0`, `a` and `b`
+//!   16-byte aligned and `row_bytes % 16 == 0`.
 //! - grid `(ceil(N / BN), ceil(M / BM), splits)`; split `z` covers K chunks
 //!   `[z * chunks_per_split, (z + 1) * chunks_per_split)` of 128.
-//! - dynamic shared memory: `large` `BM * 272` bytes (one K chunk of A at a time); `small`
-//!   none (each lane loads the activations its fragments need straight from global memory).
+//! - dynamic shared memory: `large` `BM * 272` bytes (one K chunk of A at a time); others
+//!   none.
 //! - `splits == 1`: writes `y` (+ bias). Otherwise writes f32 partial sums to `workspace`
 //!   `[splits, M, N]` for `matmul_nbits_reduce_*`.
-//! - `a`, `b`, `y` need no alignment beyond their element type (16-byte vector loads are used
-//!   when `flags` says the rows allow them).
+//! - `small`, `large`: `a`, `b`, `y` need no alignment beyond their element type (16-byte
+//!   vector loads are used when `flags` says the rows allow them).
 //!
 //! # Launch contract: `matmul_nbits_reduce_{f16,bf16}`
 //! - grid `(ceil(M * N / 256), 1, 1)`, block `(256, 1, 1)`: `y = sum over splits + bias`.
 
 use crate::device::ldmatrix::ldmatrix_x4;
-use crate::device::memory::{ld_global_nc_u32, ld_global_nc_v4};
-use crate::device::shared::{dynamic_shared_base, st_shared_u32};
+use crate::device::memory::{ld_global_nc_u16, ld_global_nc_u32, ld_global_nc_v4};
+use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32, st_shared_v4};
 use crate::device::{index, sync};
 use crate::element::{Bf16, Element, F16, TensorElement};
-use crate::unroll;
+use crate::{shared_array, unroll};
 
 pub use crate::layout::matmul_nbits::*;
 
@@ -76,7 +84,7 @@ struct BlockConsts {
 /// # Safety
 /// `col` and `blk` index valid entries of `scales` and of the zero points the flags name.
 #[inline(always)]
-unsafe fn block_consts<T: TensorElement>(
+unsafe fn block_consts<T: TensorElement, const TYPED_ZERO: bool>(
     col: usize,
     blk: usize,
     scales: *const T,
@@ -87,9 +95,9 @@ unsafe fn block_consts<T: TensorElement>(
     let sb = col * p.k_blocks as usize + blk;
     // SAFETY: the caller's contract.
     unsafe {
-        let scale = scales.add(sb).cast::<u16>().read() as u32;
+        let scale = ld_global_nc_u16(scales.add(sb).cast()) as u32;
         let mut c = BlockConsts { scale2: scale | (scale << 16), zero: 8, zero_f: 0.0, scale_f: 0.0 };
-        if p.flags & FLAG_ZERO_T != 0 {
+        if TYPED_ZERO {
             c.zero_f = zeros_t.add(sb).read().to_f32();
             c.scale_f = scales.add(sb).read().to_f32();
         } else if p.flags & FLAG_ZERO_U8 != 0 {
@@ -118,15 +126,453 @@ fn dequantize<T: TensorElement>(word: u32, c: BlockConsts, typed: bool) -> [u32;
     ]
 }
 
+/// This lane's codes of one K chunk for `NT` column tiles: 16 bytes of column `n0 + 8j + g` at
+/// byte `kc / 2 + 16q` of its row (zero past N or past the row).
+///
+/// # Safety
+/// `b` holds `n` rows of `p.row_bytes` bytes.
+#[inline(always)]
+unsafe fn chunk_codes<const NT: usize>(b: *const u8, n0: usize, lane: usize, kc: usize, p: &Dims) -> [[u32; 4]; NT] {
+    let (g, q) = (lane / 4, lane % 4);
+    let row_bytes = p.row_bytes as usize;
+    let mut codes = [[0u32; 4]; NT];
+    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+        if J < NT && n0 + 8 * J + g < p.n as usize {
+            // SAFETY: the row exists (checked); load_codes stays inside it.
+            codes[J] = unsafe {
+                load_codes(b.add((n0 + 8 * J + g) * row_bytes), kc / 2 + 16 * q, row_bytes, p.flags & FLAG_B_VEC16 != 0)
+            };
+        }
+    });
+    codes
+}
+
+/// Dequantization constants of one K chunk per tile: lane `q`'s words 0-1 and 2-3 each lie in
+/// one block (blocks are at least 16 wide and 16-aligned).
+///
+/// # Safety
+/// `scales` and the zero points the flags name hold `n` columns of `p.k_blocks` blocks.
+#[inline(always)]
+unsafe fn chunk_consts<T: TensorElement, const NT: usize, const TYPED_ZERO: bool>(
+    scales: *const T,
+    zeros_u8: *const u8,
+    zeros_t: *const T,
+    n0: usize,
+    lane: usize,
+    kc: usize,
+    p: &Dims,
+) -> [[BlockConsts; 2]; NT] {
+    let (g, q) = (lane / 4, lane % 4);
+    let mut consts = [[BlockConsts { scale2: 0, zero: 8, zero_f: 0.0, scale_f: 0.0 }; 2]; NT];
+    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+        let col = n0 + 8 * J + g;
+        unroll!(HALF in [0, 1] {
+            let blk = (kc + 32 * q + 16 * HALF) >> p.block_shift;
+            if J < NT && col < p.n as usize && (blk as u32) < p.k_blocks {
+                // Blocks of 32 or more: both halves share one block.
+                consts[J][HALF] = if HALF == 1 && p.block_shift >= 5 {
+                    consts[J][0]
+                } else {
+                    // SAFETY: col < N and blk < k_blocks (checked).
+                    unsafe { block_consts::<T, TYPED_ZERO>(col, blk, scales, zeros_u8, zeros_t, p) }
+                };
+            }
+        });
+    });
+    consts
+}
+
+/// One K chunk of `MT x NT` tiles: per word, dequantize the tiles' codes, then two K steps of
+/// every tile with A fragments from `a_frag(mt, word, half)`.
+///
+/// # Safety
+/// `a_frag` must be safe to call for every `(mt < MT, word < 4, half < 2)`.
+#[inline(always)]
+unsafe fn mma_chunk<T: TensorElement, const MT: usize, const NT: usize, const TYPED_ZERO: bool>(
+    acc: &mut [[[f32; 4]; NT]; MT],
+    codes: &[[u32; 4]; NT],
+    consts: &[[BlockConsts; 2]; NT],
+    a_frag: impl Fn(usize, usize, usize) -> [u32; 4],
+) {
+    unroll!(I in [0, 1, 2, 3] {
+        let mut frag = [[0u32; 4]; NT];
+        unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if J < NT {
+                frag[J] = dequantize::<T>(codes[J][I], consts[J][I / 2], TYPED_ZERO);
+            }
+        });
+        unroll!(H in [0, 1] {
+            unroll!(MM in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if MM < MT {
+                    let af = a_frag(MM, I, H);
+                    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        if J < NT {
+                            // SAFETY: mma.sync is warp-collective; the caller reaches it uniformly.
+                            acc[MM][J] = unsafe { T::mma(acc[MM][J], af, [frag[J][2 * H], frag[J][2 * H + 1]]) };
+                        }
+                    });
+                }
+            });
+        });
+    });
+}
+
+/// Writes this lane's part of a `16 x 8 NT` output tile at rows `m0 + g (+ 8)`, columns
+/// `n0 + 8j + 2q (+ 1)`: to `y` (+ bias) when K is not split, else to split `z` of `workspace`.
+///
+/// # Safety
+/// The launch contract sizes `y`, `bias` and `workspace`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits<
+unsafe fn store_tile<T: TensorElement, const NT: usize>(
+    acc: &[[f32; 4]; NT],
+    m0: usize,
+    n0: usize,
+    lane: usize,
+    bias: *const T,
+    y: *mut T,
+    workspace: *mut f32,
+    p: &Dims,
+) {
+    let (g, q) = (lane / 4, lane % 4);
+    let (m, n) = (p.m as usize, p.n as usize);
+    let (split, splits) = (index::block_idx_z() as usize, index::grid_dim_z() as usize);
+    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+        if J < NT {
+            unroll!(C in [0, 1, 2, 3] {
+                let row = m0 + g + 8 * (C / 2);
+                let col = n0 + 8 * J + 2 * q + C % 2;
+                if row < m && col < n {
+                    let v = acc[J][C];
+                    // SAFETY: row < M and col < N (checked); the caller's contract.
+                    unsafe {
+                        if splits == 1 {
+                            let bias_v = if p.flags & FLAG_BIAS != 0 { bias.add(col).read().to_f32() } else { 0.0 };
+                            y.add(row * n + col).write(T::from_f32(v + bias_v));
+                        } else {
+                            workspace.add((split * m + row) * n + col).write(v);
+                        }
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// First and one-past-last K chunk of this block's split.
+#[inline(always)]
+fn split_chunks(p: &Dims) -> (usize, usize) {
+    let chunks = (p.k as usize).div_ceil(CHUNK);
+    let first = index::block_idx_z() as usize * p.chunks_per_split as usize;
+    (first, (first + p.chunks_per_split as usize).min(chunks))
+}
+
+/// `small`: 16 rows of A per block, `NT` column tiles, `WK` warps splitting the
+/// block's K chunks (warp `w` takes chunks `first + w`, `+ WK`, ...), two chunks in flight per
+/// warp; the warps' partial tiles are summed through shared memory at the end. Each lane
+/// loads the activations its fragments need straight from global memory (they stay in L1).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_nbits_small<T: TensorElement, const NT: usize, const WK: usize, const TYPED_ZERO: bool>(
+    a: *const T,
+    b: *const u8,
+    scales: *const T,
+    zeros_u8: *const u8,
+    zeros_t: *const T,
+    bias: *const T,
+    y: *mut T,
+    workspace: *mut f32,
+    p: Dims,
+) {
+    let tid = index::thread_idx_x() as usize;
+    let (warp, lane) = (tid / 32, index::lane_id() as usize);
+    let (g, q) = (lane / 4, lane % 4);
+    let (m, k) = (p.m as usize, p.k as usize);
+    let m0 = index::block_idx_y() as usize * 16;
+    let n0 = index::block_idx_x() as usize * 8 * NT;
+    let (first, last) = split_chunks(&p);
+    let a_vec16 = p.flags & FLAG_A_VEC16 != 0;
+
+    // This lane's activations of chunk `kc`: rows g (and g + 8), words i = 0..4 of 8 halves at
+    // K `kc + 32q + 8i`, the same K as its codes; zero past M or K.
+    let load_a = |kc: usize| {
+        let mut x = [[[0u32; 4]; 4]; 2];
+        unroll!(R in [0, 1] {
+            let row = m0 + g + 8 * R;
+            if row < m {
+                unroll!(I in [0, 1, 2, 3] {
+                    let k8 = kc + 32 * q + 8 * I;
+                    // SAFETY: row < M; every element read is below K.
+                    unsafe {
+                        let src = a.add(row * k + k8);
+                        if a_vec16 && k8 + 8 <= k {
+                            x[R][I] = ld_global_nc_v4(src.cast());
+                        } else {
+                            let mut h = [0u32; 8];
+                            unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                if k8 + E < k {
+                                    h[E] = src.add(E).cast::<u16>().read() as u32;
+                                }
+                            });
+                            x[R][I] = [h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16];
+                        }
+                    }
+                });
+            }
+        });
+        x
+    };
+
+    let mut acc = [[[0.0f32; 4]; NT]; 1];
+    // SAFETY (whole body): the launch contract sizes every buffer; loads are bounds-checked
+    // against M, N, K and the rows of `b`; `mma` and the barrier are reached uniformly (loop
+    // bounds depend only on the block and the warp index).
+    unsafe {
+        let mut chunk = first + warp;
+        while chunk < last {
+            // Both chunks' loads first, then the math: 2 NT weight loads in flight per lane.
+            let (kc0, kc1) = (chunk * CHUNK, (chunk + WK) * CHUNK);
+            let has1 = chunk + WK < last;
+            let codes0 = chunk_codes::<NT>(b, n0, lane, kc0, &p);
+            let codes1 = if has1 { chunk_codes::<NT>(b, n0, lane, kc1, &p) } else { [[0; 4]; NT] };
+            let x0 = load_a(kc0);
+            let x1 = if has1 { load_a(kc1) } else { [[[0; 4]; 4]; 2] };
+            let consts0 = chunk_consts::<T, NT, TYPED_ZERO>(scales, zeros_u8, zeros_t, n0, lane, kc0, &p);
+            let consts1 = chunk_consts::<T, NT, TYPED_ZERO>(scales, zeros_u8, zeros_t, n0, lane, kc1, &p);
+            mma_chunk::<T, 1, NT, TYPED_ZERO>(&mut acc, &codes0, &consts0, |_, i, h| direct_frag(&x0, i, h));
+            if has1 {
+                mma_chunk::<T, 1, NT, TYPED_ZERO>(&mut acc, &codes1, &consts1, |_, i, h| direct_frag(&x1, i, h));
+            }
+            chunk += 2 * WK;
+        }
+
+        reduce_warps_and_store::<T, NT, WK>(&mut acc[0], m0, n0, bias, y, workspace, &p);
+    }
+}
+
+/// Sums the partial tiles of the `WK` warps that split a block's K (through shared memory,
+/// `[warp - 1][tile][lane]` x 16 bytes: conflict-free), and warp 0 stores the result.
+///
+/// # Safety
+/// Reached by every thread of the block; the launch contract sizes the outputs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce_warps_and_store<T: TensorElement, const NT: usize, const WK: usize>(
+    acc: &mut [[f32; 4]; NT],
+    m0: usize,
+    n0: usize,
+    bias: *const T,
+    y: *mut T,
+    workspace: *mut f32,
+    p: &Dims,
+) {
+    let partials = shared_array!(DLKERN_NBITS_WARP_PARTIALS, 6144, 16);
+    const { assert!((WK - 1) * NT * 32 * 16 <= 6144) };
+    let (warp, lane) = (index::thread_idx_x() as usize / 32, index::lane_id() as usize);
+    let slot = |wp: usize, j: usize| partials.offset((((wp - 1) * NT + j) * 32 + lane) as u32 * 16);
+    // SAFETY: slots are inside the array (asserted above); the barrier separates the writes
+    // from the reads and is reached by all threads.
+    unsafe {
+        if warp != 0 {
+            unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if J < NT {
+                    st_shared_v4(slot(warp, J), acc[J].map(f32::to_bits));
+                }
+            });
+        }
+        sync::sync_threads();
+        if warp == 0 {
+            for wp in 1..WK {
+                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    if J < NT {
+                        let part = ld_shared_v4(slot(wp, J));
+                        unroll!(C in [0, 1, 2, 3] {
+                            acc[J][C] += f32::from_bits(part[C]);
+                        });
+                    }
+                });
+            }
+            store_tile::<T, NT>(acc, m0, n0, lane, bias, y, workspace, p);
+        }
+    }
+}
+
+/// One K chunk of one lane of the decode kernel.
+#[derive(Clone, Copy)]
+struct DecodeChunk<const R: usize> {
+    /// 16 bytes of weight column `g` of each tile.
+    codes: [[u32; 4]; SMALL.nt],
+    /// Activations of rows g (and g + 8): words i = 0..4 of 8 halves at K `32q + 8i`.
+    a: [[[u32; 4]; 4]; R],
+    /// Scales of output columns `2q`, `2q + 1` of each tile (the accumulator's columns).
+    scales: [[u16; 2]; SMALL.nt],
+    /// Zero point of weight column `g` of each tile.
+    zeros: [u32; SMALL.nt],
+}
+
+/// `decode`: the `small` tiling for the common case, lean: integer zero points, blocks of at
+/// least 128 (one block per K chunk), A and B rows of 16-byte vectors. The zero point comes
+/// off in packed 16-bit arithmetic (exact); the scale multiplies each chunk's f32 sums once
+/// per output, not each weight. Loads run two chunks ahead of the math. `R` row sets of 8
+/// (M <= 8: 1, else 2).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
+    a: *const T,
+    b: *const u8,
+    scales: *const T,
+    zeros_u8: *const u8,
+    bias: *const T,
+    y: *mut T,
+    workspace: *mut f32,
+    p: Dims,
+) {
+    const NT: usize = SMALL.nt;
+    const WK: usize = SMALL.wk;
+    // The unrolled loops below cover 4 tiles.
+    const { assert!((R == 1 || R == 2) && NT == 4) };
+    let tid = index::thread_idx_x();
+    let (warp, lane) = (tid / 32, index::lane_id());
+    let (g, q) = (lane / 4, lane % 4);
+    let (m, n, k) = (p.m, p.n, p.k);
+    let m0 = index::block_idx_y() * 8 * R as u32;
+    let n0 = index::block_idx_x() * 8 * NT as u32;
+    let (first, last) = split_chunks(&p);
+    let (first, last) = (first as u32, last as u32);
+    let zero_u8 = p.flags & FLAG_ZERO_U8 != 0;
+    let zero_row_bytes = p.k_blocks.div_ceil(2);
+    // Columns past N read column N - 1 (never stored): no predicates in the loop.
+    let col = |c: u32| c.min(n - 1) as usize;
+
+    // SAFETY (whole body): every pointer formed below stays inside its tensor (columns
+    // clamped to N - 1, rows checked against M, K offsets against K and the row length, blocks
+    // below k_blocks because every chunk starts below K); `mma` and the barrier are reached
+    // uniformly (loop bounds depend only on the block and the warp index).
+    unsafe {
+        let w_rows: [*const u8; NT] =
+            core::array::from_fn(|j| b.add(col(n0 + 8 * j as u32 + g) * p.row_bytes as usize + 16 * q as usize));
+        let w_in_row = |kc: u32| kc / 2 + 16 * q < p.row_bytes;
+        let scale_rows: [[*const T; 2]; NT] = core::array::from_fn(|j| {
+            core::array::from_fn(|c| scales.add(col(n0 + 8 * j as u32 + 2 * q + c as u32) * p.k_blocks as usize))
+        });
+        let zero_rows: [*const u8; NT] = core::array::from_fn(|j| {
+            if zero_u8 { zeros_u8.add(col(n0 + 8 * j as u32 + g) * zero_row_bytes as usize) } else { zeros_u8 }
+        });
+        let a_rows: [*const T; R] =
+            core::array::from_fn(|r| a.wrapping_add(((m0 + g + 8 * r as u32) * k + 32 * q) as usize));
+        let a_ok: [bool; R] = core::array::from_fn(|r| m0 + g + 8 * (r as u32) < m);
+
+        let load = |chunk: u32| -> DecodeChunk<R> {
+            let kc = chunk * CHUNK as u32;
+            let blk = (kc >> p.block_shift) as usize;
+            let mut x = DecodeChunk::<R> { codes: [[0; 4]; NT], a: [[[0; 4]; 4]; R], scales: [[0; 2]; NT], zeros: [8; NT] };
+            let in_row = w_in_row(kc);
+            unroll!(J in [0, 1, 2, 3] {
+                if in_row {
+                    x.codes[J] = ld_global_nc_v4(w_rows[J].add(kc as usize / 2).cast());
+                }
+            });
+            unroll!(RR in [0, 1] {
+                if RR < R && a_ok[RR] {
+                    unroll!(I in [0, 1, 2, 3] {
+                        // K % 8 == 0: a word of 8 halves is all in or all out.
+                        if kc + 32 * q + 8 * (I as u32) < k {
+                            x.a[RR][I] = ld_global_nc_v4(a_rows[RR].add(kc as usize + 8 * I).cast());
+                        }
+                    });
+                }
+            });
+            unroll!(J in [0, 1, 2, 3] {
+                unroll!(C in [0, 1] {
+                    x.scales[J][C] = ld_global_nc_u16(scale_rows[J][C].add(blk).cast());
+                });
+                if zero_u8 {
+                    let byte = zero_rows[J].add(blk / 2).read() as u32;
+                    x.zeros[J] = (byte >> (4 * (blk as u32 % 2))) & 15;
+                }
+            });
+            x
+        };
+
+        let mut acc = [[0.0f32; 4]; NT];
+        let compute = |x: &DecodeChunk<R>, acc: &mut [[f32; 4]; NT]| {
+            let bias: [[u32; 2]; NT] = core::array::from_fn(|j| T::code_bias(x.zeros[j]));
+            let mut part = [[0.0f32; 4]; NT];
+            unroll!(I in [0, 1, 2, 3] {
+                let r0 = x.a[0][I];
+                let r1 = if R > 1 { x.a[R - 1][I] } else { [0; 4] };
+                unroll!(J in [0, 1, 2, 3] {
+                    let d = T::codes_minus_bias(x.codes[J][I], bias[J]);
+                    unroll!(H in [0, 1] {
+                        let lo = |v: u32| v & 0xFFFF;
+                        let hi = |v: u32| v >> 16;
+                        let pair = |a: u32, b: u32| a | (b << 16);
+                        let af = [
+                            pair(lo(r0[H]), lo(r0[H + 2])),
+                            pair(lo(r1[H]), lo(r1[H + 2])),
+                            pair(hi(r0[H]), hi(r0[H + 2])),
+                            pair(hi(r1[H]), hi(r1[H + 2])),
+                        ];
+                        part[J] = T::mma(part[J], af, [d[2 * H], d[2 * H + 1]]);
+                    });
+                });
+            });
+            unroll!(J in [0, 1, 2, 3] {
+                unroll!(C in [0, 1, 2, 3] {
+                    if C < 2 * R {
+                        let s = T::from_bits(x.scales[J][C % 2]).to_f32();
+                        acc[J][C] += s * part[J][C];
+                    }
+                });
+            });
+        };
+
+        let mut chunk = first + warp;
+        if chunk < last {
+            let mut cur = load(chunk);
+            let mut next = if chunk + (WK as u32) < last { load(chunk + WK as u32) } else { cur };
+            loop {
+                let ahead = chunk + 2 * WK as u32;
+                let after = if ahead < last { load(ahead) } else { next };
+                compute(&cur, &mut acc);
+                chunk += WK as u32;
+                if chunk >= last {
+                    break;
+                }
+                cur = next;
+                next = after;
+            }
+        }
+        reduce_warps_and_store::<T, NT, WK>(&mut acc, m0 as usize, n0 as usize, bias, y, workspace, &p);
+    }
+}
+
+/// The A fragment of step `2i + h` from a lane's own words: halves `(2h, 2h + 4)` and
+/// `(2h + 1, 2h + 5)` of rows g and g + 8.
+#[inline(always)]
+fn direct_frag(x: &[[[u32; 4]; 4]; 2], i: usize, h: usize) -> [u32; 4] {
+    let lo = |v: u32| v & 0xFFFF;
+    let hi = |v: u32| v >> 16;
+    let pair = |a: u32, b: u32| a | (b << 16);
+    let (r0, r1) = (x[0][i], x[1][i]);
+    [
+        pair(lo(r0[h]), lo(r0[h + 2])),
+        pair(lo(r1[h]), lo(r1[h + 2])),
+        pair(hi(r0[h]), hi(r0[h + 2])),
+        pair(hi(r1[h]), hi(r1[h + 2])),
+    ]
+}
+
+/// `large`: `MT x NT` tiles per warp, `WM x WN` warps; each K chunk of the block's A rows is
+/// staged in shared memory in the permuted order and read with `ldmatrix`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_nbits_large<
     T: TensorElement,
     const MT: usize,
     const NT: usize,
     const WM: usize,
     const WN: usize,
-    const DIRECT: bool,
     const TYPED_ZERO: bool,
 >(
     a: *const T,
@@ -140,20 +586,14 @@ unsafe fn matmul_nbits<
     p: Dims,
 ) {
     let bm = 16 * MT * WM;
-    let bn = 8 * NT * WN;
     let threads = 32 * WM * WN;
     let tid = index::thread_idx_x() as usize;
     let (warp, lane) = (tid / 32, index::lane_id() as usize);
     let (warp_m, warp_n) = (warp / WN, warp % WN);
-    let (g, q) = (lane / 4, lane % 4);
-    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let (m, k) = (p.m as usize, p.k as usize);
     let m0 = index::block_idx_y() as usize * bm;
-    let n0 = index::block_idx_x() as usize * bn + warp_n * 8 * NT;
-    let split = index::block_idx_z() as usize;
-    let row_bytes = p.row_bytes as usize;
-    let chunks = k.div_ceil(CHUNK);
-    let first = split * p.chunks_per_split as usize;
-    let last = (first + p.chunks_per_split as usize).min(chunks);
+    let n0 = index::block_idx_x() as usize * 8 * NT * WN + warp_n * 8 * NT;
+    let (first, last) = split_chunks(&p);
     let a_s = dynamic_shared_base();
     let row_addr = |mt: usize| {
         let r = (warp_m * MT + mt) * 16 + lane % 8 + 8 * ((lane / 8) % 2);
@@ -166,20 +606,6 @@ unsafe fn matmul_nbits<
     // warp-collective instructions are reached uniformly (loop bounds depend only on the
     // block).
     unsafe {
-        // This warp's codes of one chunk: lane (g, q) takes 16 bytes of column g of each tile.
-        macro_rules! load_codes_of {
-            ($kc:expr) => {{
-                let kc: usize = $kc;
-                let mut codes = [[0u32; 4]; NT];
-                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
-                    if J < NT && n0 + 8 * J + g < n {
-                        let row = b.add((n0 + 8 * J + g) * row_bytes);
-                        codes[J] = load_codes(row, kc / 2 + 16 * q, row_bytes, p.flags & FLAG_B_VEC16 != 0);
-                    }
-                });
-                codes
-            }};
-        }
         // Activations of one chunk into shared memory at `tile` in the permuted order: each
         // thread takes (row, i, q) tasks of 8 consecutive K and stores the pairs the steps'
         // fragments want: (0,4), (1,5) for step 2i; (2,6), (3,7) for step 2i+1.
@@ -218,149 +644,24 @@ unsafe fn matmul_nbits<
                 task += threads;
             }
         };
-        // Per word: dequantize the NT columns' codes, then two K steps for every tile.
-        // Dequantization constants of the chunk per tile: lane q's words 0-1 and 2-3 each lie
-        // in one block (blocks are at least 16 wide and 16-aligned).
-        macro_rules! consts_of {
-            ($kc:expr) => {{
-                let kc: usize = $kc;
-                let mut consts = [[BlockConsts { scale2: 0, zero: 8, zero_f: 0.0, scale_f: 0.0 }; 2]; NT];
-                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
-                    let col = n0 + 8 * J + g;
-                    unroll!(HALF in [0, 1] {
-                        let blk = (kc + 32 * q + 16 * HALF) >> p.block_shift;
-                        if J < NT && col < n && (blk as u32) < p.k_blocks {
-                            // Blocks of 32 or more: both halves share one block.
-                            consts[J][HALF] = if HALF == 1 && p.block_shift >= 5 {
-                                consts[J][0]
-                            } else {
-                                block_consts::<T>(col, blk, scales, zeros_u8, zeros_t, &p)
-                            };
-                        }
-                    });
-                });
-                consts
-            }};
-        }
-        // One chunk: per word, dequantize the NT tiles' codes, then two K steps of every tile,
-        // with A fragments from `$a_frag(MM, I, H)`.
-        macro_rules! compute {
-            ($codes:expr, $consts:expr, $a_frag:expr) => {{
-                let codes: &[[u32; 4]; NT] = $codes;
-                let consts: &[[BlockConsts; 2]; NT] = $consts;
-                unroll!(I in [0, 1, 2, 3] {
-                    let mut frag = [[0u32; 4]; NT];
-                    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        if J < NT {
-                            frag[J] = dequantize::<T>(codes[J][I], consts[J][I / 2], TYPED_ZERO);
-                        }
-                    });
-                    unroll!(H in [0, 1] {
-                        unroll!(MM in [0, 1, 2, 3, 4, 5, 6, 7] {
-                            if MM < MT {
-                                let af: [u32; 4] = $a_frag(MM, I, H);
-                                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
-                                    if J < NT {
-                                        acc[MM][J] = T::mma(acc[MM][J], af, [frag[J][2 * H], frag[J][2 * H + 1]]);
-                                    }
-                                });
-                            }
-                        });
-                    });
-                });
-            }};
-        }
-        // DIRECT: this lane's activations of a chunk, rows g and g + 8 of the (single) row
-        // tile, the same K as its codes: words i = 0..4 of 8 halves at K `32q + 8i`.
-        macro_rules! load_a {
-            ($kc:expr) => {{
-                let kc: usize = $kc;
-                let mut x = [[[0u32; 4]; 4]; 2];
-                unroll!(R in [0, 1] {
-                    let row = m0 + g + 8 * R;
-                    if row < m {
-                        unroll!(I in [0, 1, 2, 3] {
-                            let k8 = kc + 32 * q + 8 * I;
-                            let src = a.add(row * k + k8);
-                            if p.flags & FLAG_A_VEC16 != 0 && k8 + 8 <= k {
-                                x[R][I] = ld_global_nc_v4(src.cast());
-                            } else {
-                                let mut h = [0u32; 8];
-                                unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
-                                    if k8 + E < k {
-                                        h[E] = src.add(E).cast::<u16>().read() as u32;
-                                    }
-                                });
-                                x[R][I] = [h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16];
-                            }
-                        });
-                    }
-                });
-                x
-            }};
-        }
-        // The A fragment of step 2i + h from a lane's own words: halves (2h, 2h + 4) and
-        // (2h + 1, 2h + 5) of rows g and g + 8.
-        let direct_frag = |x: &[[[u32; 4]; 4]; 2], i: usize, h: usize| -> [u32; 4] {
-            let lo = |v: u32| v & 0xFFFF;
-            let hi = |v: u32| v >> 16;
-            let pair = |a: u32, b: u32| a | (b << 16);
-            let (r0, r1) = (x[0][i], x[1][i]);
-            [
-                pair(lo(r0[h]), lo(r0[h + 2])),
-                pair(lo(r1[h]), lo(r1[h + 2])),
-                pair(hi(r0[h]), hi(r0[h + 2])),
-                pair(hi(r1[h]), hi(r1[h + 2])),
-            ]
-        };
 
-        if DIRECT {
-            // Small M: no shared memory and no barriers; the other warps cover the latency.
-            let mut chunk = first;
-            while chunk < last {
-                let kc = chunk * CHUNK;
-                let codes = load_codes_of!(kc);
-                let x = load_a!(kc);
-                let consts = consts_of!(kc);
-                compute!(&codes, &consts, |_mm: usize, i: usize, h: usize| direct_frag(&x, i, h));
-                chunk += 1;
-            }
-        } else {
-            let mut chunk = first;
-            while chunk < last {
-                let codes = load_codes_of!(chunk * CHUNK);
-                let consts = consts_of!(chunk * CHUNK);
-                sync::sync_threads();
-                stage(chunk * CHUNK);
-                sync::sync_threads();
-                compute!(&codes, &consts, |mm: usize, i: usize, h: usize| ldmatrix_x4(
-                    row_addr(mm).offset(((2 * i + h) * 32) as u32)
-                ));
-                chunk += 1;
-            }
+        let mut chunk = first;
+        while chunk < last {
+            let kc = chunk * CHUNK;
+            let codes = chunk_codes::<NT>(b, n0, lane, kc, &p);
+            let consts = chunk_consts::<T, NT, TYPED_ZERO>(scales, zeros_u8, zeros_t, n0, lane, kc, &p);
+            sync::sync_threads();
+            stage(kc);
+            sync::sync_threads();
+            mma_chunk::<T, MT, NT, TYPED_ZERO>(&mut acc, &codes, &consts, |mm, i, h| {
+                ldmatrix_x4(row_addr(mm).offset(((2 * i + h) * 32) as u32))
+            });
+            chunk += 1;
         }
 
-        // Epilogue: C fragment (rows g, g + 8; columns 2q, 2q + 1 of each tile).
-        let splits = index::grid_dim_z() as usize;
         unroll!(MM in [0, 1, 2, 3, 4, 5, 6, 7] {
             if MM < MT {
-                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
-                    if J < NT {
-                        unroll!(C in [0, 1, 2, 3] {
-                            let row = m0 + (warp_m * MT + MM) * 16 + g + 8 * (C / 2);
-                            let col = n0 + 8 * J + 2 * q + C % 2;
-                            if row < m && col < n {
-                                let v = acc[MM][J][C];
-                                if splits == 1 {
-                                    let bias_v = if p.flags & FLAG_BIAS != 0 { bias.add(col).read().to_f32() } else { 0.0 };
-                                    y.add(row * n + col).write(T::from_f32(v + bias_v));
-                                } else {
-                                    workspace.add((split * m + row) * n + col).write(v);
-                                }
-                            }
-                        });
-                    }
-                });
+                store_tile::<T, NT>(&acc[MM], m0 + (warp_m * MT + MM) * 16, n0, lane, bias, y, workspace, &p);
             }
         });
     }
@@ -385,9 +686,8 @@ unsafe fn reduce<T: Element>(bias: *const T, y: *mut T, workspace: *const f32, p
     }
 }
 
-macro_rules! matmul_nbits_entries {
-    ($ty:ty, $reduce:ident, $($name:ident: $tiling:ident, $direct:literal, $typed:literal);+ $(;)?) => {
-        $(
+macro_rules! matmul_nbits_entry {
+    ($name:ident, $ty:ty, $call:expr) => {
         /// One variant of the W4A16 kernel; see the module docs.
         ///
         /// # Safety
@@ -399,13 +699,32 @@ macro_rules! matmul_nbits_entries {
             bias: *const $ty, y: *mut $ty, workspace: *mut f32, dims: Dims,
         ) {
             // SAFETY: forwarded launch contract.
-            unsafe {
-                matmul_nbits::<$ty, { $tiling.mt }, { $tiling.nt }, { $tiling.wm }, { $tiling.wn }, $direct, $typed>(
-                    a, b, scales, zeros_u8, zeros_t, bias, y, workspace, dims,
-                )
-            }
+            unsafe { $call(a, b, scales, zeros_u8, zeros_t, bias, y, workspace, dims) }
         }
-        )+
+    };
+}
+
+macro_rules! matmul_nbits_entries {
+    (
+        $ty:ty, $decode8:ident, $decode16:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
+        $reduce:ident
+    ) => {
+        matmul_nbits_entry!($decode8, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            matmul_nbits_decode::<$ty, 1>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($decode16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            matmul_nbits_decode::<$ty, 2>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($small, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, false>);
+        matmul_nbits_entry!($small_zf, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, true>);
+        matmul_nbits_entry!(
+            $large, $ty,
+            matmul_nbits_large::<$ty, { LARGE.mt }, { LARGE.nt }, { LARGE.wm }, { LARGE.wn }, false>
+        );
+        matmul_nbits_entry!(
+            $large_zf, $ty,
+            matmul_nbits_large::<$ty, { LARGE.mt }, { LARGE.nt }, { LARGE.wm }, { LARGE.wn }, true>
+        );
 
         /// Split-K reduction; see the module docs.
         ///
@@ -421,15 +740,23 @@ macro_rules! matmul_nbits_entries {
     };
 }
 
-matmul_nbits_entries!(F16, matmul_nbits_reduce_f16,
-    matmul_nbits_f16_small: SMALL, true, false;
-    matmul_nbits_f16_small_zf: SMALL, true, true;
-    matmul_nbits_f16_large: LARGE, false, false;
-    matmul_nbits_f16_large_zf: LARGE, false, true;
+matmul_nbits_entries!(
+    F16,
+    matmul_nbits_f16_decode8,
+    matmul_nbits_f16_decode16,
+    matmul_nbits_f16_small,
+    matmul_nbits_f16_small_zf,
+    matmul_nbits_f16_large,
+    matmul_nbits_f16_large_zf,
+    matmul_nbits_reduce_f16
 );
-matmul_nbits_entries!(Bf16, matmul_nbits_reduce_bf16,
-    matmul_nbits_bf16_small: SMALL, true, false;
-    matmul_nbits_bf16_small_zf: SMALL, true, true;
-    matmul_nbits_bf16_large: LARGE, false, false;
-    matmul_nbits_bf16_large_zf: LARGE, false, true;
+matmul_nbits_entries!(
+    Bf16,
+    matmul_nbits_bf16_decode8,
+    matmul_nbits_bf16_decode16,
+    matmul_nbits_bf16_small,
+    matmul_nbits_bf16_small_zf,
+    matmul_nbits_bf16_large,
+    matmul_nbits_bf16_large_zf,
+    matmul_nbits_reduce_bf16
 );

@@ -6,13 +6,15 @@ pub const CHUNK: usize = 128;
 /// Shared row of the `large` variant: 128 halves + 16 bytes of padding (conflict-free `ldmatrix`).
 pub const A_ROW_BYTES: usize = CHUNK * 2 + 16;
 
-/// A variant's tiling: `mt` x `nt` `mma` tiles (16 x 8) per warp, `wm` x `wn` warps per block.
+/// A variant's tiling: `mt` x `nt` `mma` tiles (16 x 8) per warp, `wm` x `wn` warps per block
+/// side by side, each of them `wk` warps that split the block's K chunks.
 #[derive(Clone, Copy)]
 pub struct Tiling {
     pub mt: usize,
     pub nt: usize,
     pub wm: usize,
     pub wn: usize,
+    pub wk: usize,
 }
 
 impl Tiling {
@@ -27,14 +29,18 @@ impl Tiling {
     }
 
     pub const fn threads(self) -> usize {
-        32 * self.wm * self.wn
+        32 * self.wm * self.wn * self.wk
     }
 }
 
-/// `small`: warp tile 16 x 32, 4 warps side by side (block 16 x 128), no shared memory.
-pub const SMALL: Tiling = Tiling { mt: 1, nt: 4, wm: 1, wn: 4 };
+/// `small`: warp tile 16 x 32, 4 warps splitting K (block 16 x 32): enough blocks to fill the
+/// GPU from N alone at LLM sizes, and the activations of a chunk serve 4 column tiles.
+pub const SMALL: Tiling = Tiling { mt: 1, nt: 4, wm: 1, wn: 1, wk: 4 };
+/// Rows of A per block of `decode8` (M <= 8: the `mma` rows 8..16 stay empty, so their
+/// activations are never loaded). `decode16` and `small` take 16.
+pub const DECODE8_ROWS: usize = 8;
 /// `large`: warp tile 64 x 32, 2 x 4 warps (block 128 x 128), A staged in shared memory.
-pub const LARGE: Tiling = Tiling { mt: 4, nt: 4, wm: 2, wn: 4 };
+pub const LARGE: Tiling = Tiling { mt: 4, nt: 4, wm: 2, wn: 4, wk: 1 };
 /// Dynamic shared memory of the `large` variant: one K chunk of its A rows.
 pub const LARGE_SHARED_BYTES: usize = LARGE.block_m() * A_ROW_BYTES;
 
