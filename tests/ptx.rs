@@ -134,10 +134,11 @@ fn module_selection_follows_compute_capability() {
 
 /// Local-memory bytes (stack frame, spill stores, spill loads) an entry may use: none, except
 /// the attention kernels at head sizes 96 and 128 with 64-key tiles. There ptxas spills a few
-/// words per tile (one load per ~300 instructions), and that build measured 5-7% faster on
-/// the H200 than the spill-free 32-key build (docs/perf-notes/attention.md).
+/// words per tile (three loads per tile), and that build measured 5-7% faster on the H200
+/// than the spill-free 32-key build (docs/perf-notes/attention.md). Today: at most 16/20/16
+/// bytes; 32 leaves room for a compiler's whim, not for a regression to the 84-byte spills.
 fn spill_budget(entry: &str) -> u64 {
-    if entry.starts_with("attention_fwd_") && (entry.ends_with("_d96") || entry.ends_with("_d128")) { 128 } else { 0 }
+    if entry.starts_with("attention_fwd_") && (entry.ends_with("_d96") || entry.ends_with("_d128")) { 32 } else { 0 }
 }
 
 #[test]
