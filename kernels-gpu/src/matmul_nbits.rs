@@ -465,7 +465,8 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
         let load = |chunk: u32| -> DecodeChunk<R> {
             let kc = chunk * CHUNK as u32;
             let blk = (kc >> p.block_shift) as usize;
-            let mut x = DecodeChunk::<R> { codes: [[0; 4]; NT], a: [[[0; 4]; 4]; R], scales: [[0; 2]; NT], zeros: [8; NT] };
+            let mut x =
+                DecodeChunk::<R> { codes: [[0; 4]; NT], a: [[[0; 4]; 4]; R], scales: [[0; 2]; NT], zeros: [8; NT] };
             let in_row = w_in_row(kc);
             unroll!(J in [0, 1, 2, 3] {
                 if in_row {
@@ -695,8 +696,15 @@ macro_rules! matmul_nbits_entry {
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
-            a: *const $ty, b: *const u8, scales: *const $ty, zeros_u8: *const u8, zeros_t: *const $ty,
-            bias: *const $ty, y: *mut $ty, workspace: *mut f32, dims: Dims,
+            a: *const $ty,
+            b: *const u8,
+            scales: *const $ty,
+            zeros_u8: *const u8,
+            zeros_t: *const $ty,
+            bias: *const $ty,
+            y: *mut $ty,
+            workspace: *mut f32,
+            dims: Dims,
         ) {
             // SAFETY: forwarded launch contract.
             unsafe { $call(a, b, scales, zeros_u8, zeros_t, bias, y, workspace, dims) }
@@ -718,11 +726,13 @@ macro_rules! matmul_nbits_entries {
         matmul_nbits_entry!($small, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, false>);
         matmul_nbits_entry!($small_zf, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, true>);
         matmul_nbits_entry!(
-            $large, $ty,
+            $large,
+            $ty,
             matmul_nbits_large::<$ty, { LARGE.mt }, { LARGE.nt }, { LARGE.wm }, { LARGE.wn }, false>
         );
         matmul_nbits_entry!(
-            $large_zf, $ty,
+            $large_zf,
+            $ty,
             matmul_nbits_large::<$ty, { LARGE.mt }, { LARGE.nt }, { LARGE.wm }, { LARGE.wn }, true>
         );
 
@@ -732,7 +742,11 @@ macro_rules! matmul_nbits_entries {
         /// The launch contract in the module docs.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $reduce(
-            bias: *const $ty, y: *mut $ty, workspace: *const f32, dims: Dims, splits: u32,
+            bias: *const $ty,
+            y: *mut $ty,
+            workspace: *const f32,
+            dims: Dims,
+            splits: u32,
         ) {
             // SAFETY: forwarded launch contract.
             unsafe { reduce::<$ty>(bias, y, workspace, dims, splits) }
