@@ -50,7 +50,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 filter=${1:-}
 while read -r name ref; do
   echo "== tests $ref"
-  timeout 300 "$here/test-$name" --include-ignored gpu_ 2>&1 | grep -E "^test result|panicked|FAILED" | head -5
+  # A failure keeps its message (proptest prints the minimal failing case after the panic).
+  timeout 300 "$here/test-$name" --include-ignored gpu_ 2>&1 | grep -E -A3 "^test result|panicked|FAILED" | head -40
 done < "$here/variants"
 for round in 1 2; do
   while read -r name ref; do
