@@ -101,11 +101,22 @@ unsafe fn block_consts<T: TensorElement, const TYPED_ZERO: bool>(
             c.zero_f = zeros_t.add(sb).read().to_f32();
             c.scale_f = scales.add(sb).read().to_f32();
         } else if p.flags & FLAG_ZERO_U8 != 0 {
-            let byte = zeros_u8.add(col * (p.k_blocks as usize).div_ceil(2) + blk / 2).read() as u32;
-            c.zero = (byte >> (4 * (blk as u32 % 2))) & 15;
+            c.zero = zero_of_block(zeros_u8.add(col * (p.k_blocks as usize).div_ceil(2)), blk);
         }
         c
     }
+}
+
+/// The zero point of block `blk` from a column's packed u8 zero points (block `2j` in the low
+/// nibble of byte `j`).
+///
+/// # Safety
+/// `row` holds at least `blk / 2 + 1` bytes.
+#[inline(always)]
+unsafe fn zero_of_block(row: *const u8, blk: usize) -> u32 {
+    // SAFETY: the caller's contract.
+    let byte = unsafe { row.add(blk / 2).read() } as u32;
+    (byte >> (4 * (blk as u32 % 2))) & 15
 }
 
 /// B fragments of one word of codes: `(code - zero) * scale` as pairs `(0,4), (1,5), (2,6),
@@ -302,21 +313,8 @@ unsafe fn matmul_nbits_small<T: TensorElement, const NT: usize, const WK: usize,
             if row < m {
                 unroll!(I in [0, 1, 2, 3] {
                     let k8 = kc + 32 * q + 8 * I;
-                    // SAFETY: row < M; every element read is below K.
-                    unsafe {
-                        let src = a.add(row * k + k8);
-                        if a_vec16 && k8 + 8 <= k {
-                            x[R][I] = ld_global_nc_v4(src.cast());
-                        } else {
-                            let mut h = [0u32; 8];
-                            unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
-                                if k8 + E < k {
-                                    h[E] = src.add(E).cast::<u16>().read() as u32;
-                                }
-                            });
-                            x[R][I] = [h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16];
-                        }
-                    }
+                    // SAFETY: row < M, so the row exists.
+                    x[R][I] = unsafe { load_a8(a.add(row * k + k8), k8, k, a_vec16) };
                 });
             }
         });
@@ -339,9 +337,13 @@ unsafe fn matmul_nbits_small<T: TensorElement, const NT: usize, const WK: usize,
             let x1 = if has1 { load_a(kc1) } else { [[[0; 4]; 4]; 2] };
             let consts0 = chunk_consts::<T, NT, TYPED_ZERO>(scales, zeros_u8, zeros_t, n0, lane, kc0, &p);
             let consts1 = chunk_consts::<T, NT, TYPED_ZERO>(scales, zeros_u8, zeros_t, n0, lane, kc1, &p);
-            mma_chunk::<T, 1, NT, TYPED_ZERO>(&mut acc, &codes0, &consts0, |_, i, h| direct_frag(&x0, i, h));
+            mma_chunk::<T, 1, NT, TYPED_ZERO>(&mut acc, &codes0, &consts0, |_, i, h| {
+                direct_frag(x0[0][i], x0[1][i], h)
+            });
             if has1 {
-                mma_chunk::<T, 1, NT, TYPED_ZERO>(&mut acc, &codes1, &consts1, |_, i, h| direct_frag(&x1, i, h));
+                mma_chunk::<T, 1, NT, TYPED_ZERO>(&mut acc, &codes1, &consts1, |_, i, h| {
+                    direct_frag(x1[0][i], x1[1][i], h)
+                });
             }
             chunk += 2 * WK;
         }
@@ -488,8 +490,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                     x.scales[J][C] = ld_global_nc_u16(scale_rows[J][C].add(blk).cast());
                 });
                 if zero_u8 {
-                    let byte = zero_rows[J].add(blk / 2).read() as u32;
-                    x.zeros[J] = (byte >> (4 * (blk as u32 % 2))) & 15;
+                    x.zeros[J] = zero_of_block(zero_rows[J], blk);
                 }
             });
             x
@@ -505,16 +506,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                 unroll!(J in [0, 1, 2, 3] {
                     let d = T::codes_minus_bias(x.codes[J][I], bias[J]);
                     unroll!(H in [0, 1] {
-                        let lo = |v: u32| v & 0xFFFF;
-                        let hi = |v: u32| v >> 16;
-                        let pair = |a: u32, b: u32| a | (b << 16);
-                        let af = [
-                            pair(lo(r0[H]), lo(r0[H + 2])),
-                            pair(lo(r1[H]), lo(r1[H + 2])),
-                            pair(hi(r0[H]), hi(r0[H + 2])),
-                            pair(hi(r1[H]), hi(r1[H + 2])),
-                        ];
-                        part[J] = T::mma(part[J], af, [d[2 * H], d[2 * H + 1]]);
+                        part[J] = T::mma(part[J], direct_frag(r0, r1, H), [d[2 * H], d[2 * H + 1]]);
                     });
                 });
             });
@@ -548,20 +540,53 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
     }
 }
 
-/// The A fragment of step `2i + h` from a lane's own words: halves `(2h, 2h + 4)` and
-/// `(2h + 1, 2h + 5)` of rows g and g + 8.
+/// The A fragment of one `mma` step from a lane's own word `i` of rows g (`r0`) and g + 8
+/// (`r1`), step `2i + h`: halves `(2h, 2h + 4)` and `(2h + 1, 2h + 5)` of each row, the order
+/// the weights' OR-into-mantissa conversion produces.
 #[inline(always)]
-fn direct_frag(x: &[[[u32; 4]; 4]; 2], i: usize, h: usize) -> [u32; 4] {
-    let lo = |v: u32| v & 0xFFFF;
-    let hi = |v: u32| v >> 16;
-    let pair = |a: u32, b: u32| a | (b << 16);
-    let (r0, r1) = (x[0][i], x[1][i]);
+fn direct_frag(r0: [u32; 4], r1: [u32; 4], h: usize) -> [u32; 4] {
     [
-        pair(lo(r0[h]), lo(r0[h + 2])),
-        pair(lo(r1[h]), lo(r1[h + 2])),
-        pair(hi(r0[h]), hi(r0[h + 2])),
-        pair(hi(r1[h]), hi(r1[h + 2])),
+        pair(lo_half(r0[h]), lo_half(r0[h + 2])),
+        pair(lo_half(r1[h]), lo_half(r1[h + 2])),
+        pair(hi_half(r0[h]), hi_half(r0[h + 2])),
+        pair(hi_half(r1[h]), hi_half(r1[h + 2])),
     ]
+}
+
+/// The low and high half of a packed pair, and the pair of two halves (`lo` in the low half).
+#[inline(always)]
+fn lo_half(v: u32) -> u32 {
+    v & 0xFFFF
+}
+#[inline(always)]
+fn hi_half(v: u32) -> u32 {
+    v >> 16
+}
+#[inline(always)]
+fn pair(lo: u32, hi: u32) -> u32 {
+    lo | (hi << 16)
+}
+
+/// 8 halves of A at `src` (K index `k8` of a row of `k`) as 4 packed words, zero past K: one
+/// 16-byte load when `vec16` (16-byte rows) and all 8 are in the row, else one by one.
+///
+/// # Safety
+/// `src` points at element `k8` of a row of `k` elements.
+#[inline(always)]
+unsafe fn load_a8<T>(src: *const T, k8: usize, k: usize, vec16: bool) -> [u32; 4] {
+    // SAFETY: the caller's contract; every element read is below K.
+    unsafe {
+        if vec16 && k8 + 8 <= k {
+            return ld_global_nc_v4(src.cast());
+        }
+        let mut h = [0u32; 8];
+        unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if k8 + E < k {
+                h[E] = src.add(E).cast::<u16>().read() as u32;
+            }
+        });
+        [pair(h[0], h[1]), pair(h[2], h[3]), pair(h[4], h[5]), pair(h[6], h[7])]
+    }
 }
 
 /// `large`: `MT x NT` tiles per warp, `WM x WN` warps; each K chunk of the block's A rows is
@@ -618,24 +643,9 @@ unsafe fn matmul_nbits_large<
                 let k8 = kc + 32 * qq + 8 * i;
                 let mut x = [0u32; 4];
                 if m0 + r < m {
-                    let src = a.add((m0 + r) * k + k8);
-                    if p.flags & FLAG_A_VEC16 != 0 && k8 + 8 <= k {
-                        x = ld_global_nc_v4(src.cast());
-                    } else {
-                        let mut h = [0u16; 8];
-                        for (e, he) in h.iter_mut().enumerate() {
-                            if k8 + e < k {
-                                *he = src.add(e).cast::<u16>().read();
-                            }
-                        }
-                        for (e, xe) in x.iter_mut().enumerate() {
-                            *xe = h[2 * e] as u32 | ((h[2 * e + 1] as u32) << 16);
-                        }
-                    }
+                    x = load_a8(a.add((m0 + r) * k + k8), k8, k, p.flags & FLAG_A_VEC16 != 0);
                 }
-                let lo = |v: u32| v & 0xFFFF;
-                let hi = |v: u32| v >> 16;
-                let pair = |a: u32, b: u32| a | (b << 16);
+                let (lo, hi) = (lo_half, hi_half);
                 let row = a_s.offset((r * A_ROW_BYTES) as u32);
                 let at = |step: usize, kk: usize| row.offset(((step * 16 + kk) * 2) as u32);
                 st_shared_u32(at(2 * i, 2 * qq), pair(lo(x[0]), lo(x[2])));
