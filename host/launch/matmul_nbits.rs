@@ -29,6 +29,33 @@ use layout::{
     LARGE_SHARED_BYTES, REDUCE_THREADS, SMALL,
 };
 
+/// The entry points of one element type (`kernels-gpu/src/matmul_nbits.rs`).
+struct KernelNames {
+    decode8: &'static str,
+    decode16: &'static str,
+    small: &'static str,
+    small_zf: &'static str,
+    large: &'static str,
+    large_zf: &'static str,
+    reduce: &'static str,
+}
+
+macro_rules! kernel_names {
+    ($t:literal) => {
+        KernelNames {
+            decode8: concat!("matmul_nbits_", $t, "_decode8"),
+            decode16: concat!("matmul_nbits_", $t, "_decode16"),
+            small: concat!("matmul_nbits_", $t, "_small"),
+            small_zf: concat!("matmul_nbits_", $t, "_small_zf"),
+            large: concat!("matmul_nbits_", $t, "_large"),
+            large_zf: concat!("matmul_nbits_", $t, "_large_zf"),
+            reduce: concat!("matmul_nbits_reduce_", $t),
+        }
+    };
+}
+const F16_KERNELS: KernelNames = kernel_names!("f16");
+const BF16_KERNELS: KernelNames = kernel_names!("bf16");
+
 /// How the zero points are given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ZeroPointKind {
@@ -98,46 +125,10 @@ impl MatMulNBitsParams {
         let p = self;
         let bad = |m: String| Error::invalid(KERNEL, m);
         let typed = p.zero_points == ZeroPointKind::Typed;
-        // Kernels: [decode for M <= 8, decode, small, large] and the reduction. Only integer
-        // zero points have decode builds.
-        let (kernels, reduce) = match (p.dtype, typed) {
-            (DType::F16, false) => (
-                [
-                    "matmul_nbits_f16_decode8",
-                    "matmul_nbits_f16_decode16",
-                    "matmul_nbits_f16_small",
-                    "matmul_nbits_f16_large",
-                ],
-                "matmul_nbits_reduce_f16",
-            ),
-            (DType::F16, true) => (
-                [
-                    "matmul_nbits_f16_small_zf",
-                    "matmul_nbits_f16_small_zf",
-                    "matmul_nbits_f16_small_zf",
-                    "matmul_nbits_f16_large_zf",
-                ],
-                "matmul_nbits_reduce_f16",
-            ),
-            (DType::BF16, false) => (
-                [
-                    "matmul_nbits_bf16_decode8",
-                    "matmul_nbits_bf16_decode16",
-                    "matmul_nbits_bf16_small",
-                    "matmul_nbits_bf16_large",
-                ],
-                "matmul_nbits_reduce_bf16",
-            ),
-            (DType::BF16, true) => (
-                [
-                    "matmul_nbits_bf16_small_zf",
-                    "matmul_nbits_bf16_small_zf",
-                    "matmul_nbits_bf16_small_zf",
-                    "matmul_nbits_bf16_large_zf",
-                ],
-                "matmul_nbits_reduce_bf16",
-            ),
-            (other, _) => return Err(bad(format!("dtype {other} not supported on the GPU (f16, bf16)"))),
+        let names = match p.dtype {
+            DType::F16 => &F16_KERNELS,
+            DType::BF16 => &BF16_KERNELS,
+            other => return Err(bad(format!("dtype {other} not supported on the GPU (f16, bf16)"))),
         };
         for (name, v) in [("M", p.m), ("N", p.n), ("K", p.k)] {
             if v == 0 || v > i32::MAX as usize {
@@ -160,9 +151,9 @@ impl MatMulNBitsParams {
         let decode = variant == Variant::Small && !typed && p.block_size >= CHUNK;
         let rows8 = decode && p.m <= DECODE8_ROWS;
         let (kernel, tiling) = match variant {
-            Variant::Small if decode => (kernels[if rows8 { 0 } else { 1 }], SMALL),
-            Variant::Small => (kernels[2], SMALL),
-            Variant::Large => (kernels[3], LARGE),
+            Variant::Small if decode => (if rows8 { names.decode8 } else { names.decode16 }, SMALL),
+            Variant::Small => (if typed { names.small_zf } else { names.small }, SMALL),
+            Variant::Large => (if typed { names.large_zf } else { names.large }, LARGE),
         };
         let (bm, bn, threads) =
             (if rows8 { DECODE8_ROWS } else { tiling.block_m() }, tiling.block_n(), tiling.threads());
@@ -212,12 +203,13 @@ impl MatMulNBitsParams {
         };
         let reduce = (splits > 1).then(|| {
             let grid = ((p.m * p.n).div_ceil(REDUCE_THREADS) as u32, 1, 1);
-            (reduce, LaunchDims { grid, block: (REDUCE_THREADS as u32, 1, 1), shared_bytes: 0 })
+            (names.reduce, LaunchDims { grid, block: (REDUCE_THREADS as u32, 1, 1), shared_bytes: 0 })
         });
         if (p.m * p.n).div_ceil(REDUCE_THREADS) > i32::MAX as usize {
             return Err(bad("M x N too large for the reduction grid".into()));
         }
-        let unaligned_kernel = if decode { kernels[2] } else { kernel };
+        // Only decode has a requirement on the rows; `small` takes any (and decode means !typed).
+        let unaligned_kernel = if decode { names.small } else { kernel };
         Ok(MatMulNBitsPlan { kernel, unaligned_kernel, dims, variant, splits, reduce, workspace_bytes, args })
     }
 }
