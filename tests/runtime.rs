@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use dlkern::Error;
-use dlkern::runtime::{Device, LaunchDims, device_count, driver_available};
+use dlkern::runtime::{Device, KernelParams, LaunchDims, device_count, driver_available};
 
 #[test]
 fn a_missing_driver_is_an_error_value() {
@@ -53,7 +53,7 @@ fn unknown_kernels_and_oversized_launches_are_errors() {
     let too_much_shared = LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), shared_bytes: 4 << 20 };
     for dims in [too_many_threads, too_much_shared] {
         // SAFETY: the launch is rejected before it reaches the driver (no parameters needed).
-        let result = unsafe { device.launch("probe_fast_math_f32", dims, stream.cu_stream(), &mut []) };
+        let result = unsafe { device.launch("probe_fast_math_f32", dims, stream.cu_stream(), KernelParams::new()) };
         assert!(matches!(result, Err(Error::LaunchLimit { .. })), "{result:?}");
     }
 }

@@ -3,7 +3,6 @@
 //! cumulative sequence lengths, GQA/MQA, bottom-right causal, left window, soft cap, and the
 //! optional row log-sum-exp. Memory: O(S) (the scores never leave registers).
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
@@ -12,7 +11,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use super::{check_pointer, check_same_device, check_slice};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::runtime::{Device, LaunchDims};
+use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "attention";
 /// The kernel's tile shapes: the device crate's own source, compiled here too.
@@ -190,20 +189,19 @@ pub unsafe fn attention_raw(
         check_pointer(KERNEL, "cu_seqlens_q", ptrs.cu_seqlens_q, 4)?;
         check_pointer(KERNEL, "cu_seqlens_k", ptrs.cu_seqlens_k, 4)?;
     }
-    let mut a = [
-        ptrs.q,
-        ptrs.k,
-        ptrs.v,
-        ptrs.out,
-        if params.lse { ptrs.lse } else { 0 },
-        if packed { ptrs.cu_seqlens_q } else { 0 },
-        if packed { ptrs.cu_seqlens_k } else { 0 },
-    ];
-    let mut dims = plan.args;
-    let mut args: Vec<*mut c_void> = a.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-    args.push((&mut dims as *mut Dims).cast());
+    let args = KernelParams::new()
+        .pointers(&[
+            ptrs.q,
+            ptrs.k,
+            ptrs.v,
+            ptrs.out,
+            if params.lse { ptrs.lse } else { 0 },
+            if packed { ptrs.cu_seqlens_q } else { 0 },
+            if packed { ptrs.cu_seqlens_k } else { 0 },
+        ])
+        .value(plan.args);
     // SAFETY: seven pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, &mut args)? };
+    unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
     Ok(plan)
 }
 

@@ -7,7 +7,6 @@
 //! `large` (128 x 128 tiles) reuses each dequantized weight over 128 rows. Either may split K over several blocks when the output tiles alone cannot fill
 //! the GPU; the partial sums then go through an f32 workspace and a reduction kernel.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
@@ -17,7 +16,7 @@ use super::{check_pointer, check_same_device, check_slice};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::quant::w4::valid_block_size;
-use crate::runtime::{Device, LaunchDims};
+use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "matmul_nbits";
 /// The kernels' tile shapes and flags: the device crate's own source, compiled here too.
@@ -273,29 +272,17 @@ pub unsafe fn matmul_nbits_raw(
         ZeroPointKind::PackedU8 => (ptrs.zero_points, 0),
         ZeroPointKind::Typed => (0, ptrs.zero_points),
     };
-    let mut a = [
-        ptrs.a,
-        ptrs.b,
-        ptrs.scales,
-        zeros_u8,
-        zeros_t,
-        if params.bias { ptrs.bias } else { 0 },
-        ptrs.y,
-        ptrs.workspace,
-    ];
-    let mut dims = plan.args;
-    let mut args: Vec<*mut c_void> = a.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-    args.push((&mut dims as *mut Dims).cast());
+    let bias = if params.bias { ptrs.bias } else { 0 };
+    let args = KernelParams::new()
+        .pointers(&[ptrs.a, ptrs.b, ptrs.scales, zeros_u8, zeros_t, bias, ptrs.y, ptrs.workspace])
+        .value(plan.args);
     // SAFETY: eight pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, &mut args)? };
+    unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
     if let Some((reduce, reduce_dims)) = plan.reduce {
-        let mut r = [if params.bias { ptrs.bias } else { 0 }, ptrs.y, ptrs.workspace];
-        let mut splits = plan.splits as u32;
-        let mut args: Vec<*mut c_void> = r.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-        args.push((&mut dims as *mut Dims).cast());
-        args.push((&mut splits as *mut u32).cast());
+        let args =
+            KernelParams::new().pointers(&[bias, ptrs.y, ptrs.workspace]).value(plan.args).value(plan.splits as u32);
         // SAFETY: three pointers, Dims and a u32, as the reduction kernel declares.
-        unsafe { device.launch(reduce, reduce_dims, stream, &mut args)? };
+        unsafe { device.launch(reduce, reduce_dims, stream, args)? };
     }
     Ok(plan)
 }

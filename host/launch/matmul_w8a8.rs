@@ -2,7 +2,6 @@
 //! `[M, K]` (per-row or one scale) times int8 weights `[N, K]` (per-row scales) on int8 tensor
 //! cores, int32 accumulation, f32 epilogue (+ bias), stored as f16, bf16 or f32.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
@@ -12,7 +11,7 @@ use super::{check_pointer, check_same_device, check_slice};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::quant::w8::MAX_K_I32;
-use crate::runtime::{Device, LaunchDims};
+use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "matmul_w8a8";
 /// The kernels' tile shapes and flags: the device crate's own source, compiled here too.
@@ -129,12 +128,11 @@ pub unsafe fn matmul_w8a8_raw(
             };
         }
     }
-    let mut a = [ptrs.a, ptrs.w, ptrs.a_scale, ptrs.w_scale, if params.bias { ptrs.bias } else { 0 }, ptrs.y];
-    let mut dims = plan.args;
-    let mut args: Vec<*mut c_void> = a.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-    args.push((&mut dims as *mut Dims).cast());
+    let bias = if params.bias { ptrs.bias } else { 0 };
+    let args =
+        KernelParams::new().pointers(&[ptrs.a, ptrs.w, ptrs.a_scale, ptrs.w_scale, bias, ptrs.y]).value(plan.args);
     // SAFETY: six pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, &mut args)? };
+    unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
     Ok(plan)
 }
 
@@ -219,11 +217,8 @@ pub unsafe fn quantize_per_token_raw(
         check_pointer(KERNEL, "q", q, 1)?;
     }
     check_pointer(KERNEL, "scales", scales, 4)?;
-    let mut ptrs = [x, q, scales];
-    let mut cols = cols as u32;
-    let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-    args.push((&mut cols as *mut u32).cast());
+    let args = KernelParams::new().pointers(&[x, q, scales]).value(cols as u32);
     let dims = LaunchDims { grid: (rows as u32, 1, 1), block: (QUANTIZE_THREADS as u32, 1, 1), shared_bytes: 0 };
     // SAFETY: three pointers and a u32, as the kernel declares; validity by contract.
-    unsafe { device.launch(kernel, dims, stream, &mut args) }
+    unsafe { device.launch(kernel, dims, stream, args) }
 }

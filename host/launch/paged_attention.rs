@@ -12,7 +12,6 @@
 //! they are checked there: a bad one is never dereferenced, its sequence's output is NaN, and a
 //! bit is set in a status word the caller reads with [`check_status`].
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
@@ -21,7 +20,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use super::{check_pointer, check_same_device, check_slice};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::runtime::{Device, LaunchDims};
+use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "paged_attention";
 /// Head sizes with a kernel.
@@ -270,28 +269,26 @@ pub unsafe fn paged_attention_raw(
     if plan.workspace_bytes > 0 {
         check_pointer(KERNEL, "workspace", ptrs.workspace, 16)?;
     }
-    let mut a = [
-        ptrs.q,
-        ptrs.key_cache,
-        ptrs.value_cache,
-        ptrs.block_tables,
-        ptrs.context_lens,
-        if params.alibi { ptrs.alibi } else { 0 },
-        ptrs.out,
-        ptrs.workspace,
-        ptrs.status,
-    ];
-    let mut dims = plan.dims;
-    let mut args: Vec<*mut c_void> = a.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-    args.push((&mut dims as *mut Dims).cast());
+    let args = KernelParams::new()
+        .pointers(&[
+            ptrs.q,
+            ptrs.key_cache,
+            ptrs.value_cache,
+            ptrs.block_tables,
+            ptrs.context_lens,
+            if params.alibi { ptrs.alibi } else { 0 },
+            ptrs.out,
+            ptrs.workspace,
+            ptrs.status,
+        ])
+        .value(plan.dims);
     // SAFETY: nine pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.attention, plan.attention_dims, stream, &mut args)? };
+    unsafe { device.launch(plan.attention, plan.attention_dims, stream, args)? };
     if let Some((combine, combine_dims)) = plan.combine {
-        let mut c = [ptrs.context_lens, ptrs.out, ptrs.workspace, ptrs.status];
-        let mut args: Vec<*mut c_void> = c.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-        args.push((&mut dims as *mut Dims).cast());
+        let args =
+            KernelParams::new().pointers(&[ptrs.context_lens, ptrs.out, ptrs.workspace, ptrs.status]).value(plan.dims);
         // SAFETY: four pointers and the Dims struct, as the combine kernel declares.
-        unsafe { device.launch(combine, combine_dims, stream, &mut args)? };
+        unsafe { device.launch(combine, combine_dims, stream, args)? };
     }
     Ok(plan)
 }
@@ -410,15 +407,13 @@ pub unsafe fn paged_kv_write_raw(
     }
     check_pointer(KERNEL, "slot_mapping", slot_mapping, 4)?;
     check_pointer(KERNEL, "status", status, 4)?;
-    let mut ptrs = [key, value, key_cache, value_cache, slot_mapping, status];
-    let mut num_slots = num_slots as u32;
-    let mut row_elems = row_elems as u32;
-    let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-    args.push((&mut num_slots as *mut u32).cast());
-    args.push((&mut row_elems as *mut u32).cast());
+    let args = KernelParams::new()
+        .pointers(&[key, value, key_cache, value_cache, slot_mapping, status])
+        .value(num_slots as u32)
+        .value(row_elems as u32);
     let dims = LaunchDims { grid: (num_tokens as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
     // SAFETY: six pointers and two u32, as the kernel declares; validity by contract.
-    unsafe { device.launch(kernel, dims, stream, &mut args) }
+    unsafe { device.launch(kernel, dims, stream, args) }
 }
 
 /// Reads the status word (synchronizing `stream`) and turns set bits into an error.

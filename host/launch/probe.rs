@@ -5,13 +5,11 @@
 //! layouts and accuracy on a real GPU against [`crate::reference`] before larger kernels rely
 //! on them.
 
-use std::ffi::c_void;
-
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use super::{check_same_device, check_slice};
 use crate::error::{Error, Result};
-use crate::runtime::{Device, LaunchDims};
+use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "probe";
 
@@ -76,15 +74,14 @@ pub fn mma<A: DeviceRepr, B: DeviceRepr, C: DeviceRepr>(
     check_slice(KERNEL, "a", device, a, a_elems * tiles)?;
     check_slice(KERNEL, "b", device, b, b_elems * tiles)?;
     check_slice(KERNEL, "c", device, c, c_elems * tiles)?;
-    let (mut a_ptr, _a_sync) = a.device_ptr(stream);
-    let (mut b_ptr, _b_sync) = b.device_ptr(stream);
-    let (mut c_ptr, _c_sync) = c.device_ptr_mut(stream);
+    let (a_ptr, _a_sync) = a.device_ptr(stream);
+    let (b_ptr, _b_sync) = b.device_ptr(stream);
+    let (c_ptr, _c_sync) = c.device_ptr_mut(stream);
     // cudarc allocations are 256-byte aligned, as the probes' 16-byte copies need.
-    let mut args: [*mut c_void; 3] =
-        [(&mut a_ptr as *mut u64).cast(), (&mut b_ptr as *mut u64).cast(), (&mut c_ptr as *mut u64).cast()];
+    let args = KernelParams::new().pointers(&[a_ptr, b_ptr, c_ptr]);
     let dims = LaunchDims { grid: (tiles as u32, 1, 1), block: (32, 1, 1), shared_bytes: 0 };
     // SAFETY: three pointer parameters as the kernel declares, sized by check_slice.
-    unsafe { device.launch(probe.kernel(), dims, stream.cu_stream(), &mut args) }
+    unsafe { device.launch(probe.kernel(), dims, stream.cu_stream(), args) }
 }
 
 /// Runs `ex2.approx`, `rcp.approx` and `rsqrt.approx` on every element of `x`.
@@ -107,19 +104,12 @@ pub fn fast_math(
     for (name, out) in [("exp2", &*exp2), ("recip", &*recip), ("rsqrt", &*rsqrt)] {
         check_slice(KERNEL, name, device, out, n)?;
     }
-    let (mut x_ptr, _x) = x.device_ptr(stream);
-    let (mut e_ptr, _e) = exp2.device_ptr_mut(stream);
-    let (mut r_ptr, _r) = recip.device_ptr_mut(stream);
-    let (mut s_ptr, _s) = rsqrt.device_ptr_mut(stream);
-    let mut n32 = n as u32;
-    let mut args: [*mut c_void; 5] = [
-        (&mut x_ptr as *mut u64).cast(),
-        (&mut e_ptr as *mut u64).cast(),
-        (&mut r_ptr as *mut u64).cast(),
-        (&mut s_ptr as *mut u64).cast(),
-        (&mut n32 as *mut u32).cast(),
-    ];
+    let (x_ptr, _x) = x.device_ptr(stream);
+    let (e_ptr, _e) = exp2.device_ptr_mut(stream);
+    let (r_ptr, _r) = recip.device_ptr_mut(stream);
+    let (s_ptr, _s) = rsqrt.device_ptr_mut(stream);
+    let args = KernelParams::new().pointers(&[x_ptr, e_ptr, r_ptr, s_ptr]).value(n as u32);
     let dims = LaunchDims { grid: ((n as u32).div_ceil(256), 1, 1), block: (256, 1, 1), shared_bytes: 0 };
     // SAFETY: parameters as the kernel declares, every array holds n elements.
-    unsafe { device.launch("probe_fast_math_f32", dims, stream.cu_stream(), &mut args) }
+    unsafe { device.launch("probe_fast_math_f32", dims, stream.cu_stream(), args) }
 }

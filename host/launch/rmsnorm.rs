@@ -4,15 +4,13 @@
 //! One block per row; the `vec` variant moves 16 bytes per access and is chosen whenever the
 //! pointers, strides and row length allow it.
 
-use std::ffi::c_void;
-
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::{check_pointer, check_same_device, check_slice, overlaps, span_bytes};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::runtime::{Device, LaunchDims};
+use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "rmsnorm";
 /// Dynamic shared memory of every RMSNorm launch (the block reduction's scratch).
@@ -133,23 +131,15 @@ pub unsafe fn rmsnorm_raw(
     y: u64,
 ) -> Result<()> {
     let Some(plan) = params.plan(x, weight, y)? else { return Ok(()) };
-    let (mut x, mut weight, mut y) = (x, weight, y);
-    let mut cols = params.cols as u32;
-    let mut x_stride = params.x_row_stride as u64;
-    let mut y_stride = params.y_row_stride as u64;
-    let mut eps = params.eps;
-    let mut args: [*mut c_void; 7] = [
-        (&mut x as *mut u64).cast(),
-        (&mut weight as *mut u64).cast(),
-        (&mut y as *mut u64).cast(),
-        (&mut cols as *mut u32).cast(),
-        (&mut x_stride as *mut u64).cast(),
-        (&mut y_stride as *mut u64).cast(),
-        (&mut eps as *mut f32).cast(),
-    ];
+    let args = KernelParams::new()
+        .pointers(&[x, weight, y])
+        .value(params.cols as u32)
+        .value(params.x_row_stride as u64)
+        .value(params.y_row_stride as u64)
+        .value(params.eps);
     // SAFETY: the arguments match the kernel signature (u64 x3, u32, u64 x2, f32); pointer
     // validity is the caller's contract; the plan checked alignment and overlap.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, &mut args) }
+    unsafe { device.launch(plan.kernel, plan.dims, stream, args) }
 }
 
 /// RMSNorm over contiguous `[rows, cols]` slices on `stream` (safe: the slice lengths bound

@@ -6,10 +6,10 @@
 //! are cached. All of it is thread-safe.
 
 mod driver;
+mod params;
 pub mod ptx;
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction, CUfunction_attribute, CUstream};
@@ -18,6 +18,7 @@ use cudarc::nvrtc::Ptx;
 
 pub use driver::driver_available;
 use driver::guarded;
+pub use params::KernelParams;
 
 use crate::error::{DriverContext, Error, Result};
 
@@ -233,16 +234,28 @@ impl Device {
         name: &'static str,
         dims: LaunchDims,
         stream: CUstream,
-        params: &mut [*mut c_void],
+        mut params: KernelParams,
     ) -> Result<()> {
+        if params.overflowed() {
+            return Err(Error::invalid(name, "more kernel parameters than a launch list holds"));
+        }
         let function = self.function(name)?;
         self.prepare(name, &function, &dims)?;
         let raw: CUfunction = function.cu_function();
+        let mut pointers = params.raw();
         guarded("launch", || {
             self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
             // SAFETY: the caller guarantees the parameters and the stream; dims were checked.
+            // `pointers` points into `params`, which lives until this returns.
             unsafe {
-                cudarc::driver::result::launch_kernel(raw, dims.grid, dims.block, dims.shared_bytes, stream, params)
+                cudarc::driver::result::launch_kernel(
+                    raw,
+                    dims.grid,
+                    dims.block,
+                    dims.shared_bytes,
+                    stream,
+                    &mut pointers[..params.len()],
+                )
             }
             .during("cuLaunchKernel")
         })
