@@ -32,9 +32,10 @@ use crate::device::convert::round_ties_even_i32;
 use crate::device::ldmatrix::ldmatrix_x4;
 use crate::device::memory::ld_global_nc_v4;
 use crate::device::mma::mma_m16n8k32_s8_s32;
+use crate::device::reduce::{BLOCK_REDUCE_SCRATCH_BYTES, block_max_f32};
+use crate::device::shared::ld_shared_v4;
 use crate::device::shared::{dynamic_shared_base, st_shared_v4};
-use crate::device::shared::{ld_shared_f32, ld_shared_v4, st_shared_f32};
-use crate::device::{SharedAddr, index, sync, warp};
+use crate::device::{SharedAddr, index, sync};
 use crate::element::{Bf16, Element, F16};
 use crate::{shared_array, unroll};
 
@@ -288,7 +289,8 @@ unsafe fn quantize<T: Element>(x: *const T, q: *mut i8, scales: *mut f32, cols: 
     let row = index::block_idx_x() as usize;
     let tid = index::thread_idx_x() as usize;
     let cols = cols as usize;
-    let scratch = shared_array!(DLKERN_W8A8_QUANTIZE_MAX, 32, 16);
+    let scratch = shared_array!(DLKERN_W8A8_QUANTIZE_MAX, 128, 16);
+    const { assert!(BLOCK_REDUCE_SCRATCH_BYTES == 128) };
     // SAFETY: the launch contract sizes x, q and scales; the barriers are reached by all
     // threads of the block.
     unsafe {
@@ -299,16 +301,7 @@ unsafe fn quantize<T: Element>(x: *const T, q: *mut i8, scales: *mut f32, cols: 
             max_abs = max_abs.max(x.add(i).read().to_f32().abs());
             i += QUANTIZE_THREADS;
         }
-        let max_abs = warp::warp_max_f32(max_abs);
-        if index::lane_id() == 0 {
-            st_shared_f32(scratch.offset(4 * (tid / 32) as u32), max_abs);
-        }
-        sync::sync_threads();
-        let mut block_max = 0.0f32;
-        for w in 0..QUANTIZE_THREADS / 32 {
-            block_max = block_max.max(ld_shared_f32(scratch.offset(4 * w as u32)));
-        }
-        let scale = block_max / 127.0;
+        let scale = block_max_f32(max_abs, scratch) / 127.0;
         if tid == 0 {
             scales.add(row).write(scale);
         }
