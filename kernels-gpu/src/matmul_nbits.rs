@@ -336,7 +336,11 @@ unsafe fn matmul_nbits_small<T: TensorElement, const NT: usize, const WK: usize,
             let x0 = load_a(kc0);
             let x1 = if has1 { load_a(kc1) } else { [[[0; 4]; 4]; 2] };
             let consts0 = chunk_consts::<T, NT, TYPED_ZERO>(scales, zeros_u8, zeros_t, n0, lane, kc0, &p);
-            let consts1 = chunk_consts::<T, NT, TYPED_ZERO>(scales, zeros_u8, zeros_t, n0, lane, kc1, &p);
+            let consts1 = if has1 {
+                chunk_consts::<T, NT, TYPED_ZERO>(scales, zeros_u8, zeros_t, n0, lane, kc1, &p)
+            } else {
+                consts0
+            };
             mma_chunk::<T, 1, NT, TYPED_ZERO>(&mut acc, &codes0, &consts0, |_, i, h| {
                 direct_frag(x0[0][i], x0[1][i], h)
             });
