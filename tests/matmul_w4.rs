@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{Host, Rng};
-use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor};
+use common::{Host, Rng, on_cuda};
+use dlkern::dlpack::DLTensor;
 use dlkern::quant::w4::{W4Weights, ZeroPoints, matmul_reference, quantize};
 use dlkern::registry::{self, AttrValue, Attributes};
 use proptest::prelude::*;
@@ -400,11 +400,6 @@ fn gpu_registry_kernel_runs_on_cuda_tensors() {
         stream.clone_htod(&bias).unwrap(),
     );
     let mut y_d = stream.alloc_zeros::<f16>(m * n).unwrap();
-    let cuda = |t: DLTensor, ptr: u64| DLTensor {
-        data: ptr as *mut std::ffi::c_void,
-        device: DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 },
-        ..t
-    };
     let (ap, _a) = a_d.device_ptr(&stream);
     let (bp, _b) = b_d.device_ptr(&stream);
     let (sp, _s) = s_d.device_ptr(&stream);
@@ -412,13 +407,13 @@ fn gpu_registry_kernel_runs_on_cuda_tensors() {
     let (biasp, _bias) = bias_d.device_ptr(&stream);
     let (yp, _y) = y_d.device_ptr_mut(&stream);
     let mut gpu = [
-        cuda(hosts.0.dl(), ap),
-        cuda(hosts.1.dl(), bp),
-        cuda(hosts.2.dl(), sp),
-        cuda(hosts.3.dl(), zpp),
-        cuda(hosts.4.dl(), ap), // the absent g_idx: a 0-element tensor (never read)
-        cuda(hosts.5.dl(), biasp),
-        cuda(hosts.6.dl(), yp),
+        on_cuda(hosts.0.dl(), ap),
+        on_cuda(hosts.1.dl(), bp),
+        on_cuda(hosts.2.dl(), sp),
+        on_cuda(hosts.3.dl(), zpp),
+        on_cuda(hosts.4.dl(), ap), // the absent g_idx: a 0-element tensor (never read)
+        on_cuda(hosts.5.dl(), biasp),
+        on_cuda(hosts.6.dl(), yp),
     ];
     let raw_stream = stream.cu_stream() as *mut std::ffi::c_void;
     // SAFETY: device buffers of the shapes described, alive until the stream is synchronized.
@@ -442,12 +437,8 @@ fn registry_kernel_refuses_mixed_devices() {
     let mut tb = Host::new(q.b.clone(), &[n as i64, 2, 16]);
     let mut ts = Host::new(q.scales.clone(), &[n as i64, 2]);
     let mut ty = Host::new(vec![0.0f32; 2 * n], &[2, n as i64]);
-    let on_cuda = |t: DLTensor| DLTensor {
-        data: 0x1000 as *mut std::ffi::c_void,
-        device: DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 },
-        ..t
-    };
-    let mut tensors = [on_cuda(ta.dl()), on_cuda(tb.dl()), ts.dl(), on_cuda(ty.dl())];
+    let fake = 0x1000;
+    let mut tensors = [on_cuda(ta.dl(), fake), on_cuda(tb.dl(), fake), ts.dl(), on_cuda(ty.dl(), fake)];
     // SAFETY: validation fails before any pointer is used.
     let err =
         unsafe { registry::call("dlkern.matmul_nbits", &mut tensors, 3, std::ptr::null_mut(), &attrs(k, n, block)) }

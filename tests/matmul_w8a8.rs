@@ -197,16 +197,11 @@ mod gpu {
     #[ignore = "needs a CUDA device"]
     fn gpu_registry_kernels_run_on_cuda_tensors() {
         use super::common::Host;
+        use super::common::on_cuda;
         use cudarc::driver::{DevicePtr, DevicePtrMut};
-        use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor};
         use dlkern::registry::{self, AttrValue, Attributes};
         let (_device, stream) = gpu();
         let raw_stream = stream.cu_stream() as *mut std::ffi::c_void;
-        let cuda = |t: DLTensor, ptr: u64| DLTensor {
-            data: ptr as *mut std::ffi::c_void,
-            device: DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 },
-            ..t
-        };
         let attrs = Attributes::new().with("out_dtype", AttrValue::String("f32".into()));
         let mut rng = Rng::new(31);
         for &(m, n, k, bias) in &[(3, 40, 64, true), (40, 33, 100, false), (1, 17, 4096, true)] {
@@ -262,14 +257,15 @@ mod gpu {
                 let (wsp, _ws) = ws_d.device_ptr(&stream);
                 let (bp, _b) = b_d.device_ptr(&stream);
                 let (yp, _y) = y_d.device_ptr_mut(&stream);
-                let mut quant = [cuda(hx.dl(), xp), cuda(hq.dl(), qp), cuda(hs.dl(), sp)];
+                let mut quant = [on_cuda(hx.dl(), xp), on_cuda(hq.dl(), qp), on_cuda(hs.dl(), sp)];
                 // SAFETY: device buffers of the shapes described, alive until the stream syncs.
                 unsafe { registry::call("dlkern.quantize_per_token", &mut quant, 1, raw_stream, &attrs) }.unwrap();
-                let mut mm = vec![cuda(hq.dl(), qp), cuda(hs.dl(), sp), cuda(hw.dl(), wp), cuda(hws.dl(), wsp)];
+                let mut mm =
+                    vec![on_cuda(hq.dl(), qp), on_cuda(hs.dl(), sp), on_cuda(hw.dl(), wp), on_cuda(hws.dl(), wsp)];
                 if bias {
-                    mm.push(cuda(hb.dl(), bp));
+                    mm.push(on_cuda(hb.dl(), bp));
                 }
-                mm.push(cuda(hy.dl(), yp));
+                mm.push(on_cuda(hy.dl(), yp));
                 // SAFETY: as above.
                 unsafe { registry::call("dlkern.matmul_w8a8", &mut mm, inputs, raw_stream, &attrs) }.unwrap();
             }
@@ -294,7 +290,7 @@ mod gpu {
             let (xp, _x) = x_d.device_ptr(&stream);
             let (qp, _q) = q_d.device_ptr(&stream);
             let (sp, _s) = s_d.device_ptr_mut(&stream);
-            let mut t = [cuda(hx.dl(), xp), cuda(hq.dl(), qp), cuda(hs.dl(), sp)];
+            let mut t = [on_cuda(hx.dl(), xp), on_cuda(hq.dl(), qp), on_cuda(hs.dl(), sp)];
             // SAFETY: as above (no element of x or q is read or written).
             unsafe { registry::call("dlkern.quantize_per_token", &mut t, 1, raw_stream, &attrs) }.unwrap();
         }

@@ -91,6 +91,17 @@ pub fn find_ptxas() -> Option<std::path::PathBuf> {
     String::from_utf8_lossy(&out.stdout).lines().next().map(Into::into)
 }
 
+/// `t`'s shape and type at device address `address` on CUDA device 0 (what the registry's CUDA
+/// paths receive from ONNX Runtime or a C caller).
+pub fn on_cuda(t: dlkern::dlpack::DLTensor, address: u64) -> dlkern::dlpack::DLTensor {
+    use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor};
+    DLTensor {
+        data: address as *mut std::ffi::c_void,
+        device: DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 },
+        ..t
+    }
+}
+
 /// A CPU tensor owning its data, shape and (optional, in elements) strides, lent to the
 /// registry as a DLTensor.
 pub struct Host<T> {
