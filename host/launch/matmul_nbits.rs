@@ -2,10 +2,12 @@
 //! `kernels-gpu/src/matmul_nbits.rs`): `Y [M, N] = A [M, K] W^T (+ bias)` with `W` given as
 //! ONNX Runtime's 4-bit blocks (see [`crate::quant::w4`] for the format).
 //!
-//! Two tensor-core kernels: `small` (8- or 16-row tiles, for decoding) streams the weights
-//! once per tile of A rows, 4 warps splitting K, with activations straight from global memory;
-//! `large` (128 x 128 tiles) reuses each dequantized weight over 128 rows. Either may split K over several blocks when the output tiles alone cannot fill
-//! the GPU; the partial sums then go through an f32 workspace and a reduction kernel.
+//! Tensor-core kernels: for small M, `decode8` / `decode16` (the common case: integer zero
+//! points, blocks >= 128, 16-byte rows) or else `small` stream the weights once per 8- or
+//! 16-row tile of A, 4 warps splitting K, activations straight from global memory; `large`
+//! (128 x 128 tiles) reuses each dequantized weight over 128 rows. Any of them may split K over
+//! several blocks when the output tiles alone cannot fill the GPU; the partial sums then go
+//! through an f32 workspace and a reduction kernel.
 
 use std::sync::Arc;
 
