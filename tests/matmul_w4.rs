@@ -201,6 +201,11 @@ mod gpu {
         /// Runs the GPU kernel and checks it against the reference; returns what it launched.
         fn check(&self) -> MatMulNBitsPlan {
             let (got, plan) = self.run();
+            self.check_values(&got, &format!("{:?}, {} splits", plan.variant, plan.splits));
+            plan
+        }
+
+        fn check_values(&self, got: &[T], what: &str) {
             let (m, n, k) = (self.p.m, self.p.n, self.p.k);
             let a64: Vec<f64> = self.a.iter().map(|v| v.to_f64()).collect();
             let b64: Option<Vec<f64>> = self.bias.as_ref().map(|b| b.iter().map(|v| v.to_f64()).collect());
@@ -214,14 +219,11 @@ mod gpu {
                     let tol = 2.0 * u * mass + u * w.abs() + 1e-6;
                     assert!(
                         (g - w).abs() <= tol,
-                        "{:?} ({:?}, {} splits): y[{row}][{col}] = {g} vs {w} (tolerance {tol})",
-                        self.p,
-                        plan.variant,
-                        plan.splits
+                        "{:?} ({what}): y[{row}][{col}] = {g} vs {w} (tolerance {tol})",
+                        self.p
                     );
                 }
             }
-            plan
         }
     }
 
@@ -274,6 +276,8 @@ mod gpu {
                             zero_points,
                             bias: seed % 2 == 0,
                             splits,
+                            // M = 33 (three row tiles) would run `tiled` unless forced.
+                            variant: Some(Variant::Small),
                             ..params(DType::F16, m, 100, k, block)
                         };
                         assert!(problem::<f16>(p, seed).check().kernel.contains("decode"));
@@ -285,10 +289,84 @@ mod gpu {
         }
     }
 
+    /// `tiled` (M > 16, integer zero points, blocks >= 32): both row tiles, M, N and K off
+    /// their tiles (K ending inside a chunk and inside a block), forced splits, bias, both
+    /// types; then the unaligned fallbacks through raw pointers.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_tiled_kernels_match_reference() {
+        let mut seed = 500;
+        for &(m, n, k, block) in
+            &[(17, 8, 16, 32), (33, 130, 1000, 32), (64, 256, 4096, 128), (97, 80, 1025, 64), (200, 136, 777, 256)]
+        {
+            for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
+                for splits in [0, 3] {
+                    seed += 1;
+                    let p = MatMulNBitsParams {
+                        zero_points,
+                        splits,
+                        bias: seed % 2 == 0,
+                        ..params(DType::F16, m, n, k, block)
+                    };
+                    assert!(problem::<f16>(p, seed).check().kernel.contains("tiled"));
+                    let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                    assert!(problem::<bf16>(p, seed + 1000).check().kernel.contains("tiled"));
+                }
+            }
+        }
+        // More than 64 rows: 128 x 128.
+        let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 1030, 4200, 300, 64) };
+        assert!(problem::<f16>(p, 7).check().kernel.contains("tiled128x128"));
+        let p = MatMulNBitsParams { bias: true, ..params(DType::BF16, 130, 4200, 1000, 32) };
+        assert!(problem::<bf16>(p, 8).check().kernel.contains("tiled128x128"));
+    }
+
+    /// Rows of B off 16-byte alignment run `large`, rows of A off it still run `tiled` (its
+    /// permutation reads any alignment); both against the reference, through raw pointers.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_tiled_falls_back_on_unaligned_rows() {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let (device, stream) = gpu();
+        let pr = problem::<f16>(MatMulNBitsParams { bias: true, ..params(DType::F16, 40, 72, 520, 32) }, 77);
+        let (m, n) = (pr.p.m, pr.p.n);
+        for (a_off, b_off, expect) in [(1usize, 0usize, "tiled64x128"), (0, 4, "large"), (3, 4, "large")] {
+            // Each buffer with `off` leading elements, so its data starts off alignment.
+            let a = stream.clone_htod(&[vec![f16::ZERO; a_off], pr.a.clone()].concat()).unwrap();
+            let b = stream.clone_htod(&[vec![0u8; b_off], pr.w.b.clone()].concat()).unwrap();
+            let scales: Vec<f16> = pr.w.scales.iter().map(|&s| f16::from_f32(s)).collect();
+            let scales = stream.clone_htod(&scales).unwrap();
+            let HostZeros::Packed(z) = &pr.w.zero_points else { panic!("packed zero points") };
+            let z = stream.clone_htod(z).unwrap();
+            let bias = stream.clone_htod(pr.bias.as_ref().unwrap()).unwrap();
+            let mut y = stream.alloc_zeros::<f16>(m * n).unwrap();
+            let rows = RowAlignment::of(
+                &pr.p,
+                a.device_ptr(&stream).0 + 2 * a_off as u64,
+                b.device_ptr(&stream).0 + b_off as u64,
+            );
+            let plan = pr.p.plan_for(device.multiprocessors(), rows).unwrap();
+            let ws = stream.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).unwrap();
+            let ptrs = MatMulNBitsPointers {
+                a: a.device_ptr(&stream).0 + 2 * a_off as u64,
+                b: b.device_ptr(&stream).0 + b_off as u64,
+                scales: scales.device_ptr(&stream).0,
+                zero_points: z.device_ptr(&stream).0,
+                bias: bias.device_ptr(&stream).0,
+                y: y.device_ptr_mut(&stream).0,
+                workspace: ws.device_ptr(&stream).0,
+            };
+            // SAFETY: every buffer holds the extent the params describe past its offset.
+            let plan = unsafe { matmul_nbits_raw(&device, stream.cu_stream(), &pr.p, &ptrs) }.unwrap();
+            assert_eq!(&plan.kernel[plan.kernel.len() - expect.len()..], expect);
+            pr.check_values(&stream.clone_dtoh(&y).unwrap(), plan.kernel);
+        }
+    }
+
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_variants_and_splits_agree_with_reference() {
-        for variant in [Variant::Small, Variant::Large] {
+        for variant in [Variant::Small, Variant::Large, Variant::Tiled] {
             for splits in [1, 2, 7] {
                 let p = MatMulNBitsParams { variant: Some(variant), splits, ..params(DType::F16, 70, 136, 1100, 64) };
                 problem::<f16>(p, splits as u64).check();
@@ -305,10 +383,13 @@ mod gpu {
         fn gpu_matches_reference_on_random_shapes(
             m in 1usize..80, n in 1usize..300, k in 1usize..1200,
             block in prop_oneof![Just(16usize), Just(32), Just(64), Just(128), Just(256)],
-            zero in 0usize..3, bias: bool, variant in 0usize..3, splits in 0usize..4, bf: bool, seed: u64,
+            zero in 0usize..3, bias: bool, variant in 0usize..4, splits in 0usize..4, bf: bool, seed: u64,
         ) {
             let zero_points = [ZeroPointKind::Default, ZeroPointKind::PackedU8, ZeroPointKind::Typed][zero];
-            let variant = [None, Some(Variant::Small), Some(Variant::Large)][variant];
+            let mut variant = [None, Some(Variant::Small), Some(Variant::Large), Some(Variant::Tiled)][variant];
+            if variant == Some(Variant::Tiled) && (zero_points == ZeroPointKind::Typed || block < 32) {
+                variant = None; // `tiled` refuses these (see gpu_plan_validates_and_splits)
+            }
             let dtype = if bf { DType::BF16 } else { DType::F16 };
             let p = MatMulNBitsParams { zero_points, bias, variant, splits, ..params(dtype, m, n, k, block) };
             if bf { problem::<bf16>(p, seed).check(); } else { problem::<f16>(p, seed).check(); }
@@ -337,7 +418,9 @@ fn gpu_plan_validates_and_splits() {
         (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
         (Variant::Small, "matmul_nbits_f16_decode8", (256, 1, 1), 1)
     );
-    assert_eq!((plan.reduce, plan.workspace_bytes, plan.unaligned_kernel), (None, 0, "matmul_nbits_f16_small"));
+    assert_eq!((plan.reduce, plan.workspace_bytes, plan.permute), (None, 0, None));
+    let unaligned = ok.plan_for(132, RowAlignment::UNALIGNED).unwrap();
+    assert_eq!(unaligned.kernel, "matmul_nbits_f16_small");
     let plan = MatMulNBitsParams { m: 9, ..ok }.plan(132).unwrap();
     assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_f16_decode16", 1));
     // Blocks smaller than a K chunk and fractional zero points take the general `small`.
@@ -348,11 +431,37 @@ fn gpu_plan_validates_and_splits() {
     // Few columns: K is split until every SM has a block.
     let plan = MatMulNBitsParams { n: 1024, ..ok }.plan(132).unwrap();
     assert!(plan.splits == 5 && plan.reduce.is_some() && plan.workspace_bytes == 5 * 1024 * 4);
-    assert_eq!(MatMulNBitsParams { m: 1024, ..ok }.plan(132).unwrap().variant, Variant::Large);
+    // Larger M: `tiled`, the 64-row tile until the 128-row one alone fills the GPU; the
+    // permuted activations lead the workspace.
+    let plan = MatMulNBitsParams { m: 128, ..ok }.plan(132).unwrap();
+    assert_eq!(
+        (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
+        (Variant::Tiled, "matmul_nbits_f16_tiled128x128", (64, 1, 2), 2)
+    );
+    let permuted = 128 * 8192 * 2;
+    assert_eq!(
+        (plan.permute.unwrap().0, plan.workspace_bytes),
+        ("matmul_nbits_permute_f16", permuted + 2 * 128 * 8192 * 4)
+    );
+    let plan = MatMulNBitsParams { m: 1024, ..ok }.plan(132).unwrap();
+    assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_f16_tiled128x128", (64, 8, 1)));
+    let plan = MatMulNBitsParams { m: 64, ..ok }.plan(132).unwrap();
+    assert_eq!((plan.kernel, plan.splits), ("matmul_nbits_f16_tiled64x128", 2));
+    assert_eq!(MatMulNBitsParams { m: 17, ..ok }.plan(132).unwrap().kernel, "matmul_nbits_f16_tiled32x128");
+    assert_eq!(plan.workspace_bytes, 64 * 8192 * 2 + 2 * 64 * 8192 * 4);
+    // Unaligned rows of B, fractional zero points and 16-wide blocks take `large`.
+    let params = MatMulNBitsParams { m: 100, k: 1000, ..ok };
+    let rows = RowAlignment { a_vec16: true, b_vec16: false };
+    let fallback = params.plan_for(132, rows).unwrap();
+    assert_eq!((fallback.variant, fallback.kernel, fallback.permute), (Variant::Large, "matmul_nbits_f16_large", None));
+    let typed = MatMulNBitsParams { zero_points: ZeroPointKind::Typed, ..params };
+    assert_eq!(typed.plan(132).unwrap().kernel, "matmul_nbits_f16_large_zf");
+    assert_eq!(MatMulNBitsParams { block_size: 16, ..params }.plan(132).unwrap().kernel, "matmul_nbits_f16_large");
     let err = |p: MatMulNBitsParams| p.plan(132).unwrap_err().to_string();
     assert!(err(MatMulNBitsParams { dtype: DType::F32, ..ok }).contains("not supported on the GPU"));
     assert!(err(MatMulNBitsParams { block_size: 24, ..ok }).contains("block_size 24"));
     assert!(err(MatMulNBitsParams { k: 0, ..ok }).contains("K = 0"));
+    assert!(err(MatMulNBitsParams { variant: Some(Variant::Tiled), ..typed }).contains("integer zero points"));
     assert!(err(MatMulNBitsParams { m: 16 * 65536, variant: Some(Variant::Small), ..ok }).contains("row tiles"));
     // Forced splits never exceed the K chunks.
     let one_chunk = MatMulNBitsParams { k: 100, splits: 9, ..ok }.plan(132).unwrap();

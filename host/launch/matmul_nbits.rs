@@ -4,10 +4,13 @@
 //!
 //! Tensor-core kernels: for small M, `decode8` / `decode16` (the common case: integer zero
 //! points, blocks >= 128, 16-byte rows) or else `small` stream the weights once per 8- or
-//! 16-row tile of A, 4 warps splitting K, activations straight from global memory; `large`
-//! (128 x 128 tiles) reuses each dequantized weight over 128 rows. Any of them may split K over
-//! several blocks when the output tiles alone cannot fill the GPU; the partial sums then go
-//! through an f32 workspace and a reduction kernel.
+//! 16-row tile of A, 4 warps splitting K, activations straight from global memory. For larger M,
+//! `tiled` (integer zero points, blocks >= 32, 16-byte rows of B) reuses each dequantized weight
+//! over 64 or 128 rows, fed by a `cp.async` ring; it reads A from a copy permuted into the
+//! weights' K order (`permute`, in the workspace). `large` (128 x 128 tiles, A staged per chunk)
+//! takes the rest. Any of them may split K over several blocks when the output tiles alone
+//! cannot fill the GPU; the partial sums then go through an f32 workspace and a reduction
+//! kernel.
 
 use std::sync::Arc;
 
@@ -27,8 +30,13 @@ const KERNEL: &str = "matmul_nbits";
 mod layout;
 use layout::{
     CHUNK, DECODE8_ROWS, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
-    LARGE_SHARED_BYTES, REDUCE_THREADS, SMALL,
+    LARGE_SHARED_BYTES, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128,
+    TILED128X128, Tiling, tiled_shared_bytes,
 };
+
+/// Largest M for the small-M kernels (`decode*`, `small`): they read the weights once per 16
+/// rows, which `tiled` beats from here on.
+pub const SMALL_MAX_M: usize = 16;
 
 /// The entry points of one element type (`kernels-gpu/src/matmul_nbits.rs`).
 struct KernelNames {
@@ -38,6 +46,10 @@ struct KernelNames {
     small_zf: &'static str,
     large: &'static str,
     large_zf: &'static str,
+    tiled32x128: &'static str,
+    tiled64x128: &'static str,
+    tiled128x128: &'static str,
+    permute: &'static str,
     reduce: &'static str,
 }
 
@@ -50,6 +62,10 @@ macro_rules! kernel_names {
             small_zf: concat!("matmul_nbits_", $t, "_small_zf"),
             large: concat!("matmul_nbits_", $t, "_large"),
             large_zf: concat!("matmul_nbits_", $t, "_large_zf"),
+            tiled32x128: concat!("matmul_nbits_", $t, "_tiled32x128"),
+            tiled64x128: concat!("matmul_nbits_", $t, "_tiled64x128"),
+            tiled128x128: concat!("matmul_nbits_", $t, "_tiled128x128"),
+            permute: concat!("matmul_nbits_permute_", $t),
             reduce: concat!("matmul_nbits_reduce_", $t),
         }
     };
@@ -73,8 +89,13 @@ pub enum ZeroPointKind {
 pub enum Variant {
     /// Block tile 16 x 32 (8 x 32 for M <= 8), 4 warps splitting K: small M.
     Small,
-    /// Block tile 128 x 128 (8 warps): large M.
+    /// Block tile 128 x 128 (8 warps), A staged per K chunk: large M, any zero points, any
+    /// alignment.
     Large,
+    /// Block tile 64 or 128 x 128 (8 warps), a `cp.async` ring over permuted A and the packed
+    /// weights: large M with integer zero points and blocks of at least 32. Runs `Large` when
+    /// the rows of B are not 16-byte aligned.
+    Tiled,
 }
 
 /// Shapes and options of one call.
@@ -93,21 +114,44 @@ pub struct MatMulNBitsParams {
     pub splits: usize,
 }
 
-/// What a validated call launches.
+/// What a validated call launches, in order: `permute` (if any), `kernel`, `reduce` (if any).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MatMulNBitsPlan {
-    /// The kernel launched when the rows of A and B are 16-byte aligned multiples of 16 bytes,
-    /// else `unaligned_kernel` (the same grid; `small` instead of `decode`).
     pub kernel: &'static str,
-    pub unaligned_kernel: &'static str,
     pub dims: LaunchDims,
     pub variant: Variant,
     pub splits: usize,
+    /// The activation permutation `tiled` reads, into the start of the workspace.
+    pub permute: Option<(&'static str, LaunchDims)>,
     /// The reduction kernel, when K is split.
     pub reduce: Option<(&'static str, LaunchDims)>,
-    /// Device memory needed beyond inputs and outputs (f32 partial sums), in bytes.
+    /// Device memory needed beyond inputs and outputs (permuted activations, f32 partial sums),
+    /// in bytes.
     pub workspace_bytes: usize,
+    /// Offset of the f32 partial sums in the workspace.
+    partials_offset: usize,
     args: Dims,
+}
+
+/// Whether the rows of A and B allow 16-byte vector loads (`K % 8 == 0` and `a` 16-byte
+/// aligned; `row_bytes % 16 == 0` and `b` 16-byte aligned).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowAlignment {
+    pub a_vec16: bool,
+    pub b_vec16: bool,
+}
+
+impl RowAlignment {
+    pub const ALIGNED: Self = RowAlignment { a_vec16: true, b_vec16: true };
+    pub const UNALIGNED: Self = RowAlignment { a_vec16: false, b_vec16: false };
+
+    /// The alignment of the rows of `a` and `b` at these device addresses.
+    pub fn of(params: &MatMulNBitsParams, a: u64, b: u64) -> Self {
+        RowAlignment {
+            a_vec16: a.is_multiple_of(16) && params.k.is_multiple_of(8),
+            b_vec16: b.is_multiple_of(16) && params.row_bytes().is_multiple_of(16),
+        }
+    }
 }
 
 impl MatMulNBitsParams {
@@ -121,8 +165,14 @@ impl MatMulNBitsParams {
     }
 
     /// Validates the shapes and picks the variant and split for a device with
-    /// `multiprocessors` SMs.
+    /// `multiprocessors` SMs, for 16-byte aligned rows (every cudarc allocation).
     pub fn plan(&self, multiprocessors: u32) -> Result<MatMulNBitsPlan> {
+        self.plan_for(multiprocessors, RowAlignment::ALIGNED)
+    }
+
+    /// [`Self::plan`] for rows of the given alignment ([`RowAlignment::of`] the pointers):
+    /// what [`matmul_nbits_raw`] launches.
+    pub fn plan_for(&self, multiprocessors: u32, rows: RowAlignment) -> Result<MatMulNBitsPlan> {
         let p = self;
         let bad = |m: String| Error::invalid(KERNEL, m);
         let typed = p.zero_points == ZeroPointKind::Typed;
@@ -145,16 +195,37 @@ impl MatMulNBitsParams {
         {
             return Err(bad("tensors too large".into()));
         }
-        // 16-row tiles re-read the weights once per tile; beyond 48 rows the 128-row tiles win.
-        let variant = p.variant.unwrap_or(if p.m <= 48 { Variant::Small } else { Variant::Large });
-        // `decode` (the lean `small`) needs integer zero points and one block per K chunk; it
-        // also needs 16-byte rows, which only the pointers tell (`matmul_nbits_raw`).
-        let decode = variant == Variant::Small && !typed && p.block_size >= CHUNK;
+        let tiled_ok = !typed && p.block_size >= TILED_MIN_BLOCK;
+        let variant = match p.variant {
+            Some(Variant::Tiled) if !tiled_ok => {
+                return Err(bad("variant Tiled needs integer zero points and block_size >= 32".into()));
+            }
+            Some(v) => v,
+            None if p.m <= SMALL_MAX_M => Variant::Small,
+            None if tiled_ok => Variant::Tiled,
+            None => Variant::Large,
+        };
+        // `tiled` copies B with 16-byte `cp.async`.
+        let variant = if variant == Variant::Tiled && !rows.b_vec16 { Variant::Large } else { variant };
+        // `decode` (the lean `small`) needs integer zero points, one block per K chunk and
+        // 16-byte rows.
+        let decode = variant == Variant::Small && !typed && p.block_size >= CHUNK && rows.a_vec16 && rows.b_vec16;
         let rows8 = decode && p.m <= DECODE8_ROWS;
+        // `tiled`: as few rows as M needs up to 64, then 128 x 128 (measured faster than
+        // 128 x 64 with twice the blocks at M = 128 and 256: each warp then does twice the
+        // `mma`s per chunk for the same copies and dequantization).
+        let (tiled, tiled_kernel): (Tiling, _) = if p.m <= TILED32X128.block_m() {
+            (TILED32X128, names.tiled32x128)
+        } else if p.m <= TILED64X128.block_m() {
+            (TILED64X128, names.tiled64x128)
+        } else {
+            (TILED128X128, names.tiled128x128)
+        };
         let (kernel, tiling) = match variant {
             Variant::Small if decode => (if rows8 { names.decode8 } else { names.decode16 }, SMALL),
             Variant::Small => (if typed { names.small_zf } else { names.small }, SMALL),
             Variant::Large => (if typed { names.large_zf } else { names.large }, LARGE),
+            Variant::Tiled => (tiled_kernel, tiled),
         };
         let (bm, bn, threads) =
             (if rows8 { DECODE8_ROWS } else { tiling.block_m() }, tiling.block_n(), tiling.threads());
@@ -165,20 +236,30 @@ impl MatMulNBitsParams {
         }
         let chunks = p.k.div_ceil(CHUNK);
         // Split K until there are about four blocks per SM (`large`; one for `small`, whose
-        // warps already split K four ways), or one chunk per split.
+        // warps already split K four ways, and for `tiled`, whose ring fills the SM's shared
+        // memory), or one chunk per split.
         let wanted = if p.splits > 0 {
             p.splits
         } else {
-            let per_sm = if variant == Variant::Small { 1 } else { 4 };
+            let per_sm = if variant == Variant::Large { 4 } else { 1 };
             let target = per_sm * multiprocessors.max(1) as usize;
-            target.div_ceil(tiles_m * tiles_n).clamp(1, 16)
+            if variant == Variant::Tiled {
+                // One wave of big blocks: a nearly full wave beats a split's extra traffic.
+                (target / (tiles_m * tiles_n)).clamp(1, 16)
+            } else {
+                target.div_ceil(tiles_m * tiles_n).clamp(1, 16)
+            }
         };
         let chunks_per_split = chunks.div_ceil(wanted.clamp(1, chunks));
         let splits = chunks.div_ceil(chunks_per_split);
         if splits > 65535 {
             return Err(bad(format!("K = {} needs {splits} splits (at most 65535)", p.k)));
         }
-        let workspace_bytes = if splits > 1 { splits * p.m * p.n * 4 } else { 0 };
+        // The permuted activations (rows padded to whole chunks), then the partial sums.
+        let permuted_bytes =
+            if variant == Variant::Tiled { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
+        let partials_bytes = if splits > 1 { splits * p.m * p.n * 4 } else { 0 };
+        let workspace_bytes = permuted_bytes + partials_bytes;
         let mut flags = match p.zero_points {
             ZeroPointKind::Default => 0,
             ZeroPointKind::PackedU8 => FLAG_ZERO_U8,
@@ -186,6 +267,12 @@ impl MatMulNBitsParams {
         };
         if p.bias {
             flags |= FLAG_BIAS;
+        }
+        if rows.a_vec16 {
+            flags |= FLAG_A_VEC16;
+        }
+        if rows.b_vec16 {
+            flags |= FLAG_B_VEC16;
         }
         let args = Dims {
             m: p.m as u32,
@@ -200,8 +287,24 @@ impl MatMulNBitsParams {
         let dims = LaunchDims {
             grid: (tiles_n as u32, tiles_m as u32, splits as u32),
             block: (threads as u32, 1, 1),
-            shared_bytes: if variant == Variant::Small { 0 } else { LARGE_SHARED_BYTES as u32 },
+            shared_bytes: match variant {
+                Variant::Small => 0,
+                Variant::Large => LARGE_SHARED_BYTES as u32,
+                Variant::Tiled => tiled_shared_bytes(tiling) as u32,
+            },
         };
+        let permute_blocks = (p.m * chunks * CHUNK / 8).div_ceil(PERMUTE_THREADS);
+        if permute_blocks > i32::MAX as usize {
+            return Err(bad("M x K too large for the permutation grid".into()));
+        }
+        let permute = (variant == Variant::Tiled).then(|| {
+            let dims = LaunchDims {
+                grid: (permute_blocks as u32, 1, 1),
+                block: (PERMUTE_THREADS as u32, 1, 1),
+                shared_bytes: 0,
+            };
+            (names.permute, dims)
+        });
         let reduce = (splits > 1).then(|| {
             let grid = ((p.m * p.n).div_ceil(REDUCE_THREADS) as u32, 1, 1);
             (names.reduce, LaunchDims { grid, block: (REDUCE_THREADS as u32, 1, 1), shared_bytes: 0 })
@@ -209,9 +312,17 @@ impl MatMulNBitsParams {
         if (p.m * p.n).div_ceil(REDUCE_THREADS) > i32::MAX as usize {
             return Err(bad("M x N too large for the reduction grid".into()));
         }
-        // Only decode has a requirement on the rows; `small` takes any (and decode means !typed).
-        let unaligned_kernel = if decode { names.small } else { kernel };
-        Ok(MatMulNBitsPlan { kernel, unaligned_kernel, dims, variant, splits, reduce, workspace_bytes, args })
+        Ok(MatMulNBitsPlan {
+            kernel,
+            dims,
+            variant,
+            splits,
+            permute,
+            reduce,
+            workspace_bytes,
+            partials_offset: permuted_bytes,
+            args,
+        })
     }
 }
 
@@ -233,15 +344,17 @@ pub struct MatMulNBitsPointers {
 /// # Safety
 /// Every pointer must be a device address in `device`'s context valid for the extent the
 /// parameters describe (`a` M x K, `b` N x row_bytes, `scales` N x k_blocks, zero points and
-/// bias as given, `y` M x N not overlapping the inputs, the workspace for
-/// `plan.workspace_bytes`) until the kernels have run on `stream`.
+/// bias as given, `y` M x N not overlapping the inputs, the workspace for the
+/// `workspace_bytes` of `params.plan_for(.., RowAlignment::of(params, a, b))`) until the
+/// kernels have run on `stream`.
 pub unsafe fn matmul_nbits_raw(
     device: &Device,
     stream: CUstream,
     params: &MatMulNBitsParams,
     ptrs: &MatMulNBitsPointers,
 ) -> Result<MatMulNBitsPlan> {
-    let mut plan = params.plan(device.multiprocessors())?;
+    let rows = RowAlignment::of(params, ptrs.a, ptrs.b);
+    let plan = params.plan_for(device.multiprocessors(), rows)?;
     let elem = 2;
     for (name, ptr) in [("A", ptrs.a), ("scales", ptrs.scales), ("Y", ptrs.y)] {
         check_pointer(KERNEL, name, ptr, elem)?;
@@ -258,31 +371,28 @@ pub unsafe fn matmul_nbits_raw(
     if plan.workspace_bytes > 0 {
         check_pointer(KERNEL, "workspace", ptrs.workspace, 16)?;
     }
-    let b_vec16 = ptrs.b.is_multiple_of(16) && params.row_bytes().is_multiple_of(16);
-    let a_vec16 = ptrs.a.is_multiple_of(16) && params.k.is_multiple_of(8);
-    if b_vec16 {
-        plan.args.flags |= FLAG_B_VEC16;
-    }
-    if a_vec16 {
-        plan.args.flags |= FLAG_A_VEC16;
-    }
-    if !(a_vec16 && b_vec16) {
-        plan.kernel = plan.unaligned_kernel;
-    }
     let (zeros_u8, zeros_t) = match params.zero_points {
         ZeroPointKind::Default => (0, 0),
         ZeroPointKind::PackedU8 => (ptrs.zero_points, 0),
         ZeroPointKind::Typed => (0, ptrs.zero_points),
     };
     let bias = if params.bias { ptrs.bias } else { 0 };
+    // `tiled` reads A from its permuted copy at the start of the workspace.
+    let mut a = ptrs.a;
+    if let Some((permute, permute_dims)) = plan.permute {
+        let args = KernelParams::new().pointers(&[ptrs.a, ptrs.workspace]).value(plan.args);
+        // SAFETY: two pointers and Dims, as the kernel declares; the workspace holds the copy.
+        unsafe { device.launch(permute, permute_dims, stream, args)? };
+        a = ptrs.workspace;
+    }
+    let partials = ptrs.workspace + plan.partials_offset as u64;
     let args = KernelParams::new()
-        .pointers(&[ptrs.a, ptrs.b, ptrs.scales, zeros_u8, zeros_t, bias, ptrs.y, ptrs.workspace])
+        .pointers(&[a, ptrs.b, ptrs.scales, zeros_u8, zeros_t, bias, ptrs.y, partials])
         .value(plan.args);
     // SAFETY: eight pointers and the Dims struct, as the kernel declares; validity by contract.
     unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
     if let Some((reduce, reduce_dims)) = plan.reduce {
-        let args =
-            KernelParams::new().pointers(&[bias, ptrs.y, ptrs.workspace]).value(plan.args).value(plan.splits as u32);
+        let args = KernelParams::new().pointers(&[bias, ptrs.y, partials]).value(plan.args).value(plan.splits as u32);
         // SAFETY: three pointers, Dims and a u32, as the reduction kernel declares.
         unsafe { device.launch(reduce, reduce_dims, stream, args)? };
     }
@@ -326,7 +436,6 @@ pub fn matmul_nbits<T: Element>(
     if kind != p.zero_points || p.bias != bias.is_some() {
         return Err(Error::invalid(KERNEL, "params.zero_points / params.bias must match the slices given"));
     }
-    let plan = p.plan(device.multiprocessors())?;
     check_same_device(KERNEL, device, stream)?;
     check_slice(KERNEL, "A", device, a, p.m * p.k)?;
     check_slice(KERNEL, "B", device, w.b, p.n * p.row_bytes())?;
@@ -340,11 +449,12 @@ pub fn matmul_nbits<T: Element>(
     if let Some(bias) = bias {
         check_slice(KERNEL, "bias", device, bias, p.n)?;
     }
+    let (a_ptr, _a) = a.device_ptr(stream);
+    let (b_ptr, _b) = w.b.device_ptr(stream);
+    let plan = p.plan_for(device.multiprocessors(), RowAlignment::of(p, a_ptr, b_ptr))?;
     let workspace = stream
         .alloc_zeros::<u8>(plan.workspace_bytes.max(16))
         .map_err(|source| Error::Driver { call: "cuMemAllocAsync", source })?;
-    let (a_ptr, _a) = a.device_ptr(stream);
-    let (b_ptr, _b) = w.b.device_ptr(stream);
     let (s_ptr, _s) = w.scales.device_ptr(stream);
     let zp = match w.zero_points {
         ZeroPoints::Default => None,

@@ -280,7 +280,7 @@ fn matmul_nbits_cuda(
     zero_points: Option<&TensorView>,
     bias: Option<&TensorView>,
 ) -> Result<()> {
-    use crate::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, matmul_nbits_raw};
+    use crate::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, RowAlignment, matmul_nbits_raw};
     // The kernel reads every tensor as one dense row-major block.
     for t in [Some(a), Some(b), Some(scales), zero_points, bias, Some(y)].into_iter().flatten() {
         t.expect_contiguous()?;
@@ -301,7 +301,8 @@ fn matmul_nbits_cuda(
         splits: 0,
     };
     let device = Device::get(ordinal.max(0) as usize)?;
-    let plan = params.plan(device.multiprocessors())?;
+    let rows = RowAlignment::of(&params, a.data_address(), b.data_address());
+    let plan = params.plan_for(device.multiprocessors(), rows)?;
     let stream: cudarc::driver::sys::CUstream = args.stream.cast();
     // SAFETY: the registry's caller hands over a live stream of the tensors' device for the
     // duration of the call; the scratch is freed on it before the call returns.

@@ -108,6 +108,21 @@ pub unsafe fn ld_shared_v4(addr: SharedAddr) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `ld.shared.v2.u32` (PTX ISA §9.7.9.8): 8 bytes.
+///
+/// # Safety
+/// `addr` must be 8-byte aligned and inside the block's shared allocation, race-free.
+#[inline(always)]
+pub unsafe fn ld_shared_v2(addr: SharedAddr) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: the caller guarantees a valid, aligned, race-free address.
+    unsafe {
+        asm!("ld.shared.v2.u32 {{{}, {}}}, [{}];", out(reg32) a, out(reg32) b, in(reg32) addr.0,
+             options(nostack, readonly))
+    };
+    [a, b]
+}
+
 /// `st.shared.v4.u32` (PTX ISA §9.7.9.10): 16 bytes.
 ///
 /// # Safety

@@ -44,6 +44,31 @@ pub const LARGE: Tiling = Tiling { mt: 4, nt: 4, wm: 2, wn: 4, wk: 1 };
 /// Dynamic shared memory of the `large` variant: one K chunk of its A rows.
 pub const LARGE_SHARED_BYTES: usize = LARGE.block_m() * A_ROW_BYTES;
 
+/// `tiled`: warp tile `16 mt` x 32; `wk = 2` pairs of warps split each K chunk's words. Block
+/// tiles 32 x 128 and 64 x 128 (M <= 32, <= 64), 128 x 128.
+pub const TILED32X128: Tiling = Tiling { mt: 2, nt: 4, wm: 1, wn: 4, wk: 2 };
+pub const TILED64X128: Tiling = Tiling { mt: 4, nt: 4, wm: 1, wn: 4, wk: 2 };
+pub const TILED128X128: Tiling = Tiling { mt: 4, nt: 4, wm: 2, wn: 4, wk: 1 };
+/// K chunks in flight in the `tiled` ring (one being read, the rest loading).
+pub const TILED_STAGES: usize = 4;
+/// Bytes of one weight column per K chunk (128 codes).
+pub const B_CHUNK_BYTES: usize = CHUNK / 2;
+
+/// Dynamic shared memory of a `tiled` kernel: per stage, `block_m` activation rows of
+/// [`A_ROW_BYTES`] and `block_n` weight columns of [`B_CHUNK_BYTES`].
+pub const fn tiled_shared_bytes(t: Tiling) -> usize {
+    TILED_STAGES * tiled_stage_bytes(t)
+}
+
+pub const fn tiled_stage_bytes(t: Tiling) -> usize {
+    t.block_m() * A_ROW_BYTES + t.block_n() * B_CHUNK_BYTES
+}
+
+/// Threads per block of `matmul_nbits_permute_*` (one 8-element word of A each).
+pub const PERMUTE_THREADS: usize = 256;
+/// Smallest block size `tiled` takes: each lane's 32 codes of a chunk then lie in one block.
+pub const TILED_MIN_BLOCK: usize = 32;
+
 /// Threads per block of `matmul_nbits_reduce_*` (one output element each).
 pub const REDUCE_THREADS: usize = 256;
 
