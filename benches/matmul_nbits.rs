@@ -2,7 +2,8 @@
 //! same shape, the shapes, in the same run. Small M is bound by reading the weights, so
 //! the rate reported is the bytes dlkern moves (4-bit weights, scales, A, Y) per second; the
 //! cuBLAS row counts its 16-bit weights. Weights rotate through several copies where one copy
-//! would fit in L2.
+//! would fit in L2. `DLKERN_W4_VARIANT=small|large|tiled` forces a kernel variant (to compare
+//! them at one M; the ids stay the same).
 
 mod common;
 
@@ -11,7 +12,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, ZeroPointKind, matmul_nbits_raw};
+use dlkern::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, Variant, ZeroPointKind, matmul_nbits_raw};
 use half::f16;
 use std::time::Duration;
 
@@ -24,8 +25,19 @@ fn pattern<T>(len: usize, f: impl Fn(usize) -> T) -> Vec<T> {
     (0..len).map(f).collect()
 }
 
+/// The variant `DLKERN_W4_VARIANT` forces, if any.
+fn forced_variant() -> Option<Variant> {
+    match std::env::var("DLKERN_W4_VARIANT").ok()?.as_str() {
+        "small" => Some(Variant::Small),
+        "large" => Some(Variant::Large),
+        "tiled" => Some(Variant::Tiled),
+        other => panic!("DLKERN_W4_VARIANT={other}: expected small, large or tiled"),
+    }
+}
+
 fn benches(c: &mut Criterion) {
     let Some(gpu) = common::gpu() else { return };
+    let variant = forced_variant();
     let blas = CudaBlas::new(gpu.stream.clone()).expect("cuBLAS");
     let mut group = c.benchmark_group("matmul_nbits");
     group.warm_up_time(Duration::from_millis(200)).measurement_time(Duration::from_millis(600)).sample_size(10);
@@ -60,7 +72,7 @@ fn benches(c: &mut Criterion) {
                 block_size: BLOCK,
                 zero_points: ZeroPointKind::Default,
                 bias: false,
-                variant: None,
+                variant,
                 splits: 0,
             };
             let plan = params.plan(gpu.device.multiprocessors()).expect("plan");
