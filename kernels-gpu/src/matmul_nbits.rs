@@ -1036,6 +1036,16 @@ macro_rules! matmul_nbits_entry {
     };
 }
 
+macro_rules! matmul_nbits_tiled_entry {
+    ($name:ident, $ty:ty, $tiling:ident) => {
+        matmul_nbits_entry!($name, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            matmul_nbits_tiled::<$ty, { $tiling.mt }, { $tiling.nt }, { $tiling.wm }, { $tiling.wn }, { $tiling.wk }>(
+                a, b, s, z, bias, y, ws, d,
+            )
+        });
+    };
+}
+
 macro_rules! matmul_nbits_entries {
     (
         $ty:ty, $decode8:ident, $decode16:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
@@ -1061,36 +1071,9 @@ macro_rules! matmul_nbits_entries {
             matmul_nbits_large::<$ty, { LARGE.mt }, { LARGE.nt }, { LARGE.wm }, { LARGE.wn }, true>
         );
 
-        matmul_nbits_entry!($tiled32x128, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_tiled::<
-                $ty,
-                { TILED32X128.mt },
-                { TILED32X128.nt },
-                { TILED32X128.wm },
-                { TILED32X128.wn },
-                { TILED32X128.wk },
-            >(a, b, s, z, bias, y, ws, d)
-        });
-        matmul_nbits_entry!($tiled64x128, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_tiled::<
-                $ty,
-                { TILED64X128.mt },
-                { TILED64X128.nt },
-                { TILED64X128.wm },
-                { TILED64X128.wn },
-                { TILED64X128.wk },
-            >(a, b, s, z, bias, y, ws, d)
-        });
-        matmul_nbits_entry!($tiled128x128, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_tiled::<
-                $ty,
-                { TILED128X128.mt },
-                { TILED128X128.nt },
-                { TILED128X128.wm },
-                { TILED128X128.wn },
-                { TILED128X128.wk },
-            >(a, b, s, z, bias, y, ws, d)
-        });
+        matmul_nbits_tiled_entry!($tiled32x128, $ty, TILED32X128);
+        matmul_nbits_tiled_entry!($tiled64x128, $ty, TILED64X128);
+        matmul_nbits_tiled_entry!($tiled128x128, $ty, TILED128X128);
         /// Activation permutation for `tiled`; see the module docs.
         ///
         /// # Safety
