@@ -421,6 +421,8 @@ fn gpu_plan_validates_and_splits() {
     assert_eq!((plan.reduce, plan.workspace_bytes, plan.permute), (None, 0, None));
     let unaligned = ok.plan_for(132, RowAlignment::UNALIGNED).unwrap();
     assert_eq!(unaligned.kernel, "matmul_nbits_f16_small");
+    // K % 8 != 0: rows of A are not 16-byte multiples even in an aligned tensor.
+    assert_eq!(MatMulNBitsParams { k: 1001, ..ok }.plan(132).unwrap().kernel, "matmul_nbits_f16_small");
     let plan = MatMulNBitsParams { m: 9, ..ok }.plan(132).unwrap();
     assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_f16_decode16", 1));
     // Blocks smaller than a K chunk and fractional zero points take the general `small`.

@@ -92,7 +92,7 @@ pub enum Variant {
     /// Block tile 128 x 128 (8 warps), A staged per K chunk: large M, any zero points, any
     /// alignment.
     Large,
-    /// Block tile 64 or 128 x 128 (8 warps), a `cp.async` ring over permuted A and the packed
+    /// Block tile 32, 64 or 128 x 128 (8 warps), a `cp.async` ring over permuted A and the packed
     /// weights: large M with integer zero points and blocks of at least 32. Runs `Large` when
     /// the rows of B are not 16-byte aligned.
     Tiled,
@@ -165,9 +165,9 @@ impl MatMulNBitsParams {
     }
 
     /// Validates the shapes and picks the variant and split for a device with
-    /// `multiprocessors` SMs, for 16-byte aligned rows (every cudarc allocation).
+    /// `multiprocessors` SMs, for tensors that start 16-byte aligned (every cudarc allocation).
     pub fn plan(&self, multiprocessors: u32) -> Result<MatMulNBitsPlan> {
-        self.plan_for(multiprocessors, RowAlignment::ALIGNED)
+        self.plan_for(multiprocessors, RowAlignment::of(self, 0, 0))
     }
 
     /// [`Self::plan`] for rows of the given alignment ([`RowAlignment::of`] the pointers):
