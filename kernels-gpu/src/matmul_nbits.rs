@@ -629,6 +629,14 @@ unsafe fn load_a8<T>(src: *const T, k8: usize, k: usize, vec16: bool) -> [u32; 4
     }
 }
 
+/// Byte offset, in a staged chunk of A rows ([`A_ROW_BYTES`] apart, in the permuted order), of
+/// the row this lane gives `ldmatrix_x4` for the A fragment of 16-row tile `tile` (step 0;
+/// step `s` is `32 s` bytes further).
+#[inline(always)]
+fn ldmatrix_a_row(tile: usize, lane: usize) -> u32 {
+    ((tile * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * A_ROW_BYTES + 16 * (lane / 16)) as u32
+}
+
 /// `large`: `MT x NT` tiles per warp, `WM x WN` warps; each K chunk of the block's A rows is
 /// staged in shared memory in the permuted order and read with `ldmatrix`.
 #[inline(always)]
@@ -661,10 +669,7 @@ unsafe fn matmul_nbits_large<
     let n0 = index::block_idx_x() as usize * 8 * NT * WN + warp_n * 8 * NT;
     let (first, last) = split_chunks(&p);
     let a_s = dynamic_shared_base();
-    let row_addr = |mt: usize| {
-        let r = (warp_m * MT + mt) * 16 + lane % 8 + 8 * ((lane / 8) % 2);
-        a_s.offset((r * A_ROW_BYTES + 16 * (lane / 16)) as u32)
-    };
+    let row_addr = |mt: usize| a_s.offset(ldmatrix_a_row(warp_m * MT + mt, lane));
 
     let mut acc = [[[0.0f32; 4]; NT]; MT];
     // SAFETY (whole body): the launch contract sizes every buffer and the shared memory;
@@ -810,9 +815,7 @@ unsafe fn matmul_nbits_tiled<
     let a_s = |stage: u32| smem.offset(stage * stage_bytes);
     let b_s = |stage: u32| smem.offset(stage * stage_bytes + (bm * A_ROW_BYTES) as u32);
     // ldmatrix rows of tile `mt` (as `large`), and this lane's words of column tile `j`.
-    let a_row = |mt: usize| {
-        (((warp_m * MT + mt) * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * A_ROW_BYTES + 16 * (lane / 16)) as u32
-    };
+    let a_row = |mt: usize| ldmatrix_a_row(warp_m * MT + mt, lane);
     let b_col = |j: usize| ((warp_n * 8 * NT + 8 * j + g) * B_CHUNK_BYTES + 16 * q + 16 / WK * kw) as u32;
     let zero_u8 = p.flags & FLAG_ZERO_U8 != 0;
 
