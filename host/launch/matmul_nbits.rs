@@ -29,8 +29,8 @@ const KERNEL: &str = "matmul_nbits";
 #[path = "../../kernels-gpu/src/layout/matmul_nbits.rs"]
 mod layout;
 use layout::{
-    CHUNK, DECODE8_ROWS, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
-    LARGE_SHARED_BYTES, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128,
+    CHUNK, DECODE_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8,
+    LARGE, LARGE_SHARED_BYTES, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128,
     TILED128X128, Tiling, tiled_shared_bytes,
 };
 
@@ -288,6 +288,7 @@ impl MatMulNBitsParams {
             grid: (tiles_n as u32, tiles_m as u32, splits as u32),
             block: (threads as u32, 1, 1),
             shared_bytes: match variant {
+                Variant::Small if decode => DECODE_SHARED_BYTES as u32,
                 Variant::Small => 0,
                 Variant::Large => LARGE_SHARED_BYTES as u32,
                 Variant::Tiled => tiled_shared_bytes(tiling) as u32,

@@ -6,11 +6,12 @@
 //! u8 `[N, ceil(k_blocks / 2)]` (block `2j` in the low nibble of byte `j`) or `[N, k_blocks]` in
 //! A's type; `bias [N]` or null; `y [M, N]`.
 //!
-//! The weights are read once, straight from the `MatMulNBits` layout into registers (no
-//! repacking): lane `(g, q)` of a warp loads 16 bytes (32 codes) of column `g` of an 8-column
-//! tile at K offset `32q` of each 128-wide K chunk, and turns each 32-bit word into the B
-//! fragments of two `mma.sync.m16n8k16` steps (codes `(0,4),(1,5)` then `(2,6),(3,7)`, which is
-//! what the OR-into-mantissa conversion yields). The sum over K does not care about order, so
+//! The weights are read once, straight from the `MatMulNBits` layout (no repacking): lane
+//! `(g, q)` of a warp takes 16 bytes (32 codes) of column `g` of an 8-column tile at K offset
+//! `32q` of each 128-wide K chunk, and turns each 32-bit word into the weight fragments of two
+//! `mma.sync.m16n8k16` steps (codes `(0,4),(1,5)` then `(2,6),(3,7)`, which is what the
+//! OR-into-mantissa conversion yields); `decode` takes columns `g` and `g + 8` of 16-column
+//! tiles, the weights being its A operand. The sum over K does not care about order, so
 //! the activations are permuted to match: `large` stages them in shared memory in that order
 //! (see its staging loop) and reads them with `ldmatrix`, `tiled` reads a permuted copy of A
 //! (`permute`) through a `cp.async` ring; `small` and `decode` build each lane's fragments from
@@ -22,17 +23,18 @@
 //! # Launch contract: `matmul_nbits_{f16,bf16}_{decode8,decode16,small,large}[_zf]`
 //! - `_zf`: zero points in A's type (fractional allowed; dequantized in f32); otherwise u8 or
 //!   none, dequantized exactly in packed 16-bit arithmetic.
-//! - `decode8` / `decode16` / `small`: warp tile 16 x 32 (8 x 32 for `decode8`, whose `mma`
-//!   rows 8..16 stay empty), 4 warps splitting the block's K chunks (block tile `BM` x 32 with
-//!   `BM` = 8 or 16), block `(128, 1, 1)`, 6144 bytes of static shared memory for the warps'
-//!   partial sums. `large`: warp tile 64 x 32, 2 x 4 warps (block tile 128 x 128), block
-//!   `(256, 1, 1)`.
+//! - `small`: warp tile 16 x 32, 4 warps splitting the block's K chunks (block tile 16 x 32),
+//!   block `(128, 1, 1)`, 6144 bytes of static shared memory for the warps' partial sums.
+//!   `decode8` / `decode16`: the same block tile (`BM` = 8 or 16 rows of A, 32 columns) with
+//!   swapped operands (the weights are the 16-row `mma` operand), block `(128, 1, 1)`,
+//!   `DECODE_SHARED_BYTES` (32768) of dynamic shared memory. `large`: warp tile 64 x 32,
+//!   2 x 4 warps (block tile 128 x 128), block `(256, 1, 1)`.
 //! - `decode*` only: zero points none or u8, `block_size >= 128`, `K % 8 == 0`, `a` and `b`
 //!   16-byte aligned and `row_bytes % 16 == 0`.
 //! - grid `(ceil(N / BN), ceil(M / BM), splits)`; split `z` covers K chunks
 //!   `[z * chunks_per_split, (z + 1) * chunks_per_split)` of 128.
-//! - dynamic shared memory: `large` `BM * 272` bytes (one K chunk of A at a time); others
-//!   none.
+//! - dynamic shared memory: `large` `BM * 272` bytes (one K chunk of A at a time), `decode*` as
+//!   above; `small` none.
 //! - `splits == 1`: writes `y` (+ bias). Otherwise writes f32 partial sums to `workspace`
 //!   `[splits, M, N]` for `matmul_nbits_reduce_*`.
 //! - `small`, `large`: `a`, `b`, `y` need no alignment beyond their element type (16-byte
@@ -55,7 +57,7 @@
 //! # Launch contract: `matmul_nbits_reduce_{f16,bf16}`
 //! - grid `(ceil(M * N / 256), 1, 1)`, block `(256, 1, 1)`: `y = sum over splits + bias`.
 
-use crate::device::async_copy::cp_async_16_zfill;
+use crate::device::async_copy::{cp_async_16, cp_async_16_zfill};
 use crate::device::ldmatrix::ldmatrix_x4;
 use crate::device::memory::{ld_global_nc_u16, ld_global_nc_u32, ld_global_nc_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_v2, ld_shared_v4, st_shared_u32, st_shared_v4};
@@ -439,24 +441,32 @@ unsafe fn reduce_warps_and_store<T: TensorElement, const NT: usize, const WK: us
     }
 }
 
-/// One K chunk of one lane of the decode kernel.
+/// One K chunk's registers of one lane of `decode`: its activations and the dequantization
+/// constants of its weight columns (the rest of the chunk, the codes, goes through the ring).
 #[derive(Clone, Copy)]
 struct DecodeChunk<const R: usize> {
-    /// 16 bytes of weight column `g` of each tile.
-    codes: [[u32; 4]; SMALL.nt],
-    /// Activations of rows g (and g + 8): words i = 0..4 of 8 halves at K `32q + 8i`.
+    /// Activations of rows `8r + g`: 32 halves at K `32q` of the chunk, as 4 words of 8.
     a: [[[u32; 4]; 4]; R],
-    /// Scales of output columns `2q`, `2q + 1` of each tile (the accumulator's columns).
-    scales: [[u16; 2]; SMALL.nt],
-    /// Zero point of weight column `g` of each tile.
-    zeros: [u32; SMALL.nt],
+    /// Scales of weight columns `16t + g` and `16t + g + 8` of tile `t` (the rows of the
+    /// accumulator tile).
+    scales: [[u16; 2]; DECODE_TILES],
+    /// Zero points of the same columns.
+    zeros: [[u32; 2]; DECODE_TILES],
 }
 
-/// `decode`: the `small` tiling for the common case, lean: integer zero points, blocks of at
-/// least 128 (one block per K chunk), A and B rows of 16-byte vectors. The zero point comes
-/// off in packed 16-bit arithmetic (exact); the scale multiplies each chunk's f32 sums once
-/// per output, not each weight. Loads run two chunks ahead of the math. `R` row sets of 8
-/// (M <= 8: 1, else 2).
+/// `decode` (M <= 16, the common case: integer zero points, blocks of at least 128 so one block
+/// per K chunk, A and B rows of 16-byte vectors). The operands are swapped: the weights are
+/// the 16-row A operand of `mma.m16n8k16` (two tiles of 16 columns per warp) and up to 8 tokens
+/// per `R` are its 8-column B operand, so no `mma` row is wasted on absent tokens. The 4 warps
+/// split the block's K chunks; each streams its codes through a private ring of
+/// [`DECODE_STAGES`] chunks filled with `cp.async` (lane `(g, q)` copies exactly the 16 bytes
+/// per column it later reads, so no barrier guards the ring), so the bytes in flight cost no
+/// registers. Activations and constants come from global memory one chunk ahead. The zero
+/// point comes off exactly in packed 16-bit arithmetic; the scale multiplies each chunk's f32
+/// sums. The warps' partial tiles meet in shared memory at the end.
+///
+/// # Safety
+/// The launch contract (`decode*` in the module docs).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
@@ -469,52 +479,63 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
     workspace: *mut f32,
     p: Dims,
 ) {
-    const NT: usize = SMALL.nt;
-    const WK: usize = SMALL.wk;
-    // The unrolled loops below cover 4 tiles.
-    const { assert!((R == 1 || R == 2) && NT == 4) };
+    const TILES: usize = DECODE_TILES;
+    const WK: u32 = DECODE_WARPS as u32;
+    const STAGES: u32 = DECODE_STAGES as u32;
+    // The unrolled loops below cover 2 tiles of 2 columns per lane, and the partial tiles fit
+    // in a warp's ring.
+    const {
+        assert!((R == 1 || R == 2) && TILES == 2);
+        assert!(TILES * R * 32 * 16 <= DECODE_RING_BYTES);
+    };
     let tid = index::thread_idx_x();
     let (warp, lane) = (tid / 32, index::lane_id());
     let (g, q) = (lane / 4, lane % 4);
     let (m, n, k) = (p.m, p.n, p.k);
     let m0 = index::block_idx_y() * 8 * R as u32;
-    let n0 = index::block_idx_x() * 8 * NT as u32;
+    let n0 = index::block_idx_x() * DECODE_COLUMNS as u32;
     let (first, last) = split_chunks(&p);
     let (first, last) = (first as u32, last as u32);
+    // This warp's chunks: first + warp, + WK, ...
+    let count = if first + warp < last { (last - first - warp).div_ceil(WK) } else { 0 };
+    let chunk_of = |j: u32| first + warp + j * WK;
     let zero_u8 = p.flags & FLAG_ZERO_U8 != 0;
     let zero_row_bytes = p.k_blocks.div_ceil(2);
-    // Columns past N read column N - 1 (never stored): no predicates in the loop.
-    let col = |c: u32| c.min(n - 1) as usize;
+    // Column `u` of this lane is `g + 8u` of the block: tile `u / 2`, row `g + 8 (u % 2)` of
+    // its `mma`. Columns past N read column N - 1 (never stored): no predicates in the loop.
+    let col = |u: usize| (n0 + g + 8 * u as u32).min(n - 1) as usize;
+    let ring = dynamic_shared_base().offset(warp * DECODE_RING_BYTES as u32);
+    // This lane's 16 bytes of column `u` in a stage: conflict-free for both the copy and the
+    // read (a quarter warp covers 128 contiguous bytes).
+    let piece = |stage: u32, u: usize| {
+        ring.offset(stage * DECODE_STAGE_BYTES as u32 + ((g as usize + 8 * u) * B_CHUNK_BYTES) as u32 + 16 * q)
+    };
 
     // SAFETY (whole body): every pointer formed below stays inside its tensor (columns
-    // clamped to N - 1, rows checked against M, K offsets against K and the row length, blocks
-    // below k_blocks because every chunk starts below K); `mma` and the barrier are reached
-    // uniformly (loop bounds depend only on the block and the warp index).
+    // clamped to N - 1, rows checked against M, K offsets against K; every chunk lies in the
+    // rows of `b` because they hold whole blocks of at least 128 codes, and its block is below
+    // k_blocks); `mma` and the barrier are reached uniformly (loop bounds depend only on the
+    // block and the warp index); each lane reads only ring bytes its own copies wrote, after
+    // waiting for them.
     unsafe {
-        let w_rows: [*const u8; NT] =
-            core::array::from_fn(|j| b.add(col(n0 + 8 * j as u32 + g) * p.row_bytes as usize + 16 * q as usize));
-        let w_in_row = |kc: u32| kc / 2 + 16 * q < p.row_bytes;
-        let scale_rows: [[*const T; 2]; NT] = core::array::from_fn(|j| {
-            core::array::from_fn(|c| scales.add(col(n0 + 8 * j as u32 + 2 * q + c as u32) * p.k_blocks as usize))
-        });
-        let zero_rows: [*const u8; NT] = core::array::from_fn(|j| {
-            if zero_u8 { zeros_u8.add(col(n0 + 8 * j as u32 + g) * zero_row_bytes as usize) } else { zeros_u8 }
-        });
+        let w_rows: [*const u8; 2 * TILES] =
+            core::array::from_fn(|u| b.add(col(u) * p.row_bytes as usize + 16 * q as usize));
+        let scale_rows: [*const T; 2 * TILES] = core::array::from_fn(|u| scales.add(col(u) * p.k_blocks as usize));
+        let zero_rows: [*const u8; 2 * TILES] =
+            core::array::from_fn(|u| if zero_u8 { zeros_u8.add(col(u) * zero_row_bytes as usize) } else { zeros_u8 });
         let a_rows: [*const T; R] =
             core::array::from_fn(|r| a.wrapping_add(((m0 + g + 8 * r as u32) * k + 32 * q) as usize));
         let a_ok: [bool; R] = core::array::from_fn(|r| m0 + g + 8 * (r as u32) < m);
 
+        let copy = |chunk: u32, stage: u32| {
+            unroll!(U in [0, 1, 2, 3] {
+                cp_async_16(piece(stage, U), w_rows[U].add(chunk as usize * B_CHUNK_BYTES));
+            });
+        };
         let load = |chunk: u32| -> DecodeChunk<R> {
             let kc = chunk * CHUNK as u32;
             let blk = (kc >> p.block_shift) as usize;
-            let mut x =
-                DecodeChunk::<R> { codes: [[0; 4]; NT], a: [[[0; 4]; 4]; R], scales: [[0; 2]; NT], zeros: [8; NT] };
-            let in_row = w_in_row(kc);
-            unroll!(J in [0, 1, 2, 3] {
-                if in_row {
-                    x.codes[J] = ld_global_nc_v4(w_rows[J].add(kc as usize / 2).cast());
-                }
-            });
+            let mut x = DecodeChunk::<R> { a: [[[0; 4]; 4]; R], scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] };
             unroll!(RR in [0, 1] {
                 if RR < R && a_ok[RR] {
                     unroll!(I in [0, 1, 2, 3] {
@@ -525,72 +546,141 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                     });
                 }
             });
-            unroll!(J in [0, 1, 2, 3] {
-                unroll!(C in [0, 1] {
-                    x.scales[J][C] = ld_global_nc_u16(scale_rows[J][C].add(blk).cast());
-                });
+            unroll!(U in [0, 1, 2, 3] {
+                x.scales[U / 2][U % 2] = ld_global_nc_u16(scale_rows[U].add(blk).cast());
                 if zero_u8 {
-                    x.zeros[J] = zero_of_block(zero_rows[J], blk);
+                    x.zeros[U / 2][U % 2] = zero_of_block(zero_rows[U], blk);
                 }
             });
             x
         };
-
-        let mut acc = [[0.0f32; 4]; NT];
-        let compute = |x: &DecodeChunk<R>, acc: &mut [[f32; 4]; NT]| {
-            let bias: [[u32; 2]; NT] = core::array::from_fn(|j| T::code_bias(x.zeros[j]));
-            let mut part = [[0.0f32; 4]; NT];
-            unroll!(I in [0, 1, 2, 3] {
-                let r0 = x.a[0][I];
-                let r1 = if R > 1 { x.a[R - 1][I] } else { [0; 4] };
-                unroll!(J in [0, 1, 2, 3] {
-                    let d = T::codes_minus_bias(x.codes[J][I], bias[J]);
+        let mut acc = [[[0.0f32; 4]; R]; TILES];
+        let compute = |stage: u32, x: &DecodeChunk<R>, acc: &mut [[[f32; 4]; R]; TILES]| {
+            unroll!(TT in [0, 1] {
+                let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
+                let bias = [T::code_bias(x.zeros[TT][0]), T::code_bias(x.zeros[TT][1])];
+                let mut part = [[0.0f32; 4]; R];
+                unroll!(I in [0, 1, 2, 3] {
+                    let d0 = T::codes_minus_bias(codes[0][I], bias[0]);
+                    let d1 = T::codes_minus_bias(codes[1][I], bias[1]);
                     unroll!(H in [0, 1] {
-                        part[J] = T::mma(part[J], direct_frag(r0, r1, H), [d[2 * H], d[2 * H + 1]]);
+                        let af = [d0[2 * H], d1[2 * H], d0[2 * H + 1], d1[2 * H + 1]];
+                        unroll!(RR in [0, 1] {
+                            if RR < R {
+                                part[RR] = T::mma(part[RR], af, frag_pairs(x.a[RR][I], H));
+                            }
+                        });
                     });
                 });
-            });
-            unroll!(J in [0, 1, 2, 3] {
-                unroll!(C in [0, 1, 2, 3] {
-                    if C < 2 * R {
-                        let s = T::from_bits(x.scales[J][C % 2]).to_f32();
-                        acc[J][C] += s * part[J][C];
+                // Rows g (c0, c1) and g + 8 (c2, c3) of the tile: columns 2u and 2u + 1.
+                let s = [T::from_bits(x.scales[TT][0]).to_f32(), T::from_bits(x.scales[TT][1]).to_f32()];
+                unroll!(RR in [0, 1] {
+                    if RR < R {
+                        unroll!(C in [0, 1, 2, 3] {
+                            acc[TT][RR][C] += s[C / 2] * part[RR][C];
+                        });
                     }
                 });
             });
         };
 
-        let mut chunk = first + warp;
-        if chunk < last {
-            let mut cur = load(chunk);
-            let mut next = if chunk + (WK as u32) < last { load(chunk + WK as u32) } else { cur };
-            loop {
-                let ahead = chunk + 2 * WK as u32;
-                let after = if ahead < last { load(ahead) } else { next };
-                compute(&cur, &mut acc);
-                chunk += WK as u32;
-                if chunk >= last {
-                    break;
+        unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if S + 1 < STAGES as usize {
+                if (S as u32) < count {
+                    copy(chunk_of(S as u32), S as u32);
                 }
-                cur = next;
-                next = after;
+                async_copy::commit_group();
             }
+        });
+        let mut cur = if count > 0 {
+            load(chunk_of(0))
+        } else {
+            DecodeChunk { a: [[[0; 4]; 4]; R], scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] }
+        };
+        let mut stage = 0u32;
+        let mut j = 0u32;
+        while j < count {
+            // The stage refilled here was read by this lane in the previous iteration, whose
+            // math consumed those reads before this copy was issued.
+            let ahead = j + STAGES - 1;
+            if ahead < count {
+                copy(chunk_of(ahead), if stage == 0 { STAGES - 1 } else { stage - 1 });
+            }
+            async_copy::commit_group();
+            let next = if j + 1 < count { load(chunk_of(j + 1)) } else { cur };
+            async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
+            compute(stage, &cur, &mut acc);
+            cur = next;
+            j += 1;
+            stage = if stage + 1 == STAGES { 0 } else { stage + 1 };
         }
-        reduce_warps_and_store::<T, NT, WK>(&mut acc, m0 as usize, n0 as usize, bias, y, workspace, &p);
+        async_copy::wait_group::<0>();
+
+        // Warps 1.. leave their partial tiles in their own (now idle) rings; warp 0 sums them.
+        let slot = |w: u32, tt: usize, rr: usize| {
+            dynamic_shared_base().offset(w * DECODE_RING_BYTES as u32 + (((tt * R + rr) * 32) as u32 + lane) * 16)
+        };
+        if warp != 0 {
+            unroll!(TT in [0, 1] {
+                unroll!(RR in [0, 1] {
+                    if RR < R {
+                        st_shared_v4(slot(warp, TT, RR), acc[TT][RR].map(f32::to_bits));
+                    }
+                });
+            });
+        }
+        sync::sync_threads();
+        if warp == 0 {
+            for w in 1..WK {
+                unroll!(TT in [0, 1] {
+                    unroll!(RR in [0, 1] {
+                        if RR < R {
+                            let part = ld_shared_v4(slot(w, TT, RR));
+                            unroll!(C in [0, 1, 2, 3] {
+                                acc[TT][RR][C] += f32::from_bits(part[C]);
+                            });
+                        }
+                    });
+                });
+            }
+            // Accumulator element C of tile t, row set r: weight column 16t + g + 8 (C / 2),
+            // token 8r + 2q + C % 2.
+            let (split, splits) = (index::block_idx_z() as usize, index::grid_dim_z() as usize);
+            unroll!(TT in [0, 1] {
+                unroll!(RR in [0, 1] {
+                    unroll!(C in [0, 1, 2, 3] {
+                        let column = (n0 + 16 * TT as u32 + g + 8 * (C as u32 / 2)) as usize;
+                        let token = (m0 + 8 * RR as u32 + 2 * q + C as u32 % 2) as usize;
+                        if RR < R && column < n as usize && token < m as usize {
+                            let v = acc[TT][RR][C];
+                            if splits == 1 {
+                                let with_bias = if p.flags & FLAG_BIAS != 0 { v + bias.add(column).read().to_f32() } else { v };
+                                y.add(token * n as usize + column).write(T::from_f32(with_bias));
+                            } else {
+                                workspace.add((split * m as usize + token) * n as usize + column).write(v);
+                            }
+                        }
+                    });
+                });
+            });
+        }
     }
 }
 
 /// The A fragment of one `mma` step from a lane's own word `i` of rows g (`r0`) and g + 8
-/// (`r1`), step `2i + h`: halves `(2h, 2h + 4)` and `(2h + 1, 2h + 5)` of each row, the order
-/// the weights' OR-into-mantissa conversion produces.
+/// (`r1`), step `2i + h`: see [`frag_pairs`].
 #[inline(always)]
 fn direct_frag(r0: [u32; 4], r1: [u32; 4], h: usize) -> [u32; 4] {
-    [
-        pair(lo_half(r0[h]), lo_half(r0[h + 2])),
-        pair(lo_half(r1[h]), lo_half(r1[h + 2])),
-        pair(hi_half(r0[h]), hi_half(r0[h + 2])),
-        pair(hi_half(r1[h]), hi_half(r1[h + 2])),
-    ]
+    let (f0, f1) = (frag_pairs(r0, h), frag_pairs(r1, h));
+    [f0[0], f1[0], f0[1], f1[1]]
+}
+
+/// The two fragment registers of step `2i + h` from word `i` of 8 activations (one row of an
+/// A fragment, or the column of a B fragment): halves `(2h, 2h + 4)` and `(2h + 1, 2h + 5)`,
+/// the K order the weights' OR-into-mantissa conversion produces.
+#[inline(always)]
+fn frag_pairs(x: [u32; 4], h: usize) -> [u32; 2] {
+    [pair(lo_half(x[h]), lo_half(x[h + 2])), pair(hi_half(x[h]), hi_half(x[h + 2]))]
 }
 
 /// The low and high half of a packed pair, and the pair of two halves (`lo` in the low half).
