@@ -29,9 +29,9 @@ const KERNEL: &str = "matmul_nbits";
 #[path = "../../kernels-gpu/src/layout/matmul_nbits.rs"]
 mod layout;
 use layout::{
-    CHUNK, DECODE_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8,
-    LARGE, LARGE_SHARED_BYTES, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128,
-    TILED128X128, Tiling, tiled_shared_bytes,
+    CHUNK, DECODE, DECODE_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T,
+    FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128,
+    TILED64X128, TILED128X128, Tiling, tiled_shared_bytes,
 };
 
 /// Largest M for the small-M kernels (`decode*`, `small`): they read the weights once per 16
@@ -222,7 +222,7 @@ impl MatMulNBitsParams {
             (TILED128X128, names.tiled128x128)
         };
         let (kernel, tiling) = match variant {
-            Variant::Small if decode => (if rows8 { names.decode8 } else { names.decode16 }, SMALL),
+            Variant::Small if decode => (if rows8 { names.decode8 } else { names.decode16 }, DECODE),
             Variant::Small => (if typed { names.small_zf } else { names.small }, SMALL),
             Variant::Large => (if typed { names.large_zf } else { names.large }, LARGE),
             Variant::Tiled => (tiled_kernel, tiled),

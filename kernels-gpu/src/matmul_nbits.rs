@@ -26,8 +26,8 @@
 //! - `small`: warp tile 16 x 32, 4 warps splitting the block's K chunks (block tile 16 x 32),
 //!   block `(128, 1, 1)`, 6144 bytes of static shared memory for the warps' partial sums.
 //!   `decode8` / `decode16`: the same block tile (`BM` = 8 or 16 rows of A, 32 columns) with
-//!   swapped operands (the weights are the 16-row `mma` operand), block `(128, 1, 1)`,
-//!   `DECODE_SHARED_BYTES` (32768) of dynamic shared memory. `large`: warp tile 64 x 32,
+//!   swapped operands (the weights are the 16-row `mma` operand), block `(32 DECODE_WARPS, 1,
+//!   1)`, `DECODE_SHARED_BYTES` of dynamic shared memory. `large`: warp tile 64 x 32,
 //!   2 x 4 warps (block tile 128 x 128), block `(256, 1, 1)`.
 //! - `decode*` only: zero points none or u8, `block_size >= 128`, `K % 8 == 0`, `a` and `b`
 //!   16-byte aligned and `row_bytes % 16 == 0`.
@@ -441,16 +441,11 @@ unsafe fn reduce_warps_and_store<T: TensorElement, const NT: usize, const WK: us
     }
 }
 
-/// One K chunk's registers of one lane of `decode`: its activations and the dequantization
-/// constants of its weight columns (the rest of the chunk, the codes, goes through the ring).
+/// The dequantization constants of one K chunk of one lane of `decode`: those of weight
+/// columns `16t + g` and `16t + g + 8` of tile `t` (the rows of its accumulator tiles).
 #[derive(Clone, Copy)]
-struct DecodeChunk<const R: usize> {
-    /// Activations of rows `8r + g`: 32 halves at K `32q` of the chunk, as 4 words of 8.
-    a: [[[u32; 4]; 4]; R],
-    /// Scales of weight columns `16t + g` and `16t + g + 8` of tile `t` (the rows of the
-    /// accumulator tile).
+struct DecodeConsts {
     scales: [[u16; 2]; DECODE_TILES],
-    /// Zero points of the same columns.
     zeros: [[u32; 2]; DECODE_TILES],
 }
 
@@ -461,7 +456,8 @@ struct DecodeChunk<const R: usize> {
 /// split the block's K chunks; each streams its codes through a private ring of
 /// [`DECODE_STAGES`] chunks filled with `cp.async` (lane `(g, q)` copies exactly the 16 bytes
 /// per column it later reads, so no barrier guards the ring), so the bytes in flight cost no
-/// registers. Activations and constants come from global memory one chunk ahead. The zero
+/// registers. The scales and zero points load as far ahead (into registers), the activations
+/// (cached: every block reads them) one chunk ahead. The zero
 /// point comes off exactly in packed 16-bit arithmetic; the scale multiplies each chunk's f32
 /// sums. The warps' partial tiles meet in shared memory at the end.
 ///
@@ -532,33 +528,38 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                 cp_async_16(piece(stage, U), w_rows[U].add(chunk as usize * B_CHUNK_BYTES));
             });
         };
-        let load = |chunk: u32| -> DecodeChunk<R> {
+        // Activations of rows `8r + g`: 32 halves at K `32q` of the chunk, as 4 words of 8.
+        let activations = |chunk: u32| -> [[[u32; 4]; 4]; R] {
             let kc = chunk * CHUNK as u32;
-            let blk = (kc >> p.block_shift) as usize;
-            let mut x = DecodeChunk::<R> { a: [[[0; 4]; 4]; R], scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] };
+            let mut x = [[[0; 4]; 4]; R];
             unroll!(RR in [0, 1] {
                 if RR < R && a_ok[RR] {
                     unroll!(I in [0, 1, 2, 3] {
                         // K % 8 == 0: a word of 8 halves is all in or all out.
                         if kc + 32 * q + 8 * (I as u32) < k {
-                            x.a[RR][I] = ld_global_nc_v4(a_rows[RR].add(kc as usize + 8 * I).cast());
+                            x[RR][I] = ld_global_nc_v4(a_rows[RR].add(kc as usize + 8 * I).cast());
                         }
                     });
                 }
             });
-            unroll!(U in [0, 1, 2, 3] {
-                x.scales[U / 2][U % 2] = ld_global_nc_u16(scale_rows[U].add(blk).cast());
-                if zero_u8 {
-                    x.zeros[U / 2][U % 2] = zero_of_block(zero_rows[U], blk);
-                }
-            });
             x
         };
+        let consts = |chunk: u32| -> DecodeConsts {
+            let blk = ((chunk * CHUNK as u32) >> p.block_shift) as usize;
+            let mut c = DecodeConsts { scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] };
+            unroll!(U in [0, 1, 2, 3] {
+                c.scales[U / 2][U % 2] = ld_global_nc_u16(scale_rows[U].add(blk).cast());
+                if zero_u8 {
+                    c.zeros[U / 2][U % 2] = zero_of_block(zero_rows[U], blk);
+                }
+            });
+            c
+        };
         let mut acc = [[[0.0f32; 4]; R]; TILES];
-        let compute = |stage: u32, x: &DecodeChunk<R>, acc: &mut [[[f32; 4]; R]; TILES]| {
+        let compute = |stage: u32, a: &[[[u32; 4]; 4]; R], c: &DecodeConsts, acc: &mut [[[f32; 4]; R]; TILES]| {
             unroll!(TT in [0, 1] {
                 let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
-                let bias = [T::code_bias(x.zeros[TT][0]), T::code_bias(x.zeros[TT][1])];
+                let bias = [T::code_bias(c.zeros[TT][0]), T::code_bias(c.zeros[TT][1])];
                 let mut part = [[0.0f32; 4]; R];
                 unroll!(I in [0, 1, 2, 3] {
                     let d0 = T::codes_minus_bias(codes[0][I], bias[0]);
@@ -567,13 +568,13 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                         let af = [d0[2 * H], d1[2 * H], d0[2 * H + 1], d1[2 * H + 1]];
                         unroll!(RR in [0, 1] {
                             if RR < R {
-                                part[RR] = T::mma(part[RR], af, frag_pairs(x.a[RR][I], H));
+                                part[RR] = T::mma(part[RR], af, frag_pairs(a[RR][I], H));
                             }
                         });
                     });
                 });
                 // Rows g (c0, c1) and g + 8 (c2, c3) of the tile: columns 2u and 2u + 1.
-                let s = [T::from_bits(x.scales[TT][0]).to_f32(), T::from_bits(x.scales[TT][1]).to_f32()];
+                let s = [T::from_bits(c.scales[TT][0]).to_f32(), T::from_bits(c.scales[TT][1]).to_f32()];
                 unroll!(RR in [0, 1] {
                     if RR < R {
                         unroll!(C in [0, 1, 2, 3] {
@@ -584,35 +585,41 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
             });
         };
 
+        // The scales and zero points come from DRAM like the codes, so they load as far ahead,
+        // into a register ring beside the shared one: the loop is unrolled by the ring's
+        // length so that every slot has a fixed register.
+        let mut ring_consts = [DecodeConsts { scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] }; DECODE_STAGES];
         unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if S + 1 < STAGES as usize {
+            if S + 1 < DECODE_STAGES {
                 if (S as u32) < count {
                     copy(chunk_of(S as u32), S as u32);
+                    ring_consts[S] = consts(chunk_of(S as u32));
                 }
                 async_copy::commit_group();
             }
         });
-        let mut cur = if count > 0 {
-            load(chunk_of(0))
-        } else {
-            DecodeChunk { a: [[[0; 4]; 4]; R], scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] }
-        };
-        let mut stage = 0u32;
+        let mut a_cur = if count > 0 { activations(chunk_of(0)) } else { [[[0; 4]; 4]; R] };
         let mut j = 0u32;
         while j < count {
-            // The stage refilled here was read by this lane in the previous iteration, whose
-            // math consumed those reads before this copy was issued.
-            let ahead = j + STAGES - 1;
-            if ahead < count {
-                copy(chunk_of(ahead), if stage == 0 { STAGES - 1 } else { stage - 1 });
-            }
-            async_copy::commit_group();
-            let next = if j + 1 < count { load(chunk_of(j + 1)) } else { cur };
-            async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
-            compute(stage, &cur, &mut acc);
-            cur = next;
-            j += 1;
-            stage = if stage + 1 == STAGES { 0 } else { stage + 1 };
+            unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
+                // Chunk j + S sits in stage S.
+                if S < DECODE_STAGES && j + (S as u32) < count {
+                    // The stage refilled here was read by this lane in the previous step, whose
+                    // math consumed those reads before this copy was issued.
+                    let ahead = j + S as u32 + STAGES - 1;
+                    let ahead_stage = (S + DECODE_STAGES - 1) % DECODE_STAGES;
+                    if ahead < count {
+                        copy(chunk_of(ahead), ahead_stage as u32);
+                        ring_consts[ahead_stage] = consts(chunk_of(ahead));
+                    }
+                    async_copy::commit_group();
+                    let a_next = if j + (S as u32) + 1 < count { activations(chunk_of(j + S as u32 + 1)) } else { a_cur };
+                    async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
+                    compute(S as u32, &a_cur, &ring_consts[S], &mut acc);
+                    a_cur = a_next;
+                }
+            });
+            j += STAGES;
         }
         async_copy::wait_group::<0>();
 

@@ -39,18 +39,19 @@ pub const SMALL: Tiling = Tiling { mt: 1, nt: 4, wm: 1, wn: 1, wk: 4 };
 /// Rows of A per block of `decode8` (M <= 8: the `mma` rows 8..16 stay empty, so their
 /// activations are never loaded). `decode16` and `small` take 16.
 pub const DECODE8_ROWS: usize = 8;
-/// `decode` (M <= 16, swapped operands): the `small` block (4 warps splitting K, 32 columns),
-/// each warp 2 `mma` tiles of 16 weight columns and a private ring of [`DECODE_STAGES`] K
-/// chunks of its columns' codes.
-pub const DECODE_WARPS: usize = SMALL.wk;
+/// `decode` (M <= 16, swapped operands): block tile 16 x 32 in output terms (`decode8`: 8 x
+/// 32), [`DECODE_WARPS`] warps splitting K, each with 2 `mma` tiles of 16 weight columns and a
+/// private ring of [`DECODE_STAGES`] K chunks of its columns' codes.
+pub const DECODE_WARPS: usize = 4;
+pub const DECODE: Tiling = Tiling { mt: 1, nt: 4, wm: 1, wn: 1, wk: DECODE_WARPS };
 pub const DECODE_TILES: usize = 2;
 pub const DECODE_COLUMNS: usize = 16 * DECODE_TILES;
 pub const DECODE_STAGES: usize = 4;
 pub const DECODE_STAGE_BYTES: usize = DECODE_COLUMNS * B_CHUNK_BYTES;
 pub const DECODE_RING_BYTES: usize = DECODE_STAGES * DECODE_STAGE_BYTES;
-/// Dynamic shared memory of `decode*`: one ring per warp (32 KiB: no opt-in needed).
+/// Dynamic shared memory of `decode*`: one ring per warp.
 pub const DECODE_SHARED_BYTES: usize = DECODE_WARPS * DECODE_RING_BYTES;
-const _: () = assert!(DECODE_COLUMNS == SMALL.block_n() && DECODE_SHARED_BYTES <= 48 * 1024);
+const _: () = assert!(DECODE_COLUMNS == DECODE.block_n());
 /// `large`: warp tile 64 x 32, 2 x 4 warps (block 128 x 128), A staged in shared memory.
 pub const LARGE: Tiling = Tiling { mt: 4, nt: 4, wm: 2, wn: 4, wk: 1 };
 /// Dynamic shared memory of the `large` variant: one K chunk of its A rows.
