@@ -3,6 +3,7 @@
 //! 16-bit floats are carried as bit patterns (`#[repr(transparent)]` over `u16`): the NVPTX
 //! backend and inline PTX know them only as b16 registers.
 
+use crate::device::bits::and_or;
 use crate::device::convert;
 
 /// IEEE 754 binary16, as its bit pattern.
@@ -162,10 +163,10 @@ impl TensorElement for F16 {
         const SIXTEENTH: u32 = 0x2C00_2C00;
         let w8 = word >> 8;
         [
-            Self::fma2((word & 0x000F_000F) | MAGIC, ONE, neg_lo),
-            Self::fma2((word & 0x00F0_00F0) | MAGIC, SIXTEENTH, neg_hi),
-            Self::fma2((w8 & 0x000F_000F) | MAGIC, ONE, neg_lo),
-            Self::fma2((w8 & 0x00F0_00F0) | MAGIC, SIXTEENTH, neg_hi),
+            Self::fma2(and_or::<0x000F_000F>(word, MAGIC), ONE, neg_lo),
+            Self::fma2(and_or::<0x00F0_00F0>(word, MAGIC), SIXTEENTH, neg_hi),
+            Self::fma2(and_or::<0x000F_000F>(w8, MAGIC), ONE, neg_lo),
+            Self::fma2(and_or::<0x00F0_00F0>(w8, MAGIC), SIXTEENTH, neg_hi),
         ]
     }
 }
@@ -199,7 +200,7 @@ impl TensorElement for Bf16 {
         // bfloat16 has 7 mantissa bits: only the low nibble of each half fits, so shift.
         const MAGIC: u32 = 0x4300_4300; // 128.0 twice
         const ONE: u32 = 0x3F80_3F80;
-        let nib = |shift: u32| Self::fma2(((word >> shift) & 0x000F_000F) | MAGIC, ONE, neg);
+        let nib = |shift: u32| Self::fma2(and_or::<0x000F_000F>(word >> shift, MAGIC), ONE, neg);
         [nib(0), nib(4), nib(8), nib(12)]
     }
 }

@@ -58,7 +58,9 @@
 //! - grid `(ceil(M * N / 256), 1, 1)`, block `(256, 1, 1)`: `y = sum over splits + bias`.
 
 use crate::device::async_copy::{cp_async_16, cp_async_16_zfill};
+use crate::device::bits::{high_halves, low_halves};
 use crate::device::ldmatrix::ldmatrix_x4;
+use crate::device::math::fma;
 use crate::device::memory::{ld_global_nc_u16, ld_global_nc_u32, ld_global_nc_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_v2, ld_shared_v4, st_shared_u32, st_shared_v4};
 use crate::device::{async_copy, index, sync};
@@ -481,7 +483,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
     // The unrolled loops below cover 2 tiles of 2 columns per lane, and the partial tiles fit
     // in a warp's ring.
     const {
-        assert!((R == 1 || R == 2) && TILES == 2);
+        assert!((R == 1 || R == 2) && TILES == 2 && DECODE_STAGES.is_multiple_of(2) && DECODE_STAGES <= 8);
         assert!(TILES * R * 32 * 16 <= DECODE_RING_BYTES);
     };
     let tid = index::thread_idx_x();
@@ -519,9 +521,10 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
         let scale_rows: [*const T; 2 * TILES] = core::array::from_fn(|u| scales.add(col(u) * p.k_blocks as usize));
         let zero_rows: [*const u8; 2 * TILES] =
             core::array::from_fn(|u| if zero_u8 { zeros_u8.add(col(u) * zero_row_bytes as usize) } else { zeros_u8 });
+        // Tokens past M read row M - 1: they only reach accumulator columns that are never
+        // stored, and the loads need no predicate.
         let a_rows: [*const T; R] =
-            core::array::from_fn(|r| a.wrapping_add(((m0 + g + 8 * r as u32) * k + 32 * q) as usize));
-        let a_ok: [bool; R] = core::array::from_fn(|r| m0 + g + 8 * (r as u32) < m);
+            core::array::from_fn(|r| a.add(((m0 + g + 8 * r as u32).min(m - 1) * k + 32 * q) as usize));
 
         let copy = |chunk: u32, stage: u32| {
             unroll!(U in [0, 1, 2, 3] {
@@ -533,9 +536,10 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
             let kc = chunk * CHUNK as u32;
             let mut x = [[[0; 4]; 4]; R];
             unroll!(RR in [0, 1] {
-                if RR < R && a_ok[RR] {
+                if RR < R {
                     unroll!(I in [0, 1, 2, 3] {
-                        // K % 8 == 0: a word of 8 halves is all in or all out.
+                        // K % 8 == 0: a word of 8 halves is all in or all out (zero past K,
+                        // where the codes are padding).
                         if kc + 32 * q + 8 * (I as u32) < k {
                             x[RR][I] = ld_global_nc_v4(a_rows[RR].add(kc as usize + 8 * I).cast());
                         }
@@ -578,7 +582,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                 unroll!(RR in [0, 1] {
                     if RR < R {
                         unroll!(C in [0, 1, 2, 3] {
-                            acc[TT][RR][C] += s[C / 2] * part[RR][C];
+                            acc[TT][RR][C] = fma(s[C / 2], part[RR][C], acc[TT][RR][C]);
                         });
                     }
                 });
@@ -598,7 +602,12 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                 async_copy::commit_group();
             }
         });
-        let mut a_cur = if count > 0 { activations(chunk_of(0)) } else { [[[0; 4]; 4]; R] };
+        // Activations of chunk j + S in a_ring[S % 2] (STAGES is even), the next chunk's
+        // loading into the other.
+        let mut a_ring = [[[[0; 4]; 4]; R]; 2];
+        if count > 0 {
+            a_ring[0] = activations(chunk_of(0));
+        }
         let mut j = 0u32;
         while j < count {
             unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -613,10 +622,11 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                         ring_consts[ahead_stage] = consts(chunk_of(ahead));
                     }
                     async_copy::commit_group();
-                    let a_next = if j + (S as u32) + 1 < count { activations(chunk_of(j + S as u32 + 1)) } else { a_cur };
+                    if j + (S as u32) + 1 < count {
+                        a_ring[(S + 1) % 2] = activations(chunk_of(j + S as u32 + 1));
+                    }
                     async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
-                    compute(S as u32, &a_cur, &ring_consts[S], &mut acc);
-                    a_cur = a_next;
+                    compute(S as u32, &a_ring[S % 2], &ring_consts[S], &mut acc);
                 }
             });
             j += STAGES;
@@ -687,7 +697,7 @@ fn direct_frag(r0: [u32; 4], r1: [u32; 4], h: usize) -> [u32; 4] {
 /// the K order the weights' OR-into-mantissa conversion produces.
 #[inline(always)]
 fn frag_pairs(x: [u32; 4], h: usize) -> [u32; 2] {
-    [pair(lo_half(x[h]), lo_half(x[h + 2])), pair(hi_half(x[h]), hi_half(x[h + 2]))]
+    [low_halves(x[h], x[h + 2]), high_halves(x[h], x[h + 2])]
 }
 
 /// The low and high half of a packed pair, and the pair of two halves (`lo` in the low half).

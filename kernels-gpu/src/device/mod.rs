@@ -8,6 +8,7 @@
 //! its global address on NVPTX).
 
 pub mod async_copy;
+pub mod bits;
 pub mod convert;
 pub mod index;
 pub mod ldmatrix;
