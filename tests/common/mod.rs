@@ -52,6 +52,17 @@ pub fn unit_roundoff(dtype: DType) -> f64 {
     }
 }
 
+/// Largest error of rounding to `dtype` among its subnormals (half their spacing): where a
+/// relative bound from [`unit_roundoff`] is smaller than this, it is too strict.
+pub fn subnormal_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 2f64.powi(-150),
+        DType::F16 => 2f64.powi(-25),
+        DType::BF16 => 2f64.powi(-134),
+        other => panic!("no roundoff for {other}"),
+    }
+}
+
 /// Asserts `got` (as stored) matches the f64 reference within `ulps` units of roundoff of the
 /// storage type, relative to each value, plus `abs` absolute. Reports the worst element.
 pub fn assert_close<T: Element>(what: &str, got: &[T], reference: &[f64], ulps: f64, abs: f64) {
