@@ -123,13 +123,23 @@ pub trait TensorElement: Element {
     /// exactly, as pairs `(0, 4)`, `(1, 5)`, `(2, 6)`, `(3, 7)`: the OR-into-the-mantissa
     /// trick (a code ORed into the mantissa of 2^10 or 2^7 is that power plus the code).
     fn codes_minus_zero(word: u32, zero: u32) -> [u32; 4] {
-        Self::codes_minus_bias(word, Self::code_bias(zero))
+        Self::codes_minus_bias::<false>(word, Self::code_bias(zero))
     }
     /// The constants [`Self::codes_minus_bias`] subtracts for zero point `zero` (0..=15),
     /// built with integer arithmetic: once per block, not per word.
     fn code_bias(zero: u32) -> [u32; 2];
-    /// [`Self::codes_minus_zero`] with the zero point's [`Self::code_bias`].
-    fn codes_minus_bias(word: u32, bias: [u32; 2]) -> [u32; 4];
+    /// [`Self::codes_minus_zero`] with the zero point's [`Self::code_bias`]; `PINNED`: see
+    /// [`mask_or`].
+    fn codes_minus_bias<const PINNED: bool>(word: u32, bias: [u32; 2]) -> [u32; 4];
+}
+
+/// `(x & MASK) | magic`. `PINNED`: one `lop3` with the mask an immediate and `magic` held in a
+/// register (fewest instructions); otherwise plain operations, which leave ptxas free to
+/// re-materialize the constants instead of holding them (one register fewer: what the
+/// register-bound 128 x 128 tile needs to stay free of spills).
+#[inline(always)]
+fn mask_or<const MASK: u32, const PINNED: bool>(x: u32, magic: u32) -> u32 {
+    if PINNED { and_or::<MASK>(x, magic) } else { (x & MASK) | magic }
 }
 
 impl TensorElement for F16 {
@@ -157,16 +167,16 @@ impl TensorElement for F16 {
         [(0xE400 + zero) * 0x1_0001, (0xD400 + 16 * zero) * 0x1_0001]
     }
     #[inline(always)]
-    fn codes_minus_bias(word: u32, [neg_lo, neg_hi]: [u32; 2]) -> [u32; 4] {
+    fn codes_minus_bias<const PINNED: bool>(word: u32, [neg_lo, neg_hi]: [u32; 2]) -> [u32; 4] {
         const MAGIC: u32 = 0x6400_6400; // 1024.0 twice
         const ONE: u32 = 0x3C00_3C00;
         const SIXTEENTH: u32 = 0x2C00_2C00;
         let w8 = word >> 8;
         [
-            Self::fma2(and_or::<0x000F_000F>(word, MAGIC), ONE, neg_lo),
-            Self::fma2(and_or::<0x00F0_00F0>(word, MAGIC), SIXTEENTH, neg_hi),
-            Self::fma2(and_or::<0x000F_000F>(w8, MAGIC), ONE, neg_lo),
-            Self::fma2(and_or::<0x00F0_00F0>(w8, MAGIC), SIXTEENTH, neg_hi),
+            Self::fma2(mask_or::<0x000F_000F, PINNED>(word, MAGIC), ONE, neg_lo),
+            Self::fma2(mask_or::<0x00F0_00F0, PINNED>(word, MAGIC), SIXTEENTH, neg_hi),
+            Self::fma2(mask_or::<0x000F_000F, PINNED>(w8, MAGIC), ONE, neg_lo),
+            Self::fma2(mask_or::<0x00F0_00F0, PINNED>(w8, MAGIC), SIXTEENTH, neg_hi),
         ]
     }
 }
@@ -196,11 +206,11 @@ impl TensorElement for Bf16 {
         [neg, neg]
     }
     #[inline(always)]
-    fn codes_minus_bias(word: u32, [neg, _]: [u32; 2]) -> [u32; 4] {
+    fn codes_minus_bias<const PINNED: bool>(word: u32, [neg, _]: [u32; 2]) -> [u32; 4] {
         // bfloat16 has 7 mantissa bits: only the low nibble of each half fits, so shift.
         const MAGIC: u32 = 0x4300_4300; // 128.0 twice
         const ONE: u32 = 0x3F80_3F80;
-        let nib = |shift: u32| Self::fma2(and_or::<0x000F_000F>(word >> shift, MAGIC), ONE, neg);
+        let nib = |shift: u32| Self::fma2(mask_or::<0x000F_000F, PINNED>(word >> shift, MAGIC), ONE, neg);
         [nib(0), nib(4), nib(8), nib(12)]
     }
 }

@@ -566,8 +566,8 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                 let bias = [T::code_bias(c.zeros[TT][0]), T::code_bias(c.zeros[TT][1])];
                 let mut part = [[0.0f32; 4]; R];
                 unroll!(I in [0, 1, 2, 3] {
-                    let d0 = T::codes_minus_bias(codes[0][I], bias[0]);
-                    let d1 = T::codes_minus_bias(codes[1][I], bias[1]);
+                    let d0 = T::codes_minus_bias::<true>(codes[0][I], bias[0]);
+                    let d1 = T::codes_minus_bias::<true>(codes[1][I], bias[1]);
                     unroll!(H in [0, 1] {
                         let af = [d0[2 * H], d1[2 * H], d0[2 * H + 1], d1[2 * H + 1]];
                         unroll!(RR in [0, 1] {
