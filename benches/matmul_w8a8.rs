@@ -60,7 +60,9 @@ fn benches(c: &mut Criterion) {
         let sa = s.clone_htod(&vec![0.01f32; m]).unwrap();
         let sw = s.clone_htod(&vec![0.01f32; n]).unwrap();
         let mut y = s.alloc_zeros::<f16>(m * n).unwrap();
-        let params = MatMulW8A8Params { out_dtype: DType::F16, m, n, k, per_row_a_scale: true, bias: false };
+        let params = MatMulW8A8Params { out_dtype: DType::F16, m, n, k, per_row_a_scale: true, bias: false, splits: 0 };
+        let plan = params.plan(gpu.device.multiprocessors()).expect("plan");
+        let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
         let ptrs = MatMulW8A8Pointers {
             a: a.device_ptr(s).0,
             a_scale: sa.device_ptr(s).0,
@@ -68,9 +70,10 @@ fn benches(c: &mut Criterion) {
             w_scale: sw.device_ptr(s).0,
             bias: 0,
             y: y.device_ptr_mut(s).0,
+            workspace: workspace.device_ptr(s).0,
         };
         let id = format!("dlkern/m{m}_n{n}_k{k}");
-        let record = |id: &str, implementation: &'static str, bytes: usize| {
+        let record = |id: &str, implementation: &'static str, bytes: usize, workspace_bytes: usize| {
             common::record(&common::Meta {
                 family: "matmul_w8a8",
                 id: format!("matmul_w8a8/{id}"),
@@ -79,10 +82,10 @@ fn benches(c: &mut Criterion) {
                 dtype: "int8 -> f16",
                 bytes: bytes as u64,
                 flops,
-                workspace_bytes: 0,
+                workspace_bytes: workspace_bytes as u64,
             })
         };
-        record(&id, "dlkern", m * k + n * k + 2 * m * n);
+        record(&id, "dlkern", m * k + n * k + 2 * m * n, plan.workspace_bytes);
         group.bench_function(&id, |bench| {
             bench.iter_custom(|iters| {
                 gpu.time(iters, || {
@@ -130,7 +133,7 @@ fn benches(c: &mut Criterion) {
         let wbf = s.clone_htod(&(0..n * k).map(|i| bf16::from_f32(pseudo_random(i + 1))).collect::<Vec<_>>()).unwrap();
         let mut ybf = s.alloc_zeros::<bf16>(m * n).unwrap();
         let id = format!("cublas_bf16/m{m}_n{n}_k{k}");
-        record(&id, "cuBLAS bf16", 2 * (m * k + n * k + m * n));
+        record(&id, "cuBLAS bf16", 2 * (m * k + n * k + m * n), 0);
         let cfg = gemm_config(m, n, k, bf16::ONE, bf16::ZERO);
         group.bench_function(&id, |bench| {
             bench.iter_custom(|iters| {
@@ -145,7 +148,7 @@ fn benches(c: &mut Criterion) {
                 s.clone_htod(&(0..n * k).map(|i| f16::from_f32(pseudo_random(i + 1))).collect::<Vec<_>>()).unwrap();
             let mut y16 = s.alloc_zeros::<f16>(m * n).unwrap();
             let id = format!("cublas_f16/m{m}_n{n}_k{k}");
-            record(&id, "cuBLAS f16", 2 * (m * k + n * k + m * n));
+            record(&id, "cuBLAS f16", 2 * (m * k + n * k + m * n), 0);
             let cfg = gemm_config(m, n, k, f16::ONE, f16::ZERO);
             group.bench_function(&id, |bench| {
                 bench.iter_custom(|iters| {

@@ -95,12 +95,29 @@ mod gpu {
         bias: bool,
         seed: u64,
     ) -> &'static str {
+        check_split::<T>(m, n, k, a, w, per_row, bias, seed, 0).0
+    }
+
+    /// [`check`] with `splits` K splits requested (0: the launcher's choice); returns the kernel
+    /// and the splits it ran.
+    #[allow(clippy::too_many_arguments)]
+    fn check_split<T: Element>(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[i8],
+        w: &[i8],
+        per_row: bool,
+        bias: bool,
+        seed: u64,
+        splits: usize,
+    ) -> (&'static str, usize) {
         let (device, stream) = gpu();
         let mut rng = Rng::new(seed);
         let a_scale: Vec<f32> = (0..if per_row { m } else { 1 }).map(|_| rng.uniform(1e-3, 2e-2) as f32).collect();
         let w_scale: Vec<f32> = (0..n).map(|_| rng.uniform(1e-3, 2e-2) as f32).collect();
         let bias_v: Vec<f32> = (0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
-        let params = MatMulW8A8Params { out_dtype: T::DTYPE, m, n, k, per_row_a_scale: per_row, bias };
+        let params = MatMulW8A8Params { out_dtype: T::DTYPE, m, n, k, per_row_a_scale: per_row, bias, splits };
         let (a_d, w_d) = (stream.clone_htod(a).unwrap(), stream.clone_htod(w).unwrap());
         let (sa_d, sw_d, b_d) = (
             stream.clone_htod(&a_scale).unwrap(),
@@ -122,7 +139,33 @@ mod gpu {
             let g = g.to_f64();
             assert!((g - w).abs() <= tol, "{params:?}: y[{}][{}] = {g} vs {w}", i / n, i % n);
         }
-        plan.kernel
+        (plan.kernel, plan.splits)
+    }
+
+    /// Split K: forced splits that divide the K tiles unevenly (and more splits than tiles),
+    /// the launcher's own choice on a shape with few output tiles, both load paths, bias.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_split_k_matches_exact_reference() {
+        let mut rng = Rng::new(41);
+        // (M, N, K, requested splits, splits that must run)
+        for &(m, n, k, req, want) in &[
+            (40, 130, 1000, 3, 3), // 16 K tiles (the last partial, byte-gather path): 6 + 6 + 4
+            (200, 64, 336, 8, 6),  // 6 K tiles: one per split
+            (17, 300, 4096, 2, 2),
+            (130, 1000, 4096, 0, 8), // 16 output tiles: the launcher splits, up to 8
+        ] {
+            let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+            let (kernel, splits) = check_split::<f16>(m, n, k, &a, &w, true, req % 2 == 1, req as u64, req);
+            let expected = if want > 1 { "matmul_w8a8_partial" } else { "matmul_w8a8_f16" };
+            assert_eq!((kernel, splits), (expected, want), "M{m} N{n} K{k}");
+            check_split::<f32>(m, n, k, &a, &w, false, true, 7, req);
+        }
+        // K = 65536 at int8 extremes, split: the partial sums stay exact and add up exactly.
+        let (m, n, k) = (20, 64, 65536);
+        let a = vec![-128i8; m * k];
+        let w = vec![-128i8; n * k];
+        assert_eq!(check_split::<f32>(m, n, k, &a, &w, true, false, 9, 8).1, 8);
     }
 
     /// The decode kernel (M <= 16, K % 16 == 0): every M, N not a multiple of its 16-row tile,
@@ -336,10 +379,26 @@ mod gpu {
 
     #[test]
     fn plan_validates() {
-        let ok =
-            MatMulW8A8Params { out_dtype: DType::F16, m: 8192, n: 8192, k: 8192, per_row_a_scale: true, bias: false };
-        assert_eq!(ok.plan().unwrap().dims.grid, (64, 64, 1));
-        let err = |p: MatMulW8A8Params| p.plan().unwrap_err().to_string();
+        let ok = MatMulW8A8Params {
+            out_dtype: DType::F16,
+            m: 8192,
+            n: 8192,
+            k: 8192,
+            per_row_a_scale: true,
+            bias: false,
+            splits: 0,
+        };
+        let plan = ok.plan(132).unwrap();
+        assert_eq!((plan.dims.grid, plan.splits, plan.workspace_bytes), ((64, 64, 1), 1, 0));
+        // M = 128: 64 output tiles for 132 SMs, so K splits 5 ways (26 + 26 + 26 + 26 + 24 tiles).
+        let mid = MatMulW8A8Params { m: 128, ..ok }.plan(132).unwrap();
+        assert_eq!((mid.dims.grid, mid.splits, mid.workspace_bytes), ((64, 1, 5), 5, 5 * 128 * 8192 * 4));
+        assert_eq!(mid.reduce.map(|r| r.0), Some("matmul_w8a8_reduce_f16"));
+        // Decoding shapes take the decode kernel; K % 16 != 0 the tiled one, unsplit (1 K tile).
+        assert_eq!(MatMulW8A8Params { m: 16, ..ok }.plan(132).unwrap().kernel, "matmul_w8a8_small_f16");
+        let odd = MatMulW8A8Params { m: 16, k: 24, ..ok }.plan(132).unwrap();
+        assert_eq!((odd.kernel, odd.splits), ("matmul_w8a8_f16", 1));
+        let err = |p: MatMulW8A8Params| p.plan(132).unwrap_err().to_string();
         assert!(err(MatMulW8A8Params { k: 131072, ..ok }).contains("int32 accumulation"));
         assert!(err(MatMulW8A8Params { out_dtype: DType::I8, ..ok }).contains("not supported"));
         assert!(err(MatMulW8A8Params { n: 0, ..ok }).contains("N = 0"));

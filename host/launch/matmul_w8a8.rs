@@ -19,8 +19,8 @@ const KERNEL: &str = "matmul_w8a8";
 #[path = "../../kernels-gpu/src/layout/matmul_w8a8.rs"]
 mod layout;
 use layout::{
-    BM, BN, Dims, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, QUANTIZE_THREADS, SHARED_BYTES, SMALL_M_MAX,
-    SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS,
+    BK, BM, BN, Dims, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, MAX_SPLITS, QUANTIZE_THREADS, REDUCE_THREADS,
+    SHARED_BYTES, SMALL_M_MAX, SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS,
 };
 
 /// Shapes and options of one call.
@@ -34,6 +34,9 @@ pub struct MatMulW8A8Params {
     /// One activation scale per row (`[M]`), else a single one (`[1]`).
     pub per_row_a_scale: bool,
     pub bias: bool,
+    /// K splits of the tiled kernel (int32 partial sums in a workspace, then a reduction): 0
+    /// picks them (enough blocks for two per SM), 1 never splits.
+    pub splits: usize,
 }
 
 /// What a validated call launches.
@@ -41,19 +44,43 @@ pub struct MatMulW8A8Params {
 pub struct MatMulW8A8Plan {
     pub kernel: &'static str,
     pub dims: LaunchDims,
+    /// K splits (1: none) and the workspace bytes they need (0 when unsplit).
+    pub splits: usize,
+    pub workspace_bytes: usize,
+    /// The split-K reduction, when split.
+    pub reduce: Option<(&'static str, LaunchDims)>,
     args: Dims,
 }
 
 impl MatMulW8A8Params {
-    pub fn plan(&self) -> Result<MatMulW8A8Plan> {
+    /// Validates the shapes and picks the kernel for a GPU of `multiprocessors` SMs: the decode
+    /// kernel for M <= 16 (K % 16 == 0; the launcher falls back to the tiled kernel, unsplit,
+    /// when the operands are not 16-byte aligned), else the tiled kernel, split over K when its
+    /// output tiles alone cannot give every SM two blocks.
+    pub fn plan(&self, multiprocessors: u32) -> Result<MatMulW8A8Plan> {
+        let p = self;
+        let args = p.validate()?;
+        if p.m <= SMALL_M_MAX && p.k.is_multiple_of(16) {
+            // Decoding: one pass over W with 16-byte loads; the tiled kernel would leave most of
+            // each 128-row A tile empty and need ceil(N / 128) blocks only.
+            let dims = LaunchDims {
+                grid: (p.n.div_ceil(SMALL_N_PER_BLOCK) as u32, 1, 1),
+                block: (SMALL_THREADS as u32, 1, 1),
+                shared_bytes: 0,
+            };
+            let kernel = kernel_name(p.out_dtype, "small");
+            return Ok(MatMulW8A8Plan { kernel, dims, splits: 1, workspace_bytes: 0, reduce: None, args });
+        }
+        p.tiled(args, multiprocessors, p.splits)
+    }
+
+    /// The checks every kernel needs; the scalar arguments without a split.
+    fn validate(&self) -> Result<Dims> {
         let p = self;
         let bad = |m: String| Error::invalid(KERNEL, m);
-        let kernel = match p.out_dtype {
-            DType::F16 => "matmul_w8a8_f16",
-            DType::BF16 => "matmul_w8a8_bf16",
-            DType::F32 => "matmul_w8a8_f32",
-            other => return Err(bad(format!("output dtype {other} not supported (f16, bf16, f32)"))),
-        };
+        if !matches!(p.out_dtype, DType::F16 | DType::BF16 | DType::F32) {
+            return Err(bad(format!("output dtype {} not supported (f16, bf16, f32)", p.out_dtype)));
+        }
         for (name, v) in [("M", p.m), ("N", p.n), ("K", p.k)] {
             if v == 0 || v > i32::MAX as usize {
                 return Err(bad(format!("{name} = {v} (must be 1..=2^31-1)")));
@@ -69,13 +96,61 @@ impl MatMulW8A8Params {
         if !p.per_row_a_scale {
             flags |= FLAG_SCALAR_A_SCALE;
         }
-        let args = Dims { m: p.m as u32, n: p.n as u32, k: p.k as u32, flags };
+        let k_tiles = p.k.div_ceil(BK) as u32;
+        Ok(Dims { m: p.m as u32, n: p.n as u32, k: p.k as u32, flags, k_tiles_per_split: k_tiles })
+    }
+
+    /// The tiled kernel with `requested` K splits (0: enough blocks for two per SM).
+    fn tiled(&self, mut args: Dims, multiprocessors: u32, requested: usize) -> Result<MatMulW8A8Plan> {
+        let p = self;
+        let k_tiles = p.k.div_ceil(BK);
+        let tiles = p.n.div_ceil(BN) * p.m.div_ceil(BM);
+        let wanted = match requested {
+            // Two blocks per SM fit (registers and shared memory); keep at least four K tiles
+            // per split so the three-stage pipeline still has something to overlap.
+            0 => (2 * multiprocessors.max(1) as usize).div_ceil(tiles).min(k_tiles / 4),
+            s => s,
+        }
+        .clamp(1, MAX_SPLITS.min(k_tiles));
+        let per_split = k_tiles.div_ceil(wanted);
+        let splits = k_tiles.div_ceil(per_split);
+        args.k_tiles_per_split = per_split as u32;
         let dims = LaunchDims {
-            grid: (p.n.div_ceil(BN) as u32, p.m.div_ceil(BM) as u32, 1),
+            grid: (p.n.div_ceil(BN) as u32, p.m.div_ceil(BM) as u32, splits as u32),
             block: (THREADS as u32, 1, 1),
             shared_bytes: SHARED_BYTES as u32,
         };
-        Ok(MatMulW8A8Plan { kernel, dims, args })
+        if splits == 1 {
+            let kernel = kernel_name(p.out_dtype, "");
+            return Ok(MatMulW8A8Plan { kernel, dims, splits, workspace_bytes: 0, reduce: None, args });
+        }
+        // Split: every split writes int32 partial sums (one kernel for all output types).
+        let kernel = "matmul_w8a8_partial";
+        if (p.m * p.n).div_ceil(REDUCE_THREADS) > i32::MAX as usize {
+            return Err(Error::invalid(KERNEL, "M x N too large for the split-K reduction grid"));
+        }
+        let reduce_dims = LaunchDims {
+            grid: ((p.m * p.n).div_ceil(REDUCE_THREADS) as u32, 1, 1),
+            block: (REDUCE_THREADS as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        let reduce = Some((kernel_name(p.out_dtype, "reduce"), reduce_dims));
+        Ok(MatMulW8A8Plan { kernel, dims, splits, workspace_bytes: splits * p.m * p.n * 4, reduce, args })
+    }
+}
+
+/// `matmul_w8a8[_variant]_{f16,bf16,f32}` (the dtype was validated).
+fn kernel_name(dtype: DType, variant: &str) -> &'static str {
+    match (variant, dtype) {
+        ("small", DType::F16) => "matmul_w8a8_small_f16",
+        ("small", DType::BF16) => "matmul_w8a8_small_bf16",
+        ("small", _) => "matmul_w8a8_small_f32",
+        ("reduce", DType::F16) => "matmul_w8a8_reduce_f16",
+        ("reduce", DType::BF16) => "matmul_w8a8_reduce_bf16",
+        ("reduce", _) => "matmul_w8a8_reduce_f32",
+        (_, DType::F16) => "matmul_w8a8_f16",
+        (_, DType::BF16) => "matmul_w8a8_bf16",
+        _ => "matmul_w8a8_f32",
     }
 }
 
@@ -88,6 +163,9 @@ pub struct MatMulW8A8Pointers {
     pub w_scale: u64,
     pub bias: u64,
     pub y: u64,
+    /// Int32 partial sums of a split-K plan (`plan.workspace_bytes`, 16-byte aligned); 0 when
+    /// the plan needs none.
+    pub workspace: u64,
 }
 
 /// W8A8 matmul on raw device pointers, on `stream`.
@@ -95,14 +173,14 @@ pub struct MatMulW8A8Pointers {
 /// # Safety
 /// Device addresses in `device`'s context valid for the extents the parameters describe (`a`
 /// M x K, `w` N x K int8, scales and bias f32, `y` M x N of the output type, not overlapping
-/// the inputs) until the kernel has run on `stream`.
+/// the inputs, the workspace for `plan.workspace_bytes`) until the kernels have run on `stream`.
 pub unsafe fn matmul_w8a8_raw(
     device: &Device,
     stream: CUstream,
     params: &MatMulW8A8Params,
     ptrs: &MatMulW8A8Pointers,
 ) -> Result<MatMulW8A8Plan> {
-    let mut plan = params.plan()?;
+    let mut plan = params.plan(device.multiprocessors())?;
     check_pointer(KERNEL, "a", ptrs.a, 1)?;
     check_pointer(KERNEL, "w", ptrs.w, 1)?;
     check_pointer(KERNEL, "a_scale", ptrs.a_scale, 4)?;
@@ -111,28 +189,30 @@ pub unsafe fn matmul_w8a8_raw(
     if params.bias {
         check_pointer(KERNEL, "bias", ptrs.bias, 4)?;
     }
+    if plan.workspace_bytes > 0 {
+        check_pointer(KERNEL, "workspace", ptrs.workspace, 16)?;
+    }
     if params.k.is_multiple_of(16) && ptrs.a.is_multiple_of(16) && ptrs.w.is_multiple_of(16) {
         plan.args.flags |= FLAG_VEC16;
-        if params.m <= SMALL_M_MAX {
-            // Decoding: one pass over W with 16-byte loads; the tiled kernel would leave most of
-            // each 128-row A tile empty and need ceil(N / 128) blocks only.
-            plan.kernel = match params.out_dtype {
-                DType::F16 => "matmul_w8a8_small_f16",
-                DType::BF16 => "matmul_w8a8_small_bf16",
-                _ => "matmul_w8a8_small_f32",
-            };
-            plan.dims = LaunchDims {
-                grid: (params.n.div_ceil(SMALL_N_PER_BLOCK) as u32, 1, 1),
-                block: (SMALL_THREADS as u32, 1, 1),
-                shared_bytes: 0,
-            };
-        }
+    } else if plan.kernel.contains("_small_") {
+        // The decode kernel needs 16-byte rows: gather bytes in the tiled kernel instead, unsplit
+        // (the plan reserved no workspace).
+        plan = params.tiled(plan.args, device.multiprocessors(), 1)?;
     }
     let bias = if params.bias { ptrs.bias } else { 0 };
-    let args =
-        KernelParams::new().pointers(&[ptrs.a, ptrs.w, ptrs.a_scale, ptrs.w_scale, bias, ptrs.y]).value(plan.args);
-    // SAFETY: six pointers and the Dims struct, as the kernel declares; validity by contract.
+    let args = KernelParams::new()
+        .pointers(&[ptrs.a, ptrs.w, ptrs.a_scale, ptrs.w_scale, bias, ptrs.y, ptrs.workspace])
+        .value(plan.args);
+    // SAFETY: seven pointers and the Dims struct, as the kernels declare; validity by contract.
     unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
+    if let Some((reduce, reduce_dims)) = plan.reduce {
+        let args = KernelParams::new()
+            .pointers(&[ptrs.workspace, ptrs.a_scale, ptrs.w_scale, bias, ptrs.y])
+            .value(plan.args)
+            .value(plan.splits as u32);
+        // SAFETY: five pointers, Dims and a u32, as the reduction kernel declares.
+        unsafe { device.launch(reduce, reduce_dims, stream, args)? };
+    }
     Ok(plan)
 }
 
@@ -153,7 +233,7 @@ pub fn matmul_w8a8<T: Element>(
     if T::DTYPE != p.out_dtype || p.bias != bias.is_some() {
         return Err(Error::invalid(KERNEL, "y's type and the bias must match params.out_dtype and params.bias"));
     }
-    p.plan()?;
+    let plan = p.plan(device.multiprocessors())?;
     check_same_device(KERNEL, device, stream)?;
     check_slice(KERNEL, "a", device, a, p.m * p.k)?;
     check_slice(KERNEL, "a_scale", device, a_scale, if p.per_row_a_scale { p.m } else { 1 })?;
@@ -169,6 +249,10 @@ pub fn matmul_w8a8<T: Element>(
     let (sw_ptr, _sw) = w_scale.device_ptr(stream);
     let bias_ptr = bias.map(|b| b.device_ptr(stream));
     let (y_ptr, _y) = y.device_ptr_mut(stream);
+    let workspace = stream
+        .alloc_zeros::<u8>(plan.workspace_bytes.max(16))
+        .map_err(|source| Error::Driver { call: "cuMemAllocAsync", source })?;
+    let (ws_ptr, _ws) = workspace.device_ptr(stream);
     let ptrs = MatMulW8A8Pointers {
         a: a_ptr,
         a_scale: sa_ptr,
@@ -176,6 +260,7 @@ pub fn matmul_w8a8<T: Element>(
         w_scale: sw_ptr,
         bias: bias_ptr.as_ref().map_or(0, |(p, _)| *p),
         y: y_ptr,
+        workspace: ws_ptr,
     };
     // SAFETY: every slice holds the extent the params describe; `y` is borrowed mutably.
     unsafe { matmul_w8a8_raw(device, stream.cu_stream(), params, &ptrs) }

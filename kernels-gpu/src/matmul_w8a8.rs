@@ -20,6 +20,14 @@
 //! - `flags & FLAG_VEC16`: `K % 16 == 0` and `a`, `w` 16-byte aligned (asynchronous 16-byte
 //!   copies); otherwise tiles are gathered byte by byte (any K, any alignment).
 //!
+//! - grid `z` splits K: block `(x, y, z)` covers K tiles `[z * k_tiles_per_split, (z + 1) *
+//!   k_tiles_per_split)`. `matmul_w8a8_partial` (same contract) writes each split's int32
+//!   partial sums to `workspace [splits, M, N]` instead of `y`; `matmul_w8a8_reduce_*` finishes.
+//!
+//! # Launch contract: `matmul_w8a8_reduce_{f16,bf16,f32}`
+//! - grid `(ceil(M * N / REDUCE_THREADS), 1, 1)`, block `(REDUCE_THREADS, 1, 1)`: `y[m][n] =
+//!   (sum_z workspace[z][m][n]) * a_scale * w_scale[n] (+ bias[n])`.
+//!
 //! # Launch contract: `matmul_w8a8_small_{f16,bf16,f32}` (decoding: `M <= 16`)
 //! - grid `(ceil(N / 16), 1, 1)`, block `(128, 1, 1)`, no dynamic shared memory; `M <= 16`,
 //!   `K % 16 == 0`, `a` and `w` 16-byte aligned; scales, bias and flags as above.
@@ -78,13 +86,14 @@ unsafe fn load_tile(dst: SharedAddr, src: *const i8, valid: usize, k0: usize, k:
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_w8a8<T: Element>(
+unsafe fn matmul_w8a8<T: Element, const PARTIAL: bool>(
     a: *const i8,
     w: *const i8,
     a_scale: *const f32,
     w_scale: *const f32,
     bias: *const f32,
     y: *mut T,
+    workspace: *mut i32,
     p: Dims,
 ) {
     let tid = index::thread_idx_x() as usize;
@@ -98,7 +107,11 @@ unsafe fn matmul_w8a8<T: Element>(
     let smem = dynamic_shared_base();
     let a_s = |stage: usize| smem.offset((stage * 2 * TILE_BYTES) as u32);
     let w_s = |stage: usize| smem.offset((stage * 2 * TILE_BYTES + TILE_BYTES) as u32);
-    let k_tiles = k.div_ceil(BK);
+    // This block's K tiles: all of them, or one split's share.
+    let split = index::block_idx_z() as usize;
+    let per_split = (p.k_tiles_per_split as usize).max(1);
+    let kt_lo = split * per_split;
+    let kt_hi = k.div_ceil(BK).min(kt_lo + per_split);
     let a_rows = m.saturating_sub(m0).min(BM);
     let w_rows = n.saturating_sub(n0).min(BN);
 
@@ -113,8 +126,8 @@ unsafe fn matmul_w8a8<T: Element>(
             load_tile(w_s(stage), w_blk, w_rows, kt * BK, k, vec16);
         };
         unroll!(S in [0, 1] {
-            if S < k_tiles {
-                load(S, S);
+            if kt_lo + S < kt_hi {
+                load(kt_lo + S, S);
             }
             commit_group();
         });
@@ -122,17 +135,17 @@ unsafe fn matmul_w8a8<T: Element>(
         let a_row = (warp_m * 64 + lane % 16) * ROW + (lane / 16) * 16;
         let w_row = (warp_n * 32 + lane % 8 + 8 * (lane / 16)) * ROW + ((lane / 8) % 2) * 16;
 
-        let mut kt = 0;
-        while kt < k_tiles {
+        let mut kt = kt_lo;
+        while kt < kt_hi {
             wait_group::<{ STAGES as u32 - 2 }>();
             sync::sync_threads();
             // The stage refilled here was read in the previous iteration, before the barrier.
             let next = kt + STAGES - 1;
-            if next < k_tiles {
-                load(next, next % STAGES);
+            if next < kt_hi {
+                load(next, (next - kt_lo) % STAGES);
             }
             commit_group();
-            let stage = kt % STAGES;
+            let stage = (kt - kt_lo) % STAGES;
             unroll!(KS in [0, 1] {
                 let mut af = [[0u32; 4]; 4];
                 unroll!(MT in [0, 1, 2, 3] {
@@ -150,19 +163,66 @@ unsafe fn matmul_w8a8<T: Element>(
         }
         wait_group::<0>();
 
-        // Epilogue: rows g, g + 8 and columns 2q, 2q + 1 of each 16 x 8 tile.
+        // Epilogue: rows g, g + 8 and columns 2q, 2q + 1 of each 16 x 8 tile; the split-K build
+        // writes its exact int32 partial sums instead, for `matmul_w8a8_reduce_*` (a separate
+        // entry: a run-time choice between the two epilogues cost 34 registers).
+        let ws = workspace.wrapping_add(split * m * n);
         unroll!(MT in [0, 1, 2, 3] {
             unroll!(NT in [0, 1, 2, 3] {
                 unroll!(C in [0, 1, 2, 3] {
                     let row = m0 + warp_m * 64 + MT * 16 + g + 8 * (C / 2);
                     let col = n0 + warp_n * 32 + NT * 8 + 2 * qd + C % 2;
                     if row < m && col < n {
-                        store_output(acc[MT][NT][C], row, col, a_scale, w_scale, bias, y, p);
+                        if PARTIAL {
+                            ws.add(row * n + col).write(acc[MT][NT][C]);
+                        } else {
+                            store_output(acc[MT][NT][C], row, col, a_scale, w_scale, bias, y, p);
+                        }
                     }
                 });
             });
         });
     }
+}
+
+/// The tiled kernel storing `y`.
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiled_full<T: Element>(
+    a: *const i8,
+    w: *const i8,
+    a_scale: *const f32,
+    w_scale: *const f32,
+    bias: *const f32,
+    y: *mut T,
+    workspace: *mut i32,
+    p: Dims,
+) {
+    // SAFETY: forwarded.
+    unsafe { matmul_w8a8::<T, false>(a, w, a_scale, w_scale, bias, y, workspace, p) }
+}
+
+/// The tiled kernel writing one K split's int32 partial sums (`y` unused).
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiled_partial<T: Element>(
+    a: *const i8,
+    w: *const i8,
+    a_scale: *const f32,
+    w_scale: *const f32,
+    bias: *const f32,
+    y: *mut T,
+    workspace: *mut i32,
+    p: Dims,
+) {
+    // SAFETY: forwarded.
+    unsafe { matmul_w8a8::<T, true>(a, w, a_scale, w_scale, bias, y, workspace, p) }
 }
 
 /// K steps (of 64 bytes) each warp of the decode kernel keeps in flight.
@@ -205,6 +265,7 @@ unsafe fn matmul_w8a8_small<T: Element>(
     w_scale: *const f32,
     bias: *const f32,
     y: *mut T,
+    _workspace: *mut i32,
     p: Dims,
 ) {
     let tid = index::thread_idx_x() as usize;
@@ -315,6 +376,62 @@ unsafe fn quantize<T: Element>(x: *const T, q: *mut i8, scales: *mut f32, cols: 
     }
 }
 
+/// `y = (sum over splits of the int32 partials) * a_scale * w_scale (+ bias)`: the split-K
+/// epilogue (exact integer sums, then the same f32 arithmetic as the unsplit kernel).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce<T: Element>(
+    workspace: *const i32,
+    a_scale: *const f32,
+    w_scale: *const f32,
+    bias: *const f32,
+    y: *mut T,
+    p: Dims,
+    splits: u32,
+) {
+    let (m, n) = (p.m as usize, p.n as usize);
+    let i = index::block_idx_x() as usize * REDUCE_THREADS + index::thread_idx_x() as usize;
+    if i < m * n {
+        // SAFETY: the launch contract sizes the workspace as [splits, M, N] and the rest as in
+        // the tiled kernel; `i < M * N`.
+        unsafe {
+            let mut sum = 0i32;
+            for s in 0..splits as usize {
+                sum = sum.wrapping_add(workspace.add(s * m * n + i).read());
+            }
+            // n > 0 here (i < m * n); NonZero keeps a division-by-zero panic path out of the PTX.
+            let n_nz = core::num::NonZeroUsize::new(n).unwrap_or(core::num::NonZeroUsize::MIN);
+            store_output(sum, i / n_nz, i % n_nz, a_scale, w_scale, bias, y, p);
+        }
+    }
+}
+
+macro_rules! reduce_entry {
+    ($name:ident, $ty:ty) => {
+        /// Split-K reduction of the W8A8 matmul; see the module docs for the launch contract.
+        ///
+        /// # Safety
+        /// The launch contract in the module docs.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            workspace: *const i32,
+            a_scale: *const f32,
+            w_scale: *const f32,
+            bias: *const f32,
+            y: *mut $ty,
+            dims: Dims,
+            splits: u32,
+        ) {
+            // SAFETY: forwarded launch contract.
+            unsafe { reduce::<$ty>(workspace, a_scale, w_scale, bias, y, dims, splits) }
+        }
+    };
+}
+
+reduce_entry!(matmul_w8a8_reduce_f16, F16);
+reduce_entry!(matmul_w8a8_reduce_bf16, Bf16);
+reduce_entry!(matmul_w8a8_reduce_f32, f32);
+
 macro_rules! quantize_entry {
     ($name:ident, $ty:ty) => {
         /// Per-token int8 quantization; see the module docs for the launch contract.
@@ -348,17 +465,19 @@ macro_rules! w8a8_entry {
             w_scale: *const f32,
             bias: *const f32,
             y: *mut $ty,
+            workspace: *mut i32,
             dims: Dims,
         ) {
             // SAFETY: forwarded launch contract.
-            unsafe { $body::<$ty>(a, w, a_scale, w_scale, bias, y, dims) }
+            unsafe { $body::<$ty>(a, w, a_scale, w_scale, bias, y, workspace, dims) }
         }
     };
 }
 
-w8a8_entry!(matmul_w8a8_f16, matmul_w8a8, F16);
-w8a8_entry!(matmul_w8a8_bf16, matmul_w8a8, Bf16);
-w8a8_entry!(matmul_w8a8_f32, matmul_w8a8, f32);
+w8a8_entry!(matmul_w8a8_f16, tiled_full, F16);
+w8a8_entry!(matmul_w8a8_bf16, tiled_full, Bf16);
+w8a8_entry!(matmul_w8a8_f32, tiled_full, f32);
+w8a8_entry!(matmul_w8a8_partial, tiled_partial, f32);
 w8a8_entry!(matmul_w8a8_small_f16, matmul_w8a8_small, F16);
 w8a8_entry!(matmul_w8a8_small_bf16, matmul_w8a8_small, Bf16);
 w8a8_entry!(matmul_w8a8_small_f32, matmul_w8a8_small, f32);

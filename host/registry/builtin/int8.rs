@@ -143,8 +143,21 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
         if m == 0 {
             return Ok(());
         }
-        let params =
-            MatMulW8A8Params { out_dtype: want, m, n, k, per_row_a_scale: a_scale.len() == m, bias: bias.is_some() };
+        let params = MatMulW8A8Params {
+            out_dtype: want,
+            m,
+            n,
+            k,
+            per_row_a_scale: a_scale.len() == m,
+            bias: bias.is_some(),
+            splits: 0,
+        };
+        let device = crate::runtime::Device::get(ordinal.max(0) as usize)?;
+        let plan = params.plan(device.multiprocessors())?;
+        let stream: cudarc::driver::sys::CUstream = args.stream.cast();
+        // SAFETY: the registry's caller hands over a live stream of the tensors' device for the
+        // duration of the call; the scratch is freed on it after the kernels.
+        let workspace = unsafe { crate::runtime::StreamScratch::new(&device, stream, plan.workspace_bytes)? };
         let ptrs = MatMulW8A8Pointers {
             a: a.data_address(),
             a_scale: a_scale.data_address(),
@@ -152,11 +165,12 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
             w_scale: w_scale.data_address(),
             bias: bias.as_ref().map_or(0, |b| b.data_address()),
             y: y.data_address(),
+            workspace: workspace.address(),
         };
-        let device = crate::runtime::Device::get(ordinal.max(0) as usize)?;
         // SAFETY: the registry's caller guarantees the tensors for their extents (checked
-        // against the params above); y is a distinct output buffer.
-        return unsafe { matmul_w8a8_raw(&device, args.stream.cast(), &params, &ptrs) }.map(|_| ());
+        // against the params above); y is a distinct output buffer; the workspace lives until
+        // it is freed in stream order after the kernels.
+        return unsafe { matmul_w8a8_raw(&device, stream, &params, &ptrs) }.map(|_| ());
     }
     // SAFETY: CPU tensors valid for the call; y is a distinct buffer.
     unsafe {

@@ -28,8 +28,13 @@ pub const FLAG_BIAS: u32 = 1;
 pub const FLAG_SCALAR_A_SCALE: u32 = 2;
 /// `K % 16 == 0` and `a`, `w` 16-byte aligned: 16-byte copies (set by the launcher).
 pub const FLAG_VEC16: u32 = 4;
+/// Threads per block of `matmul_w8a8_reduce_*` (one output element each).
+pub const REDUCE_THREADS: usize = 256;
+/// Most K splits (the workspace is `splits * M * N` int32).
+pub const MAX_SPLITS: usize = 8;
 
-/// Scalar arguments. The host launcher passes this very type.
+/// Scalar arguments of the tiled, decode and reduction kernels (one struct, passed by value;
+/// the host launcher passes this very type).
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[repr(C)]
 pub struct Dims {
@@ -37,4 +42,6 @@ pub struct Dims {
     pub n: u32,
     pub k: u32,
     pub flags: u32,
+    /// K tiles (of [`BK`] bytes) per split: block `z` covers `[z * this, (z + 1) * this)`.
+    pub k_tiles_per_split: u32,
 }
