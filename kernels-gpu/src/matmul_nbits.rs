@@ -459,9 +459,9 @@ struct DecodeConsts {
 /// [`DECODE_STAGES`] chunks filled with `cp.async` (lane `(g, q)` copies exactly the 16 bytes
 /// per column it later reads, so no barrier guards the ring), so the bytes in flight cost no
 /// registers. The scales and zero points load as far ahead (into registers), the activations
-/// (cached: every block reads them) one chunk ahead. The zero
-/// point comes off exactly in packed 16-bit arithmetic; the scale multiplies each chunk's f32
-/// sums. The warps' partial tiles meet in shared memory at the end.
+/// (cached: every block reads them) one chunk ahead. The zero point comes off exactly in
+/// packed 16-bit arithmetic; the scale multiplies each chunk's f32 sums. The warps' partial
+/// tiles meet in shared memory at the end.
 ///
 /// # Safety
 /// The launch contract (`decode*` in the module docs).
@@ -510,7 +510,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
     };
 
     // SAFETY (whole body): every pointer formed below stays inside its tensor (columns
-    // clamped to N - 1, rows checked against M, K offsets against K; every chunk lies in the
+    // clamped to N - 1, rows to M - 1, K offsets checked against K; every chunk lies in the
     // rows of `b` because they hold whole blocks of at least 128 codes, and its block is below
     // k_blocks); `mma` and the barrier are reached uniformly (loop bounds depend only on the
     // block and the warp index); each lane reads only ring bytes its own copies wrote, after
@@ -577,7 +577,8 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                         });
                     });
                 });
-                // Rows g (c0, c1) and g + 8 (c2, c3) of the tile: columns 2u and 2u + 1.
+                // Rows g (c0, c1) and g + 8 (c2, c3) of the tile are weight columns 16t + g and
+                // 16t + g + 8.
                 let s = [T::from_bits(c.scales[TT][0]).to_f32(), T::from_bits(c.scales[TT][1]).to_f32()];
                 unroll!(RR in [0, 1] {
                     if RR < R {
