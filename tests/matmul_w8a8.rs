@@ -82,26 +82,12 @@ mod gpu {
     use half::{bf16, f16};
     use proptest::prelude::*;
 
-    /// Runs the kernel on `a [m, k]`, `w [n, k]` and checks every output against the exact
-    /// reference: within one roundoff of the output type (plus f32 rounding of the epilogue).
+    /// Runs the kernel on `a [m, k]`, `w [n, k]` with `splits` K splits requested (0: the
+    /// launcher's choice) and checks every output against the exact reference: within one
+    /// roundoff of the output type (plus f32 rounding of the epilogue). Returns the kernel and
+    /// the splits it ran.
     #[allow(clippy::too_many_arguments)]
     fn check<T: Element>(
-        m: usize,
-        n: usize,
-        k: usize,
-        a: &[i8],
-        w: &[i8],
-        per_row: bool,
-        bias: bool,
-        seed: u64,
-    ) -> &'static str {
-        check_split::<T>(m, n, k, a, w, per_row, bias, seed, 0).0
-    }
-
-    /// [`check`] with `splits` K splits requested (0: the launcher's choice); returns the kernel
-    /// and the splits it ran.
-    #[allow(clippy::too_many_arguments)]
-    fn check_split<T: Element>(
         m: usize,
         n: usize,
         k: usize,
@@ -156,16 +142,16 @@ mod gpu {
             (130, 1000, 4096, 0, 8), // 16 output tiles: the launcher splits, up to 8
         ] {
             let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
-            let (kernel, splits) = check_split::<f16>(m, n, k, &a, &w, true, req % 2 == 1, req as u64, req);
+            let (kernel, splits) = check::<f16>(m, n, k, &a, &w, true, req % 2 == 1, req as u64, req);
             let expected = if want > 1 { "matmul_w8a8_partial" } else { "matmul_w8a8_f16" };
             assert_eq!((kernel, splits), (expected, want), "M{m} N{n} K{k}");
-            check_split::<f32>(m, n, k, &a, &w, false, true, 7, req);
+            check::<f32>(m, n, k, &a, &w, false, true, 7, req);
         }
         // K = 65536 at int8 extremes, split: the partial sums stay exact and add up exactly.
         let (m, n, k) = (20, 64, 65536);
         let a = vec![-128i8; m * k];
         let w = vec![-128i8; n * k];
-        assert_eq!(check_split::<f32>(m, n, k, &a, &w, true, false, 9, 8).1, 8);
+        assert_eq!(check::<f32>(m, n, k, &a, &w, true, false, 9, 8).1, 8);
     }
 
     /// The decode kernel (M <= 16, K % 16 == 0): every M, N not a multiple of its 16-row tile,
@@ -178,16 +164,16 @@ mod gpu {
         for m in 1..=16 {
             for &(n, k) in &[(1, 16), (17, 80), (100, 1040), (33, 4112)] {
                 let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
-                let kernel = check::<f16>(m, n, k, &a, &w, m % 2 == 0, m % 3 == 0, m as u64);
+                let kernel = check::<f16>(m, n, k, &a, &w, m % 2 == 0, m % 3 == 0, m as u64, 0).0;
                 assert_eq!(kernel, "matmul_w8a8_small_f16");
             }
         }
         let (a, w) = (rng.vec_i8(16 * 1008), rng.vec_i8(40 * 1008));
-        assert_eq!(check::<bf16>(16, 40, 1008, &a, &w, true, true, 1), "matmul_w8a8_small_bf16");
+        assert_eq!(check::<bf16>(16, 40, 1008, &a, &w, true, true, 1, 0).0, "matmul_w8a8_small_bf16");
         let (a, w) = (rng.vec_i8(5 * 24), rng.vec_i8(40 * 24));
-        assert_eq!(check::<bf16>(5, 40, 24, &a, &w, true, true, 2), "matmul_w8a8_bf16");
+        assert_eq!(check::<bf16>(5, 40, 24, &a, &w, true, true, 2, 0).0, "matmul_w8a8_bf16");
         let (a, w) = (rng.vec_i8(17 * 64), rng.vec_i8(40 * 64));
-        assert_eq!(check::<f32>(17, 40, 64, &a, &w, true, false, 3), "matmul_w8a8_f32");
+        assert_eq!(check::<f32>(17, 40, 64, &a, &w, true, false, 3, 0).0, "matmul_w8a8_f32");
     }
 
     #[test]
@@ -196,9 +182,9 @@ mod gpu {
         let mut rng = Rng::new(1);
         for &(m, n, k) in &[(1, 8, 16), (3, 97, 100), (130, 200, 1000), (129, 257, 48), (256, 128, 4096), (7, 9, 1)] {
             let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
-            check::<f16>(m, n, k, &a, &w, true, false, 2);
-            check::<bf16>(m, n, k, &a, &w, false, true, 3);
-            check::<f32>(m, n, k, &a, &w, true, true, 4);
+            check::<f16>(m, n, k, &a, &w, true, false, 2, 0);
+            check::<bf16>(m, n, k, &a, &w, false, true, 3, 0);
+            check::<f32>(m, n, k, &a, &w, true, true, 4, 0);
         }
     }
 
@@ -210,11 +196,11 @@ mod gpu {
         let a = vec![-128i8; m * k];
         let mut w = vec![-128i8; n * k];
         w[..k].fill(127);
-        check::<f32>(m, n, k, &a, &w, true, false, 5);
+        check::<f32>(m, n, k, &a, &w, true, false, 5, 0);
         // A zero row gives exactly the bias.
         let mut a = Rng::new(6).vec_i8(4 * 64);
         a[64..128].fill(0);
-        check::<f16>(4, 16, 64, &a, &Rng::new(7).vec_i8(16 * 64), true, true, 8);
+        check::<f16>(4, 16, 64, &a, &Rng::new(7).vec_i8(16 * 64), true, true, 8, 0);
     }
 
     proptest! {
@@ -227,9 +213,9 @@ mod gpu {
             let mut rng = Rng::new(seed);
             let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
             match out {
-                0 => check::<f16>(m, n, k, &a, &w, per_row, bias, seed),
-                1 => check::<bf16>(m, n, k, &a, &w, per_row, bias, seed),
-                _ => check::<f32>(m, n, k, &a, &w, per_row, bias, seed),
+                0 => check::<f16>(m, n, k, &a, &w, per_row, bias, seed, 0).0,
+                1 => check::<bf16>(m, n, k, &a, &w, per_row, bias, seed, 0).0,
+                _ => check::<f32>(m, n, k, &a, &w, per_row, bias, seed, 0).0,
             };
         }
     }

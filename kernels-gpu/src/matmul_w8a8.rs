@@ -84,6 +84,10 @@ unsafe fn load_tile(dst: SharedAddr, src: *const i8, valid: usize, k0: usize, k:
     });
 }
 
+/// The tiled kernel; `PARTIAL`: one K split's int32 partial sums to `workspace` instead of `y`.
+///
+/// # Safety
+/// The launch contract in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn matmul_w8a8<T: Element, const PARTIAL: bool>(
@@ -183,46 +187,6 @@ unsafe fn matmul_w8a8<T: Element, const PARTIAL: bool>(
             });
         });
     }
-}
-
-/// The tiled kernel storing `y`.
-///
-/// # Safety
-/// The launch contract in the module docs.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tiled_full<T: Element>(
-    a: *const i8,
-    w: *const i8,
-    a_scale: *const f32,
-    w_scale: *const f32,
-    bias: *const f32,
-    y: *mut T,
-    workspace: *mut i32,
-    p: Dims,
-) {
-    // SAFETY: forwarded.
-    unsafe { matmul_w8a8::<T, false>(a, w, a_scale, w_scale, bias, y, workspace, p) }
-}
-
-/// The tiled kernel writing one K split's int32 partial sums (`y` unused).
-///
-/// # Safety
-/// The launch contract in the module docs.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tiled_partial<T: Element>(
-    a: *const i8,
-    w: *const i8,
-    a_scale: *const f32,
-    w_scale: *const f32,
-    bias: *const f32,
-    y: *mut T,
-    workspace: *mut i32,
-    p: Dims,
-) {
-    // SAFETY: forwarded.
-    unsafe { matmul_w8a8::<T, true>(a, w, a_scale, w_scale, bias, y, workspace, p) }
 }
 
 /// K steps (of 64 bytes) each warp of the decode kernel keeps in flight.
@@ -451,7 +415,7 @@ quantize_entry!(matmul_w8a8_quantize_bf16, Bf16);
 quantize_entry!(matmul_w8a8_quantize_f32, f32);
 
 macro_rules! w8a8_entry {
-    ($name:ident, $body:ident, $ty:ty) => {
+    ($name:ident, $ty:ty, $body:expr) => {
         /// W8A8 matmul; see the module docs for the launch contract.
         ///
         /// # Safety
@@ -469,15 +433,16 @@ macro_rules! w8a8_entry {
             dims: Dims,
         ) {
             // SAFETY: forwarded launch contract.
-            unsafe { $body::<$ty>(a, w, a_scale, w_scale, bias, y, workspace, dims) }
+            unsafe { $body(a, w, a_scale, w_scale, bias, y, workspace, dims) }
         }
     };
 }
 
-w8a8_entry!(matmul_w8a8_f16, tiled_full, F16);
-w8a8_entry!(matmul_w8a8_bf16, tiled_full, Bf16);
-w8a8_entry!(matmul_w8a8_f32, tiled_full, f32);
-w8a8_entry!(matmul_w8a8_partial, tiled_partial, f32);
-w8a8_entry!(matmul_w8a8_small_f16, matmul_w8a8_small, F16);
-w8a8_entry!(matmul_w8a8_small_bf16, matmul_w8a8_small, Bf16);
-w8a8_entry!(matmul_w8a8_small_f32, matmul_w8a8_small, f32);
+w8a8_entry!(matmul_w8a8_f16, F16, matmul_w8a8::<F16, false>);
+w8a8_entry!(matmul_w8a8_bf16, Bf16, matmul_w8a8::<Bf16, false>);
+w8a8_entry!(matmul_w8a8_f32, f32, matmul_w8a8::<f32, false>);
+// One K split's int32 partial sums (`y` unused).
+w8a8_entry!(matmul_w8a8_partial, f32, matmul_w8a8::<f32, true>);
+w8a8_entry!(matmul_w8a8_small_f16, F16, matmul_w8a8_small::<F16>);
+w8a8_entry!(matmul_w8a8_small_bf16, Bf16, matmul_w8a8_small::<Bf16>);
+w8a8_entry!(matmul_w8a8_small_f32, f32, matmul_w8a8_small::<f32>);
