@@ -38,7 +38,7 @@
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::convert::round_ties_even_i32;
 use crate::device::ldmatrix::ldmatrix_x4;
-use crate::device::memory::ld_global_nc_v4;
+use crate::device::memory::{ld_global_nc_stream_v4, ld_global_nc_v4};
 use crate::device::mma::mma_m16n8k32_s8_s32;
 use crate::device::reduce::{BLOCK_REDUCE_SCRATCH_BYTES, block_max_f32};
 use crate::device::shared::ld_shared_v4;
@@ -263,8 +263,8 @@ unsafe fn matmul_w8a8_small<T: Element>(
                 let step = base + SMALL_WARPS * U;
                 let in_k = step * 4 + qd < chunks;
                 let off = step * 64;
-                if in_k && w_lo_ok { wv[U][0] = ld_global_nc_v4(w_lo.wrapping_add(off).cast()); }
-                if in_k && w_hi_ok { wv[U][1] = ld_global_nc_v4(w_hi.wrapping_add(off).cast()); }
+                if in_k && w_lo_ok { wv[U][0] = ld_global_nc_stream_v4(w_lo.wrapping_add(off).cast()); }
+                if in_k && w_hi_ok { wv[U][1] = ld_global_nc_stream_v4(w_hi.wrapping_add(off).cast()); }
                 if in_k && a_lo_ok { av[U][0] = ld_global_nc_v4(a_lo.wrapping_add(off).cast()); }
                 if in_k && a_hi_ok { av[U][1] = ld_global_nc_v4(a_hi.wrapping_add(off).cast()); }
             });

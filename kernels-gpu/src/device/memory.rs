@@ -35,6 +35,23 @@ pub unsafe fn ld_global_nc_v4(ptr: *const [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `ld.global.nc.L1::no_allocate.v4.u32` (PTX ISA §9.7.9.9): as [`ld_global_nc_v4`], but the
+/// line is not kept in L1, for data read once that would evict data read many times.
+///
+/// # Safety
+/// As [`ld_global_nc_v4`].
+#[inline(always)]
+pub unsafe fn ld_global_nc_stream_v4(ptr: *const [u32; 4]) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees a valid, aligned, read-only global address.
+    unsafe {
+        asm!("ld.global.nc.L1::no_allocate.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+             out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) ptr,
+             options(pure, nostack, readonly))
+    };
+    [a, b, c, d]
+}
+
 /// `ld.global.nc.b16` (PTX ISA §9.7.9.9): one 16-bit value through the read-only data cache.
 ///
 /// # Safety
