@@ -287,6 +287,14 @@ mod gpu {
                 }
             }
         }
+        // M <= 8 runs `decode8_ahead3` while the grid fits one wave of 2 blocks per SM (all of
+        // the above), `decode8` beyond (N = 9000: 282 blocks of 32 columns).
+        for (m, n, expect) in [(1, 100, "decode8_ahead3"), (5, 9000, "decode8"), (8, 9000, "decode8")] {
+            let p = MatMulNBitsParams { zero_points: ZeroPointKind::PackedU8, ..params(DType::F16, m, n, 1096, 128) };
+            assert!(problem::<f16>(p, m as u64).check().kernel.ends_with(expect));
+            let p = MatMulNBitsParams { dtype: DType::BF16, bias: true, ..p };
+            assert!(problem::<bf16>(p, 7 + m as u64).check().kernel.ends_with(expect));
+        }
     }
 
     /// `tiled` (M > 16, integer zero points, blocks >= 32): both row tiles, M, N and K off
@@ -412,12 +420,15 @@ fn gpu_plan_validates_and_splits() {
         variant: None,
         splits: 0,
     };
-    // N alone fills the GPU: 256 blocks of 32 columns, the 8-row build, no K split.
+    // N alone fills the GPU: 256 blocks of 32 columns, the 8-row build, no K split; one wave
+    // of 2 blocks per SM, so activations 3 chunks ahead; more blocks take `decode8`.
     let plan = ok.plan(132).unwrap();
     assert_eq!(
         (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
-        (Variant::Small, "matmul_nbits_f16_decode8", (256, 1, 1), 1)
+        (Variant::Small, "matmul_nbits_f16_decode8_ahead3", (256, 1, 1), 1)
     );
+    let plan = MatMulNBitsParams { n: 28672, ..ok }.plan(132).unwrap();
+    assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_f16_decode8", (896, 1, 1)));
     assert_eq!((plan.reduce, plan.workspace_bytes, plan.permute), (None, 0, None));
     let unaligned = ok.plan_for(132, RowAlignment::UNALIGNED).unwrap();
     assert_eq!(unaligned.kernel, "matmul_nbits_f16_small");

@@ -43,6 +43,8 @@ const ENTRY_POINTS: &[&str] = &[
     "matmul_w8a8_quantize_f32",
     "matmul_nbits_f16_decode8",
     "matmul_nbits_bf16_decode8",
+    "matmul_nbits_f16_decode8_ahead3",
+    "matmul_nbits_bf16_decode8_ahead3",
     "matmul_nbits_f16_decode16",
     "matmul_nbits_bf16_decode16",
     "matmul_nbits_f16_small",

@@ -20,12 +20,12 @@
 //! feeds the exact `code - zero` to the tensor cores and scales each block's f32 sums (no
 //! rounding of the weights). Accumulation in f32.
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_{decode8,decode16,small,large}[_zf]`
+//! # Launch contract: `matmul_nbits_{f16,bf16}_{decode8,decode8_ahead3,decode16,small,large}[_zf]`
 //! - `_zf`: zero points in A's type (fractional allowed; dequantized in f32); otherwise u8 or
 //!   none, dequantized exactly in packed 16-bit arithmetic.
 //! - `small`: warp tile 16 x 32, 4 warps splitting the block's K chunks (block tile 16 x 32),
 //!   block `(128, 1, 1)`, 6144 bytes of static shared memory for the warps' partial sums.
-//!   `decode8` / `decode16`: the same block tile (`BM` = 8 or 16 rows of A, 32 columns) with
+//!   `decode8` / `decode8_ahead3` / `decode16`: the same block tile (`BM` = 8 or 16 rows of A, 32 columns) with
 //!   swapped operands (the weights are the 16-row `mma` operand), block `(128, 1, 1)`
 //!   (`DECODE_WARPS` = 4), 32768 bytes (`DECODE_SHARED_BYTES`) of dynamic shared memory. `large`: warp tile 64 x 32,
 //!   2 x 4 warps (block tile 128 x 128), block `(256, 1, 1)`.
@@ -459,15 +459,19 @@ struct DecodeConsts {
 /// [`DECODE_STAGES`] chunks filled with `cp.async` (lane `(g, q)` copies exactly the 16 bytes
 /// per column it later reads, so no barrier guards the ring), so the bytes in flight cost no
 /// registers. The scales and zero points load as far ahead (into registers), the activations
-/// (cached: every block reads them) one chunk ahead. The zero point comes off exactly in
-/// packed 16-bit arithmetic; the scale multiplies each chunk's f32 sums. The warps' partial
-/// tiles meet in shared memory at the end.
+/// (cached: every block reads them) `A_AHEAD` chunks ahead (1, or 3 at `R` = 1). ptxas tracks
+/// a warp's outstanding register loads on a few shared scoreboards (the activations' all on
+/// one), so the first use of a chunk's activations also waits for the loads issued since;
+/// loading further ahead does not hide that wait, but 3 ahead still measured 8-10% faster at
+/// M = 1 where the grid fits in one wave (it costs one block per SM). The zero point comes
+/// off exactly in packed 16-bit arithmetic; the scale multiplies each chunk's f32 sums. The
+/// warps' partial tiles meet in shared memory at the end.
 ///
 /// # Safety
 /// The launch contract (`decode*` in the module docs).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
+unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: usize>(
     a: *const T,
     b: *const u8,
     scales: *const T,
@@ -483,7 +487,9 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
     // The unrolled loops below cover 2 tiles of 2 columns per lane, and the partial tiles fit
     // in a warp's ring.
     const {
-        assert!((R == 1 || R == 2) && TILES == 2 && DECODE_STAGES.is_multiple_of(2) && DECODE_STAGES <= 8);
+        assert!((R == 1 || R == 2) && TILES == 2 && DECODE_STAGES.is_multiple_of(4) && DECODE_STAGES <= 8);
+        // Activations 1 chunk ahead (2 slots), or 3 (4 slots: 64 more registers at R = 2).
+        assert!(A_AHEAD == 1 || (A_AHEAD == 3 && R == 1));
         assert!(TILES * R * 32 * 16 <= DECODE_RING_BYTES);
     };
     let tid = index::thread_idx_x();
@@ -603,12 +609,14 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                 async_copy::commit_group();
             }
         });
-        // Activations of chunk j + S in a_ring[S % 2] (STAGES is even), the next chunk's
-        // loading into the other.
-        let mut a_ring = [[[[0; 4]; 4]; R]; 2];
-        if count > 0 {
-            a_ring[0] = activations(chunk_of(0));
-        }
+        // Activations of chunk j + S in a_ring[S % (A_AHEAD + 1)] (STAGES is a multiple of
+        // 4), loaded A_AHEAD chunks ahead.
+        let mut a_ring = [[[[0; 4]; 4]; R]; 4];
+        unroll!(S in [0, 1, 2] {
+            if S < A_AHEAD && (S as u32) < count {
+                a_ring[S] = activations(chunk_of(S as u32));
+            }
+        });
         let mut j = 0u32;
         while j < count {
             unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -623,11 +631,11 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize>(
                         ring_consts[ahead_stage] = consts(chunk_of(ahead));
                     }
                     async_copy::commit_group();
-                    if j + (S as u32) + 1 < count {
-                        a_ring[(S + 1) % 2] = activations(chunk_of(j + S as u32 + 1));
+                    if j + ((S + A_AHEAD) as u32) < count {
+                        a_ring[(S + A_AHEAD) % (A_AHEAD + 1)] = activations(chunk_of(j + (S + A_AHEAD) as u32));
                     }
                     async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
-                    compute(S as u32, &a_ring[S % 2], &ring_consts[S], &mut acc);
+                    compute(S as u32, &a_ring[S % (A_AHEAD + 1)], &ring_consts[S], &mut acc);
                 }
             });
             j += STAGES;
@@ -1174,15 +1182,18 @@ macro_rules! matmul_nbits_tiled_entry {
 
 macro_rules! matmul_nbits_entries {
     (
-        $ty:ty, $decode8:ident, $decode16:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
+        $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
         $tiled32x128:ident, $tiled64x128:ident, $tiled128x128:ident, $permute:ident,
         $reduce:ident
     ) => {
         matmul_nbits_entry!($decode8, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 1>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 1, 1>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($decode8_ahead3, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            matmul_nbits_decode::<$ty, 1, 3>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 2>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 2, 1>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($small, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, false>);
         matmul_nbits_entry!($small_zf, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, true>);
@@ -1231,6 +1242,7 @@ macro_rules! matmul_nbits_entries {
 matmul_nbits_entries!(
     F16,
     matmul_nbits_f16_decode8,
+    matmul_nbits_f16_decode8_ahead3,
     matmul_nbits_f16_decode16,
     matmul_nbits_f16_small,
     matmul_nbits_f16_small_zf,
@@ -1245,6 +1257,7 @@ matmul_nbits_entries!(
 matmul_nbits_entries!(
     Bf16,
     matmul_nbits_bf16_decode8,
+    matmul_nbits_bf16_decode8_ahead3,
     matmul_nbits_bf16_decode16,
     matmul_nbits_bf16_small,
     matmul_nbits_bf16_small_zf,
