@@ -381,9 +381,10 @@ mod gpu {
         assert_eq!((mid.dims.grid, mid.splits, mid.workspace_bytes), ((64, 1, 5), 5, 5 * 128 * 8192 * 4));
         assert_eq!(mid.reduce.map(|r| r.0), Some("matmul_w8a8_reduce_f16"));
         // Decoding shapes take the decode kernel; K % 16 != 0 the tiled one, unsplit (1 K tile).
-        assert_eq!(MatMulW8A8Params { m: 16, ..ok }.plan(132).unwrap().kernel, "matmul_w8a8_small_f16");
+        let decode = MatMulW8A8Params { m: 16, ..ok }.plan(132).unwrap();
+        assert_eq!((decode.kernel, decode.decode), ("matmul_w8a8_small_f16", true));
         let odd = MatMulW8A8Params { m: 16, k: 24, ..ok }.plan(132).unwrap();
-        assert_eq!((odd.kernel, odd.splits), ("matmul_w8a8_f16", 1));
+        assert_eq!((odd.kernel, odd.splits, odd.decode, mid.decode), ("matmul_w8a8_f16", 1, false, false));
         let err = |p: MatMulW8A8Params| p.plan(132).unwrap_err().to_string();
         assert!(err(MatMulW8A8Params { k: 131072, ..ok }).contains("int32 accumulation"));
         assert!(err(MatMulW8A8Params { out_dtype: DType::I8, ..ok }).contains("not supported"));

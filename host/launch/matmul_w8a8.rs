@@ -44,6 +44,8 @@ pub struct MatMulW8A8Params {
 pub struct MatMulW8A8Plan {
     pub kernel: &'static str,
     pub dims: LaunchDims,
+    /// The decode kernel (M <= 16), which needs 16-byte aligned `a` and `w`.
+    pub decode: bool,
     /// K splits (1: none) and the workspace bytes they need (0 when unsplit).
     pub splits: usize,
     pub workspace_bytes: usize,
@@ -69,7 +71,15 @@ impl MatMulW8A8Params {
                 shared_bytes: 0,
             };
             let kernel = kernel_name(p.out_dtype, "small");
-            return Ok(MatMulW8A8Plan { kernel, dims, splits: 1, workspace_bytes: 0, reduce: None, args });
+            return Ok(MatMulW8A8Plan {
+                kernel,
+                dims,
+                decode: true,
+                splits: 1,
+                workspace_bytes: 0,
+                reduce: None,
+                args,
+            });
         }
         p.tiled(args, multiprocessors, p.splits)
     }
@@ -122,7 +132,7 @@ impl MatMulW8A8Params {
         };
         if splits == 1 {
             let kernel = kernel_name(p.out_dtype, "");
-            return Ok(MatMulW8A8Plan { kernel, dims, splits, workspace_bytes: 0, reduce: None, args });
+            return Ok(MatMulW8A8Plan { kernel, dims, decode: false, splits, workspace_bytes: 0, reduce: None, args });
         }
         // Split: every split writes int32 partial sums (one kernel for all output types).
         let kernel = "matmul_w8a8_partial";
@@ -135,7 +145,15 @@ impl MatMulW8A8Params {
             shared_bytes: 0,
         };
         let reduce = Some((kernel_name(p.out_dtype, "reduce"), reduce_dims));
-        Ok(MatMulW8A8Plan { kernel, dims, splits, workspace_bytes: splits * p.m * p.n * 4, reduce, args })
+        Ok(MatMulW8A8Plan {
+            kernel,
+            dims,
+            decode: false,
+            splits,
+            workspace_bytes: splits * p.m * p.n * 4,
+            reduce,
+            args,
+        })
     }
 }
 
@@ -194,7 +212,7 @@ pub unsafe fn matmul_w8a8_raw(
     }
     if params.k.is_multiple_of(16) && ptrs.a.is_multiple_of(16) && ptrs.w.is_multiple_of(16) {
         plan.args.flags |= FLAG_VEC16;
-    } else if plan.kernel.contains("_small_") {
+    } else if plan.decode {
         // The decode kernel needs 16-byte rows: gather bytes in the tiled kernel instead, unsplit
         // (the plan reserved no workspace).
         plan = params.tiled(plan.args, device.multiprocessors(), 1)?;
