@@ -35,13 +35,19 @@ pub unsafe fn ld_global_nc_v4(ptr: *const [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// `ld.global.nc.L1::no_allocate.v4.u32` (PTX ISA §9.7.9.9): as [`ld_global_nc_v4`], but the
-/// line is not kept in L1, for data read once that would evict data read many times.
+/// `ld.global.nc.L1::no_allocate.v4.u32` (PTX ISA §9.7.9.9, PTX 7.4): as
+/// [`ld_global_nc_v4`], but the line is not kept in L1, for data read once that would evict
+/// data read many times. The sm_80 module is PTX 7.0, which lacks the qualifier: there it is
+/// a plain [`ld_global_nc_v4`].
 ///
 /// # Safety
 /// As [`ld_global_nc_v4`].
 #[inline(always)]
 pub unsafe fn ld_global_nc_stream_v4(ptr: *const [u32; 4]) -> [u32; 4] {
+    if !cfg!(target_feature = "sm_90") {
+        // SAFETY: the caller's contract is that of `ld_global_nc_v4`.
+        return unsafe { ld_global_nc_v4(ptr) };
+    }
     let (a, b, c, d): (u32, u32, u32, u32);
     // SAFETY: the caller guarantees a valid, aligned, read-only global address.
     unsafe {
