@@ -260,7 +260,7 @@ impl MatMulNBitsParams {
         // `decode8_ahead3` loads the activations 3 chunks ahead instead of 1: faster while the
         // grid fits in one wave of 2 blocks per SM, which its registers allow (measured: 8-10%
         // at M = 1 with 256 blocks); a larger grid runs better on `decode8`'s 3 blocks per SM.
-        let kernel = if kernel == names.decode8 && tiles_m * tiles_n * splits <= 2 * multiprocessors.max(1) as usize {
+        let kernel = if rows8 && tiles_m * tiles_n * splits <= 2 * multiprocessors.max(1) as usize {
             names.decode8_ahead3
         } else {
             kernel

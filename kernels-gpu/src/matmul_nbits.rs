@@ -25,10 +25,10 @@
 //!   none, dequantized exactly in packed 16-bit arithmetic.
 //! - `small`: warp tile 16 x 32, 4 warps splitting the block's K chunks (block tile 16 x 32),
 //!   block `(128, 1, 1)`, 6144 bytes of static shared memory for the warps' partial sums.
-//!   `decode8` / `decode8_ahead3` / `decode16`: the same block tile (`BM` = 8 or 16 rows of A, 32 columns) with
-//!   swapped operands (the weights are the 16-row `mma` operand), block `(128, 1, 1)`
-//!   (`DECODE_WARPS` = 4), 32768 bytes (`DECODE_SHARED_BYTES`) of dynamic shared memory. `large`: warp tile 64 x 32,
-//!   2 x 4 warps (block tile 128 x 128), block `(256, 1, 1)`.
+//!   `decode8` / `decode8_ahead3` / `decode16`: the same block tile (`BM` = 8 or 16 rows of A,
+//!   32 columns) with swapped operands (the weights are the 16-row `mma` operand), block
+//!   `(128, 1, 1)` (`DECODE_WARPS` = 4), 32768 bytes (`DECODE_SHARED_BYTES`) of dynamic shared
+//!   memory. `large`: warp tile 64 x 32, 2 x 4 warps (block tile 128 x 128), block `(256, 1, 1)`.
 //! - `decode*` only: zero points none or u8, `block_size >= 128`, `K % 8 == 0`, `a` and `b`
 //!   16-byte aligned and `row_bytes % 16 == 0`.
 //! - grid `(ceil(N / BN), ceil(M / BM), splits)`; split `z` covers K chunks
