@@ -2,7 +2,7 @@
 //! same shape, the shapes, in the same run. Small M is bound by reading the weights, so
 //! the rate reported is the bytes dlkern moves (4-bit weights, scales, A, Y) per second; the
 //! cuBLAS row counts its 16-bit weights. Weights rotate through several copies where one copy
-//! would fit in L2. `DLKERN_W4_VARIANT=small|large|tiled` forces a kernel variant (to compare
+//! would fit in L2. `DLKERN_W4_VARIANT=small|large|tiled|packed` forces a kernel variant (to compare
 //! them at one M; the ids stay the same).
 
 mod common;
@@ -31,7 +31,8 @@ fn forced_variant() -> Option<Variant> {
         "small" => Some(Variant::Small),
         "large" => Some(Variant::Large),
         "tiled" => Some(Variant::Tiled),
-        other => panic!("DLKERN_W4_VARIANT={other}: expected small, large or tiled"),
+        "packed" => Some(Variant::Packed),
+        other => panic!("DLKERN_W4_VARIANT={other}: expected small, large, tiled or packed"),
     }
 }
 
@@ -46,8 +47,25 @@ fn benches(c: &mut Criterion) {
         let kb = k.div_ceil(BLOCK);
         let w4_bytes = n * kb * BLOCK / 2 + n * kb * 2;
         let copies = gpu.rotation(w4_bytes as u64);
+        // `packed`: B in the repacked layout, as many bytes as it takes (timing only).
+        let b_bytes = if variant == Some(Variant::Packed) {
+            MatMulNBitsParams {
+                dtype: DType::F16,
+                m: 1,
+                n,
+                k,
+                block_size: BLOCK,
+                zero_points: ZeroPointKind::Default,
+                bias: false,
+                variant,
+                splits: 0,
+            }
+            .packed_bytes()
+        } else {
+            n * kb * BLOCK / 2
+        };
         let b: Vec<_> = (0..copies)
-            .map(|c| s.clone_htod(&pattern(n * kb * BLOCK / 2, |i| ((i * 131 + c) % 251) as u8)).expect("alloc"))
+            .map(|c| s.clone_htod(&pattern(b_bytes, |i| ((i * 131 + c) % 251) as u8)).expect("alloc"))
             .collect();
         let scales: Vec<_> = (0..copies)
             .map(|_| s.clone_htod(&pattern(n * kb, |i| f16::from_f32(0.01 + (i % 7) as f32 * 1e-3))).expect("alloc"))
@@ -61,6 +79,9 @@ fn benches(c: &mut Criterion) {
             })
             .collect();
         for &m in ROWS {
+            if variant == Some(Variant::Packed) && m > 16 {
+                continue;
+            }
             let a =
                 s.clone_htod(&pattern(m * k, |i| f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))).expect("alloc");
             let mut y = s.alloc_zeros::<f16>(m * n).expect("alloc");

@@ -59,6 +59,53 @@ fn packing_is_low_nibble_first_along_k() {
     assert!(quantize(&[f32::NAN; 40], 2, 20, 16, true).is_err());
 }
 
+proptest! {
+    /// The `Packed` records (`pack_for_decode`): every code, scale and zero point of every
+    /// column and chunk where the documented layout puts it, columns past N repeating N - 1.
+    #[test]
+    fn packing_for_decode_places_every_code_and_constant(
+        n in 1usize..70, k in 1usize..700, block in prop_oneof![Just(128usize), Just(256)],
+        symmetric: bool, seed: u64,
+    ) {
+        const RECORD: usize = 32 * 64 + 128;
+        let mut rng = Rng::new(seed);
+        let w: Vec<f32> = (0..n * k).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
+        let q = quantize(&w, n, k, block, symmetric).unwrap();
+        let bits: Vec<u16> = (0..q.scales.len()).map(|i| i as u16 ^ 0x5a5a).collect();
+        let packed = q.pack_for_decode(&bits).unwrap();
+        let chunks = k.div_ceil(128);
+        prop_assert_eq!(packed.len(), n.div_ceil(32) * chunks * RECORD);
+        for tile in 0..n.div_ceil(32) {
+            for chunk in 0..chunks {
+                let record = &packed[(tile * chunks + chunk) * RECORD..][..RECORD];
+                let blk = chunk * 128 / block;
+                for local in 0..32 {
+                    let col = (tile * 32 + local).min(n - 1);
+                    for i in 0..128.min(k - chunk * 128) {
+                        let byte = record[local * 64 + i / 2];
+                        let code = if i % 2 == 0 { byte & 15 } else { byte >> 4 };
+                        prop_assert_eq!(code, q.code(col, chunk * 128 + i));
+                    }
+                    let (g, u) = (local % 8, local / 8);
+                    let consts = &record[2048 + 16 * g..][..16];
+                    prop_assert_eq!(u16::from_le_bytes([consts[2 * u], consts[2 * u + 1]]), bits[col * q.k_blocks() + blk]);
+                    prop_assert_eq!(consts[8 + u] as f32, q.zero_point(col, blk));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packing_for_decode_refuses_small_blocks_and_typed_zero_points() {
+    let q = quantize(&[0.5; 64], 1, 64, 64, true).unwrap();
+    assert!(q.pack_for_decode(&[0]).unwrap_err().to_string().contains("block_size >= 128"));
+    let mut q = quantize(&[0.5; 128], 1, 128, 128, true).unwrap();
+    assert!(q.pack_for_decode(&[0, 0]).unwrap_err().to_string().contains("scale bits"));
+    q.zero_points = ZeroPoints::Unpacked(vec![8.0]);
+    assert!(q.pack_for_decode(&[0]).unwrap_err().to_string().contains("integer zero points"));
+}
+
 fn attrs(k: usize, n: usize, block: usize) -> Attributes {
     Attributes::new()
         .with("K", AttrValue::Int(k as i64))
@@ -175,8 +222,13 @@ mod gpu {
         fn run(&self) -> (Vec<T>, MatMulNBitsPlan) {
             let (device, stream) = gpu();
             let a = stream.clone_htod(&self.a).unwrap();
-            let b = stream.clone_htod(&self.w.b).unwrap();
             let scales: Vec<T> = self.w.scales.iter().map(|&s| T::from_f64(s as f64)).collect();
+            let b = if self.p.variant == Some(Variant::Packed) {
+                let bits: &[u16] = bytemuck::cast_slice(&scales);
+                stream.clone_htod(&self.w.pack_for_decode(bits).unwrap()).unwrap()
+            } else {
+                stream.clone_htod(&self.w.b).unwrap()
+            };
             let scales = stream.clone_htod(&scales).unwrap();
             let zp_u8 = match &self.w.zero_points {
                 HostZeros::Packed(z) => Some(stream.clone_htod(z).unwrap()),
@@ -294,6 +346,33 @@ mod gpu {
             assert!(problem::<f16>(p, m as u64).check().kernel.ends_with(expect));
             let p = MatMulNBitsParams { dtype: DType::BF16, bias: true, ..p };
             assert!(problem::<bf16>(p, 7 + m as u64).check().kernel.ends_with(expect));
+        }
+    }
+
+    /// `Packed`: B, scales and zero points repacked per 32-column tile and K chunk; both row
+    /// builds, N off the tile, K ending inside a chunk and a block, forced splits, both types.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_packed_decode_matches_reference() {
+        let mut seed = 900;
+        for m in [1, 5, 8, 9, 16] {
+            for (n, k, block) in [(100, 1096, 128), (64, 4104, 256), (33, 128, 128)] {
+                for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
+                    for splits in [0, 3] {
+                        seed += 1;
+                        let p = MatMulNBitsParams {
+                            zero_points,
+                            bias: seed % 2 == 0,
+                            splits,
+                            variant: Some(Variant::Packed),
+                            ..params(DType::F16, m, n, k, block)
+                        };
+                        assert!(problem::<f16>(p, seed).check().kernel.ends_with("_packed"));
+                        let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                        assert!(problem::<bf16>(p, seed + 1000).check().kernel.ends_with("_packed"));
+                    }
+                }
+            }
         }
     }
 
@@ -430,6 +509,11 @@ fn gpu_plan_validates_and_splits() {
     let plan = MatMulNBitsParams { n: 28672, ..ok }.plan(132).unwrap();
     assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_f16_decode8", (896, 1, 1)));
     assert_eq!((plan.reduce, plan.workspace_bytes, plan.permute), (None, 0, None));
+    // `Packed` reads its own B layout: never a non-packed build, whatever the grid.
+    for (m, n, expect) in [(1, 8192, "decode8_packed"), (1, 28672, "decode8_packed"), (9, 8192, "decode16_packed")] {
+        let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132).unwrap();
+        assert_eq!(plan.kernel, format!("matmul_nbits_f16_{expect}"), "M = {m}, N = {n}");
+    }
     let unaligned = ok.plan_for(132, RowAlignment::UNALIGNED).unwrap();
     assert_eq!(unaligned.kernel, "matmul_nbits_f16_small");
     // K % 8 != 0: rows of A are not 16-byte multiples even in an aligned tensor.

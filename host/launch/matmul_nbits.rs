@@ -27,11 +27,11 @@ const KERNEL: &str = "matmul_nbits";
 /// The kernels' tile shapes and flags: the device crate's own source, compiled here too.
 #[allow(dead_code)]
 #[path = "../../kernels-gpu/src/layout/matmul_nbits.rs"]
-mod layout;
+pub(crate) mod layout;
 use layout::{
-    CHUNK, DECODE, DECODE_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T,
-    FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128,
-    TILED64X128, TILED128X128, Tiling, tiled_shared_bytes,
+    CHUNK, DECODE, DECODE_COLUMNS, DECODE_PACKED_SHARED_BYTES, DECODE_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16,
+    FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, PERMUTE_THREADS, REDUCE_THREADS,
+    SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, tiled_shared_bytes,
 };
 
 /// Largest M for the small-M kernels (`decode*`, `small`): they read the weights once per 16
@@ -43,6 +43,8 @@ struct KernelNames {
     decode8: &'static str,
     decode8_ahead3: &'static str,
     decode16: &'static str,
+    decode8_packed: &'static str,
+    decode16_packed: &'static str,
     small: &'static str,
     small_zf: &'static str,
     large: &'static str,
@@ -60,6 +62,8 @@ macro_rules! kernel_names {
             decode8: concat!("matmul_nbits_", $t, "_decode8"),
             decode8_ahead3: concat!("matmul_nbits_", $t, "_decode8_ahead3"),
             decode16: concat!("matmul_nbits_", $t, "_decode16"),
+            decode8_packed: concat!("matmul_nbits_", $t, "_decode8_packed"),
+            decode16_packed: concat!("matmul_nbits_", $t, "_decode16_packed"),
             small: concat!("matmul_nbits_", $t, "_small"),
             small_zf: concat!("matmul_nbits_", $t, "_small_zf"),
             large: concat!("matmul_nbits_", $t, "_large"),
@@ -98,6 +102,10 @@ pub enum Variant {
     /// weights: large M with integer zero points and blocks of at least 32. Runs `Large` when
     /// the rows of B are not 16-byte aligned.
     Tiled,
+    /// `decode` over B repacked by [`crate::quant::w4::W4Weights::pack_for_decode`] (then
+    /// passed as `b`; the scales and zero points are read from it): M <= 16, integer zero
+    /// points, blocks of at least 128, 16-byte aligned A and B.
+    Packed,
 }
 
 /// Shapes and options of one call.
@@ -166,6 +174,12 @@ impl MatMulNBitsParams {
         self.k_blocks() * self.block_size / 2
     }
 
+    /// Bytes of B repacked for [`Variant::Packed`]
+    /// ([`crate::quant::w4::W4Weights::pack_for_decode`]).
+    pub fn packed_bytes(&self) -> usize {
+        self.n.div_ceil(DECODE_COLUMNS) * self.k.div_ceil(CHUNK) * layout::PACKED_RECORD_BYTES
+    }
+
     /// Validates the shapes and picks the variant and split for a device with
     /// `multiprocessors` SMs, for tensors that start 16-byte aligned (every cudarc allocation).
     pub fn plan(&self, multiprocessors: u32) -> Result<MatMulNBitsPlan> {
@@ -212,7 +226,14 @@ impl MatMulNBitsParams {
         // `decode` (the lean `small`) needs integer zero points, one block per K chunk and
         // 16-byte rows.
         let decode = variant == Variant::Small && !typed && p.block_size >= CHUNK && rows.a_vec16 && rows.b_vec16;
-        let rows8 = decode && p.m <= DECODE8_ROWS;
+        let packed = variant == Variant::Packed;
+        if packed && (p.m > SMALL_MAX_M || typed || p.block_size < CHUNK || !rows.a_vec16 || !rows.b_vec16) {
+            return Err(bad(
+                "variant Packed needs M <= 16, integer zero points, block_size >= 128 and 16-byte aligned A and B"
+                    .into(),
+            ));
+        }
+        let rows8 = (decode || packed) && p.m <= DECODE8_ROWS;
         // `tiled`: as few rows as M needs up to 64, then 128 x 128 (measured faster than
         // 128 x 64 with twice the blocks at M = 128 and 256: each warp then does twice the
         // `mma`s per chunk for the same copies and dequantization).
@@ -228,6 +249,7 @@ impl MatMulNBitsParams {
             Variant::Small => (if typed { names.small_zf } else { names.small }, SMALL),
             Variant::Large => (if typed { names.large_zf } else { names.large }, LARGE),
             Variant::Tiled => (tiled_kernel, tiled),
+            Variant::Packed => (if rows8 { names.decode8_packed } else { names.decode16_packed }, DECODE),
         };
         let (bm, bn, threads) =
             (if rows8 { DECODE8_ROWS } else { tiling.block_m() }, tiling.block_n(), tiling.threads());
@@ -260,7 +282,8 @@ impl MatMulNBitsParams {
         // `decode8_ahead3` loads the activations 3 chunks ahead instead of 1: faster while the
         // grid fits in one wave of 2 blocks per SM, which its registers allow (measured: 8-10%
         // at M = 1 with 256 blocks); a larger grid runs better on `decode8`'s 3 blocks per SM.
-        let kernel = if rows8 && tiles_m * tiles_n * splits <= 2 * multiprocessors.max(1) as usize {
+        // (`decode8_packed` always loads 3 ahead.)
+        let kernel = if decode && rows8 && tiles_m * tiles_n * splits <= 2 * multiprocessors.max(1) as usize {
             names.decode8_ahead3
         } else {
             kernel
@@ -302,6 +325,7 @@ impl MatMulNBitsParams {
                 Variant::Small => 0,
                 Variant::Large => LARGE_SHARED_BYTES as u32,
                 Variant::Tiled => tiled_shared_bytes(tiling) as u32,
+                Variant::Packed => DECODE_PACKED_SHARED_BYTES as u32,
             },
         };
         let permute_blocks = (p.m * chunks * CHUNK / 8).div_ceil(PERMUTE_THREADS);
@@ -449,7 +473,8 @@ pub fn matmul_nbits<T: Element>(
     }
     check_same_device(KERNEL, device, stream)?;
     check_slice(KERNEL, "A", device, a, p.m * p.k)?;
-    check_slice(KERNEL, "B", device, w.b, p.n * p.row_bytes())?;
+    let b_len = if p.variant == Some(Variant::Packed) { p.packed_bytes() } else { p.n * p.row_bytes() };
+    check_slice(KERNEL, "B", device, w.b, b_len)?;
     check_slice(KERNEL, "scales", device, w.scales, p.n * p.k_blocks())?;
     check_slice(KERNEL, "Y", device, y, p.m * p.n)?;
     match w.zero_points {

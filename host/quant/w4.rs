@@ -106,6 +106,47 @@ impl W4Weights {
     }
 }
 
+impl W4Weights {
+    /// B, its scales and zero points repacked for `Variant::Packed` (`decode*_packed`): one
+    /// record of `PACKED_RECORD_BYTES` per 32-column tile and 128-wide K chunk, tile-major. A
+    /// record holds the tile's 64 code bytes of the chunk per column (columns past N repeat
+    /// column N - 1), then per lane group `g` (0..8) 16 bytes: `scale_bits` of columns `g`,
+    /// `g + 8`, `g + 16`, `g + 24` (u16, little-endian), their zero points (u8) and 4 zero
+    /// bytes. `scale_bits` are the scales in A's type, `[N, k_blocks]`, as the GPU gets them.
+    pub fn pack_for_decode(&self, scale_bits: &[u16]) -> Result<Vec<u8>> {
+        use crate::launch::matmul_nbits::layout::{B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, PACKED_RECORD_BYTES};
+        self.validate()?;
+        let bad = |m: String| Error::invalid(KERNEL, m);
+        if self.block_size < CHUNK || matches!(self.zero_points, ZeroPoints::Unpacked(_)) {
+            return Err(bad("packing for decode needs block_size >= 128 and integer zero points".into()));
+        }
+        if scale_bits.len() != self.scales.len() {
+            return Err(bad(format!("{} scale bits, expected {}", scale_bits.len(), self.scales.len())));
+        }
+        let (chunks, tiles, row_bytes) =
+            (self.k.div_ceil(CHUNK), self.n.div_ceil(DECODE_COLUMNS), self.k_blocks() * self.blob_size());
+        let mut out = vec![0u8; tiles * chunks * PACKED_RECORD_BYTES];
+        for (record, bytes) in out.chunks_exact_mut(PACKED_RECORD_BYTES).enumerate() {
+            let (tile, chunk) = (record / chunks, record % chunks);
+            let blk = chunk * CHUNK / self.block_size;
+            let column = |local: usize| (tile * DECODE_COLUMNS + local).min(self.n - 1);
+            for local in 0..DECODE_COLUMNS {
+                let src = column(local) * row_bytes + chunk * B_CHUNK_BYTES;
+                bytes[local * B_CHUNK_BYTES..][..B_CHUNK_BYTES].copy_from_slice(&self.b[src..src + B_CHUNK_BYTES]);
+            }
+            for g in 0..8 {
+                let consts = &mut bytes[DECODE_COLUMNS * B_CHUNK_BYTES + 16 * g..][..16];
+                for u in 0..4 {
+                    let n = column(g + 8 * u);
+                    consts[2 * u..2 * u + 2].copy_from_slice(&scale_bits[n * self.k_blocks() + blk].to_le_bytes());
+                    consts[8 + u] = self.zero_point(n, blk) as u8;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Quantizes `w` (`[N, K]` row-major, f32) to 4 bits in blocks of `block_size` along K.
 ///
 /// Symmetric: `scale = max|w| / 7`, codes `round(w / scale) + 8` in `1..=15`, default zero

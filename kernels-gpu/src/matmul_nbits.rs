@@ -471,7 +471,7 @@ struct DecodeConsts {
 /// The launch contract (`decode*` in the module docs).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: usize>(
+unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: usize, const PACKED: bool>(
     a: *const T,
     b: *const u8,
     scales: *const T,
@@ -508,12 +508,19 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
     // Column `u` of this lane is `g + 8u` of the block: tile `u / 2`, row `g + 8 (u % 2)` of
     // its `mma`. Columns past N read column N - 1 (never stored): no predicates in the loop.
     let col = |u: usize| (n0 + g + 8 * u as u32).min(n - 1) as usize;
-    let ring = dynamic_shared_base().offset(warp * DECODE_RING_BYTES as u32);
+    let stage_bytes = if PACKED { DECODE_PACKED_STAGE_BYTES } else { DECODE_STAGE_BYTES } as u32;
+    let ring = dynamic_shared_base().offset(warp * DECODE_STAGES as u32 * stage_bytes);
     // This lane's 16 bytes of column `u` in a stage: conflict-free for both the copy and the
     // read (a quarter warp covers 128 contiguous bytes).
     let piece = |stage: u32, u: usize| {
-        ring.offset(stage * DECODE_STAGE_BYTES as u32 + ((g as usize + 8 * u) * B_CHUNK_BYTES) as u32 + 16 * q)
+        ring.offset(stage * stage_bytes + ((g as usize + 8 * u) * B_CHUNK_BYTES) as u32 + 16 * q)
     };
+    // `PACKED`: this lane's copy of its group's constants in a stage.
+    let consts_piece = |stage: u32| ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + 16 * lane);
+    // `PACKED`: this block's first record; a chunk's record is `record_bytes` further.
+    let chunks_total = k.div_ceil(CHUNK as u32) as usize;
+    let block_records = b.wrapping_add(index::block_idx_x() as usize * chunks_total * PACKED_RECORD_BYTES);
+    let chunk_stride = if PACKED { PACKED_RECORD_BYTES } else { B_CHUNK_BYTES };
 
     // SAFETY (whole body): every pointer formed below stays inside its tensor (columns
     // clamped to N - 1, rows to M - 1, K offsets checked against K; every chunk lies in the
@@ -522,8 +529,13 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
     // block and the warp index); each lane reads only ring bytes its own copies wrote, after
     // waiting for them.
     unsafe {
-        let w_rows: [*const u8; 2 * TILES] =
-            core::array::from_fn(|u| b.add(col(u) * p.row_bytes as usize + 16 * q as usize));
+        let w_rows: [*const u8; 2 * TILES] = core::array::from_fn(|u| {
+            if PACKED {
+                block_records.add((g as usize + 8 * u) * B_CHUNK_BYTES + 16 * q as usize)
+            } else {
+                b.add(col(u) * p.row_bytes as usize + 16 * q as usize)
+            }
+        });
         let scale_rows: [*const T; 2 * TILES] = core::array::from_fn(|u| scales.add(col(u) * p.k_blocks as usize));
         let zero_rows: [*const u8; 2 * TILES] =
             core::array::from_fn(|u| if zero_u8 { zeros_u8.add(col(u) * zero_row_bytes as usize) } else { zeros_u8 });
@@ -534,8 +546,12 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
 
         let copy = |chunk: u32, stage: u32| {
             unroll!(U in [0, 1, 2, 3] {
-                cp_async_16(piece(stage, U), w_rows[U].add(chunk as usize * B_CHUNK_BYTES));
+                cp_async_16(piece(stage, U), w_rows[U].add(chunk as usize * chunk_stride));
             });
+            if PACKED {
+                let record = block_records.add(chunk as usize * PACKED_RECORD_BYTES);
+                cp_async_16(consts_piece(stage), record.add(DECODE_STAGE_BYTES + 16 * g as usize));
+            }
         };
         // Activations of rows `8r + g`: 32 halves at K `32q` of the chunk, as 4 words of 8.
         let activations = |chunk: u32| -> [[[u32; 4]; 4]; R] {
@@ -553,6 +569,16 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
                 }
             });
             x
+        };
+        // `PACKED`: the constants from the stage (scale bits in words 0-1, zero points in 2).
+        let packed_consts = |stage: u32| -> DecodeConsts {
+            let w = ld_shared_v4(consts_piece(stage));
+            let mut c = DecodeConsts { scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] };
+            unroll!(U in [0, 1, 2, 3] {
+                c.scales[U / 2][U % 2] = (w[U / 2] >> (16 * (U % 2))) as u16;
+                c.zeros[U / 2][U % 2] = (w[2] >> (8 * U)) & 0xff;
+            });
+            c
         };
         let consts = |chunk: u32| -> DecodeConsts {
             let blk = ((chunk * CHUNK as u32) >> p.block_shift) as usize;
@@ -604,7 +630,9 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
             if S + 1 < DECODE_STAGES {
                 if (S as u32) < count {
                     copy(chunk_of(S as u32), S as u32);
-                    ring_consts[S] = consts(chunk_of(S as u32));
+                    if !PACKED {
+                        ring_consts[S] = consts(chunk_of(S as u32));
+                    }
                 }
                 async_copy::commit_group();
             }
@@ -628,14 +656,20 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
                     let ahead_stage = (S + DECODE_STAGES - 1) % DECODE_STAGES;
                     if ahead < count {
                         copy(chunk_of(ahead), ahead_stage as u32);
-                        ring_consts[ahead_stage] = consts(chunk_of(ahead));
+                        if !PACKED {
+                            ring_consts[ahead_stage] = consts(chunk_of(ahead));
+                        }
                     }
                     async_copy::commit_group();
                     if j + ((S + A_AHEAD) as u32) < count {
                         a_ring[(S + A_AHEAD) % (A_AHEAD + 1)] = activations(chunk_of(j + (S + A_AHEAD) as u32));
                     }
                     async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
-                    compute(S as u32, &a_ring[S % (A_AHEAD + 1)], &ring_consts[S], &mut acc);
+                    if PACKED {
+                        compute(S as u32, &a_ring[S % (A_AHEAD + 1)], &packed_consts(S as u32), &mut acc);
+                    } else {
+                        compute(S as u32, &a_ring[S % (A_AHEAD + 1)], &ring_consts[S], &mut acc);
+                    }
                 }
             });
             j += STAGES;
@@ -644,7 +678,8 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
 
         // Warps 1.. leave their partial tiles in their own (now idle) rings; warp 0 sums them.
         let slot = |w: u32, tt: usize, rr: usize| {
-            dynamic_shared_base().offset(w * DECODE_RING_BYTES as u32 + (((tt * R + rr) * 32) as u32 + lane) * 16)
+            dynamic_shared_base()
+                .offset(w * DECODE_STAGES as u32 * stage_bytes + (((tt * R + rr) * 32) as u32 + lane) * 16)
         };
         if warp != 0 {
             unroll!(TT in [0, 1] {
@@ -1182,18 +1217,24 @@ macro_rules! matmul_nbits_tiled_entry {
 
 macro_rules! matmul_nbits_entries {
     (
-        $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
+        $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $decode8_packed:ident, $decode16_packed:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
         $tiled32x128:ident, $tiled64x128:ident, $tiled128x128:ident, $permute:ident,
         $reduce:ident
     ) => {
         matmul_nbits_entry!($decode8, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 1, 1>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 1, 1, false>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_ahead3, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 1, 3>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 1, 3, false>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 2, 1>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 2, 1, false>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($decode8_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            matmul_nbits_decode::<$ty, 1, 3, true>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($decode16_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            matmul_nbits_decode::<$ty, 2, 1, true>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($small, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, false>);
         matmul_nbits_entry!($small_zf, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, true>);
@@ -1244,6 +1285,8 @@ matmul_nbits_entries!(
     matmul_nbits_f16_decode8,
     matmul_nbits_f16_decode8_ahead3,
     matmul_nbits_f16_decode16,
+    matmul_nbits_f16_decode8_packed,
+    matmul_nbits_f16_decode16_packed,
     matmul_nbits_f16_small,
     matmul_nbits_f16_small_zf,
     matmul_nbits_f16_large,
@@ -1259,6 +1302,8 @@ matmul_nbits_entries!(
     matmul_nbits_bf16_decode8,
     matmul_nbits_bf16_decode8_ahead3,
     matmul_nbits_bf16_decode16,
+    matmul_nbits_bf16_decode8_packed,
+    matmul_nbits_bf16_decode16_packed,
     matmul_nbits_bf16_small,
     matmul_nbits_bf16_small_zf,
     matmul_nbits_bf16_large,

@@ -52,6 +52,16 @@ pub const DECODE_RING_BYTES: usize = DECODE_STAGES * DECODE_STAGE_BYTES;
 /// Dynamic shared memory of `decode*`: one ring per warp.
 pub const DECODE_SHARED_BYTES: usize = DECODE_WARPS * DECODE_RING_BYTES;
 const _: () = assert!(DECODE_COLUMNS == DECODE.block_n());
+/// `decode*_packed`: B repacked into one record per 32-column tile and K chunk (tile-major):
+/// the 32 columns' 64 code bytes of the chunk (column-major, as in a `decode` stage), then per
+/// lane group `g` 16 bytes: the scale bits of columns `g, g + 8, g + 16, g + 24` (4 x u16),
+/// their zero points (4 x u8, 8 when there are none) and 4 bytes of padding.
+pub const PACKED_CONSTS_BYTES: usize = 8 * 16;
+pub const PACKED_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_CONSTS_BYTES;
+/// A `decode*_packed` stage: the record's codes, then each lane's copy of its group's 16
+/// bytes of constants.
+pub const DECODE_PACKED_STAGE_BYTES: usize = DECODE_STAGE_BYTES + 32 * 16;
+pub const DECODE_PACKED_SHARED_BYTES: usize = DECODE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
 /// `large`: warp tile 64 x 32, 2 x 4 warps (block 128 x 128), A staged in shared memory.
 pub const LARGE: Tiling = Tiling { mt: 4, nt: 4, wm: 2, wn: 4, wk: 1 };
 /// Dynamic shared memory of the `large` variant: one K chunk of its A rows.
