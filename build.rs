@@ -5,7 +5,7 @@
 use dlkern_builder::{Arch, KernelBuilder};
 
 fn main() {
-    let built = KernelBuilder::new("kernels-gpu").arch(Arch::SM80).arch(Arch::SM90).build();
+    let built = KernelBuilder::new("kernels-gpu").arch(Arch::SM80).arch(Arch::SM90A).build();
     if let Err(error) = built {
         eprintln!("{error}");
         std::process::exit(1);

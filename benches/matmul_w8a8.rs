@@ -1,7 +1,8 @@
 //! W8A8 matmul (int8 tensor cores, f16 out) on the shapes, next to cuBLAS bf16 and f16
 //! GEMM of the same shape in the same binary and run (`torch._int_mm` comes from
 //! `benches/compare_torch.py`), and the per-token activation quantization it needs, timed on
-//! its own (`w8a8_quantize`).
+//! its own (`w8a8_quantize`). `DLKERN_W8A8_VARIANT=decode|tiled|wgmma` forces a kernel (to
+//! compare them; shapes it cannot run are skipped; the ids stay the same).
 
 mod common;
 
@@ -10,7 +11,9 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::launch::matmul_w8a8::{MatMulW8A8Params, MatMulW8A8Pointers, matmul_w8a8_raw, quantize_per_token_raw};
+use dlkern::launch::matmul_w8a8::{
+    MatMulW8A8Params, MatMulW8A8Pointers, W8A8Variant, matmul_w8a8_raw, quantize_per_token_raw,
+};
 use half::{bf16, f16};
 use std::time::Duration;
 
@@ -24,6 +27,16 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (4096, 8192, 8192),
     (4096, 28672, 8192),
 ];
+
+/// The kernel `DLKERN_W8A8_VARIANT` forces, if any.
+fn forced_variant() -> Option<W8A8Variant> {
+    match std::env::var("DLKERN_W8A8_VARIANT").ok()?.as_str() {
+        "decode" => Some(W8A8Variant::Decode),
+        "tiled" => Some(W8A8Variant::Tiled),
+        "wgmma" => Some(W8A8Variant::Wgmma),
+        other => panic!("DLKERN_W8A8_VARIANT={other}: expected decode, tiled or wgmma"),
+    }
+}
 
 /// Row-major `y [m, n] = a [m, k] w [n, k]^T` through cuBLAS (column-major: `y^T = w a^T`).
 fn gemm_config<T>(m: usize, n: usize, k: usize, one: T, zero: T) -> GemmConfig<T> {
@@ -60,8 +73,20 @@ fn benches(c: &mut Criterion) {
         let sa = s.clone_htod(&vec![0.01f32; m]).unwrap();
         let sw = s.clone_htod(&vec![0.01f32; n]).unwrap();
         let mut y = s.alloc_zeros::<f16>(m * n).unwrap();
-        let params = MatMulW8A8Params { out_dtype: DType::F16, m, n, k, per_row_a_scale: true, bias: false, splits: 0 };
-        let plan = params.plan(gpu.device.multiprocessors()).expect("plan");
+        let params = MatMulW8A8Params {
+            out_dtype: DType::F16,
+            m,
+            n,
+            k,
+            per_row_a_scale: true,
+            bias: false,
+            splits: 0,
+            variant: forced_variant(),
+        };
+        let Ok(plan) = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()) else {
+            eprintln!("{shape}: {:?} cannot run it, skipped", params.variant);
+            continue;
+        };
         let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
         let ptrs = MatMulW8A8Pointers {
             a: a.device_ptr(s).0,

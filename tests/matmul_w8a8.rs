@@ -98,12 +98,29 @@ mod gpu {
         seed: u64,
         splits: usize,
     ) -> (&'static str, usize) {
+        check_variant::<T>(m, n, k, a, w, per_row, bias, seed, splits, None)
+    }
+
+    /// [`check`] with a forced kernel (`None`: the planner's choice).
+    #[allow(clippy::too_many_arguments)]
+    fn check_variant<T: Element>(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[i8],
+        w: &[i8],
+        per_row: bool,
+        bias: bool,
+        seed: u64,
+        splits: usize,
+        variant: Option<W8A8Variant>,
+    ) -> (&'static str, usize) {
         let (device, stream) = gpu();
         let mut rng = Rng::new(seed);
         let a_scale: Vec<f32> = (0..if per_row { m } else { 1 }).map(|_| rng.uniform(1e-3, 2e-2) as f32).collect();
         let w_scale: Vec<f32> = (0..n).map(|_| rng.uniform(1e-3, 2e-2) as f32).collect();
         let bias_v: Vec<f32> = (0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
-        let params = MatMulW8A8Params { out_dtype: T::DTYPE, m, n, k, per_row_a_scale: per_row, bias, splits };
+        let params = MatMulW8A8Params { out_dtype: T::DTYPE, m, n, k, per_row_a_scale: per_row, bias, splits, variant };
         let (a_d, w_d) = (stream.clone_htod(a).unwrap(), stream.clone_htod(w).unwrap());
         let (sa_d, sw_d, b_d) = (
             stream.clone_htod(&a_scale).unwrap(),
@@ -142,21 +159,23 @@ mod gpu {
             (130, 1000, 4096, 0, 8), // 16 output tiles: the launcher splits, up to 8
         ] {
             let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
-            let (kernel, splits) = check::<f16>(m, n, k, &a, &w, true, req % 2 == 1, req as u64, req);
+            // Forced: on Hopper the planner takes `wgmma` for K % 16 == 0.
+            let tiled = Some(W8A8Variant::Tiled);
+            let (kernel, splits) = check_variant::<f16>(m, n, k, &a, &w, true, req % 2 == 1, req as u64, req, tiled);
             let expected = if want > 1 { "matmul_w8a8_partial" } else { "matmul_w8a8_f16" };
             assert_eq!((kernel, splits), (expected, want), "M{m} N{n} K{k}");
-            check::<f32>(m, n, k, &a, &w, false, true, 7, req);
+            check_variant::<f32>(m, n, k, &a, &w, false, true, 7, req, tiled);
         }
         // K = 65536 at int8 extremes, split: the partial sums stay exact and add up exactly.
         let (m, n, k) = (20, 64, 65536);
         let a = vec![-128i8; m * k];
         let w = vec![-128i8; n * k];
-        assert_eq!(check::<f32>(m, n, k, &a, &w, true, false, 9, 8).1, 8);
+        assert_eq!(check_variant::<f32>(m, n, k, &a, &w, true, false, 9, 8, Some(W8A8Variant::Tiled)).1, 8);
     }
 
     /// The decode kernel (M <= 16, K % 16 == 0): every M, N not a multiple of its 16-row tile,
     /// K not a multiple of its 64-byte step nor of its 4 x 4-step group; the tiled kernel takes
-    /// K % 16 != 0 and M = 17.
+    /// K % 16 != 0, and M = 17 goes to `wgmma` on Hopper, to the tiled kernel elsewhere.
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_decode_kernel_matches_exact_reference() {
@@ -173,7 +192,63 @@ mod gpu {
         let (a, w) = (rng.vec_i8(5 * 24), rng.vec_i8(40 * 24));
         assert_eq!(check::<bf16>(5, 40, 24, &a, &w, true, true, 2, 0).0, "matmul_w8a8_bf16");
         let (a, w) = (rng.vec_i8(17 * 64), rng.vec_i8(40 * 64));
-        assert_eq!(check::<f32>(17, 40, 64, &a, &w, true, false, 3, 0).0, "matmul_w8a8_f32");
+        let above = if gpu().0.has_wgmma() { "matmul_w8a8_wgmma_f32" } else { "matmul_w8a8_f32" };
+        assert_eq!(check::<f32>(17, 40, 64, &a, &w, true, false, 3, 0).0, above);
+    }
+
+    /// The Hopper kernel, forced (on an sm_90a device; elsewhere the test only checks that it
+    /// is refused): M and N not multiples of its 128 x 256 tile, K not a multiple of its
+    /// 128-byte step, one and many K steps, 18 row tiles (a partial last group in the grouped
+    /// block order), every output type, bias, per-row and scalar activation scales; K = 65536 at
+    /// int8 extremes.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_wgmma_kernel_matches_exact_reference() {
+        let (device, _) = gpu();
+        if !device.has_wgmma() {
+            let p = MatMulW8A8Params {
+                out_dtype: DType::F16,
+                m: 256,
+                n: 256,
+                k: 256,
+                per_row_a_scale: true,
+                bias: false,
+                splits: 0,
+                variant: Some(W8A8Variant::Wgmma),
+            };
+            let err = p.plan(device.multiprocessors(), false).unwrap_err().to_string();
+            assert!(err.contains("Hopper"), "{err}");
+            eprintln!("{}: no sm_90a module, wgmma kernel not run", device.name());
+            return;
+        }
+        let mut rng = Rng::new(51);
+        let wgmma = Some(W8A8Variant::Wgmma);
+        for &(m, n, k) in
+            &[(1, 1, 16), (17, 300, 1040), (128, 256, 128), (300, 520, 4112), (2200, 300, 272), (129, 257, 16)]
+        {
+            let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+            // Unsplit (requested: 1 split); the split build follows below.
+            let kernel = check_variant::<f16>(m, n, k, &a, &w, true, m % 2 == 1, 2, 1, wgmma).0;
+            assert_eq!(kernel, "matmul_w8a8_wgmma_f16");
+            assert_eq!(check_variant::<bf16>(m, n, k, &a, &w, false, true, 3, 1, wgmma).0, "matmul_w8a8_wgmma_bf16");
+            assert_eq!(check_variant::<f32>(m, n, k, &a, &w, true, false, 4, 1, wgmma).0, "matmul_w8a8_wgmma_f32");
+        }
+        // Split K (int32 partial sums, then the reduction): uneven shares, more splits than
+        // steps, the planner's own split; K = 65536 at int8 extremes, split 8 ways.
+        for &(m, n, k, req, want) in &[(40, 300, 1040, 3, 3), (200, 64, 336, 8, 3), (130, 1000, 4096, 0, 8)] {
+            let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+            let (kernel, splits) = check_variant::<f16>(m, n, k, &a, &w, true, req % 2 == 1, 7, req, wgmma);
+            assert_eq!((kernel, splits), ("matmul_w8a8_wgmma_partial", want), "M{m} N{n} K{k}");
+        }
+        let (m, n, k) = (64, 256, 65536);
+        let a = vec![-128i8; m * k];
+        let mut w = vec![-128i8; n * k];
+        w[..k].fill(127);
+        assert_eq!(check_variant::<f32>(m, n, k, &a, &w, true, false, 5, 8, wgmma).1, 8);
+        // The planner's own choice at a shape whose 128 x 256 tiles fill the GPU.
+        let (m, n, k) = (1024, 8192, 48);
+        let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+        assert_eq!(check::<f16>(m, n, k, &a, &w, true, true, 6, 0).0, "matmul_w8a8_wgmma_f16");
     }
 
     #[test]
@@ -208,14 +283,17 @@ mod gpu {
         #[test]
         #[ignore = "needs a CUDA device"]
         fn gpu_matches_reference_on_random_shapes(
-            m in 1usize..300, n in 1usize..300, k in 1usize..700, per_row: bool, bias: bool, out in 0usize..3, seed: u64,
+            m in 1usize..300, n in 1usize..300, k in 1usize..700, per_row: bool, bias: bool, out in 0usize..3,
+            tiled: bool, seed: u64,
         ) {
             let mut rng = Rng::new(seed);
             let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+            // Half the cases force the `mma.sync` kernel, which Hopper would otherwise rarely run.
+            let variant = tiled.then_some(W8A8Variant::Tiled);
             match out {
-                0 => check::<f16>(m, n, k, &a, &w, per_row, bias, seed, 0).0,
-                1 => check::<bf16>(m, n, k, &a, &w, per_row, bias, seed, 0).0,
-                _ => check::<f32>(m, n, k, &a, &w, per_row, bias, seed, 0).0,
+                0 => check_variant::<f16>(m, n, k, &a, &w, per_row, bias, seed, 0, variant).0,
+                1 => check_variant::<bf16>(m, n, k, &a, &w, per_row, bias, seed, 0, variant).0,
+                _ => check_variant::<f32>(m, n, k, &a, &w, per_row, bias, seed, 0, variant).0,
             };
         }
     }
@@ -373,19 +451,50 @@ mod gpu {
             per_row_a_scale: true,
             bias: false,
             splits: 0,
+            variant: None,
         };
-        let plan = ok.plan(132).unwrap();
+        let plan = ok.plan(132, false).unwrap();
         assert_eq!((plan.dims.grid, plan.splits, plan.workspace_bytes), ((64, 64, 1), 1, 0));
         // M = 128: 64 output tiles for 132 SMs, so K splits 5 ways (26 + 26 + 26 + 26 + 24 tiles).
-        let mid = MatMulW8A8Params { m: 128, ..ok }.plan(132).unwrap();
+        let mid = MatMulW8A8Params { m: 128, ..ok }.plan(132, false).unwrap();
         assert_eq!((mid.dims.grid, mid.splits, mid.workspace_bytes), ((64, 1, 5), 5, 5 * 128 * 8192 * 4));
         assert_eq!(mid.reduce.map(|r| r.0), Some("matmul_w8a8_reduce_f16"));
         // Decoding shapes take the decode kernel; K % 16 != 0 the tiled one, unsplit (1 K tile).
-        let decode = MatMulW8A8Params { m: 16, ..ok }.plan(132).unwrap();
-        assert_eq!((decode.kernel, decode.decode), ("matmul_w8a8_small_f16", true));
-        let odd = MatMulW8A8Params { m: 16, k: 24, ..ok }.plan(132).unwrap();
-        assert_eq!((odd.kernel, odd.splits, odd.decode, mid.decode), ("matmul_w8a8_f16", 1, false, false));
-        let err = |p: MatMulW8A8Params| p.plan(132).unwrap_err().to_string();
+        let decode = MatMulW8A8Params { m: 16, ..ok }.plan(132, false).unwrap();
+        assert_eq!((decode.kernel, decode.variant), ("matmul_w8a8_small_f16", W8A8Variant::Decode));
+        let odd = MatMulW8A8Params { m: 16, k: 24, ..ok }.plan(132, false).unwrap();
+        assert_eq!(
+            (odd.kernel, odd.splits, odd.variant, mid.variant),
+            ("matmul_w8a8_f16", 1, W8A8Variant::Tiled, W8A8Variant::Tiled)
+        );
+        let err = |p: MatMulW8A8Params| p.plan(132, false).unwrap_err().to_string();
+        // Hopper: `wgmma` from M = 17 (K % 16 == 0), split over K while its 128 x 256 tiles leave
+        // SMs idle (M = 128: 32 tiles, 4 splits of 16 steps of 128 bytes).
+        let hopper = |p: MatMulW8A8Params| p.plan(132, true).unwrap();
+        let big = hopper(ok);
+        assert_eq!(
+            (big.kernel, big.variant, big.dims.grid, big.dims.block),
+            ("matmul_w8a8_wgmma_f16", W8A8Variant::Wgmma, (2048, 1, 1), (256, 1, 1))
+        );
+        assert_eq!((big.splits, big.workspace_bytes, big.reduce), (1, 0, None));
+        assert_eq!(hopper(MatMulW8A8Params { m: 1024, out_dtype: DType::BF16, ..ok }).kernel, "matmul_w8a8_wgmma_bf16");
+        let mid = hopper(MatMulW8A8Params { m: 128, ..ok });
+        assert_eq!((mid.kernel, mid.dims.grid, mid.splits), ("matmul_w8a8_wgmma_partial", (32, 1, 4), 4));
+        assert_eq!(
+            (mid.workspace_bytes, mid.reduce.map(|r| r.0)),
+            (4 * 128 * 8192 * 4, Some("matmul_w8a8_reduce_f16"))
+        );
+        assert_eq!(hopper(MatMulW8A8Params { m: 17, n: 40, k: 64, ..ok }).kernel, "matmul_w8a8_wgmma_f16");
+        assert_eq!(hopper(MatMulW8A8Params { k: 8200, ..ok }).kernel, "matmul_w8a8_f16");
+        assert_eq!(hopper(MatMulW8A8Params { m: 16, ..ok }).kernel, "matmul_w8a8_small_f16");
+        // Forced kernels that cannot run are refused, not swapped.
+        let wgmma = Some(W8A8Variant::Wgmma);
+        assert!(err(MatMulW8A8Params { variant: wgmma, ..ok }).contains("Hopper"));
+        let e = MatMulW8A8Params { variant: wgmma, k: 8200, ..ok }.plan(132, true).unwrap_err().to_string();
+        assert!(e.contains("K % 16"), "{e}");
+        assert!(err(MatMulW8A8Params { variant: Some(W8A8Variant::Decode), m: 17, ..ok }).contains("M <= 16"));
+        let forced = MatMulW8A8Params { variant: Some(W8A8Variant::Tiled), m: 16, ..ok }.plan(132, true).unwrap();
+        assert_eq!(forced.kernel, "matmul_w8a8_partial");
         assert!(err(MatMulW8A8Params { k: 131072, ..ok }).contains("int32 accumulation"));
         assert!(err(MatMulW8A8Params { out_dtype: DType::I8, ..ok }).contains("not supported"));
         assert!(err(MatMulW8A8Params { n: 0, ..ok }).contains("N = 0"));

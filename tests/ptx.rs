@@ -93,19 +93,32 @@ const ENTRY_POINTS: &[&str] = &[
     "paged_kv_write_bf16",
 ];
 
+/// The kernels only the Hopper-specific module (`sm_90a`) has: they use `wgmma`.
+const WGMMA_ENTRY_POINTS: &[&str] =
+    &["matmul_w8a8_wgmma_f16", "matmul_w8a8_wgmma_bf16", "matmul_w8a8_wgmma_f32", "matmul_w8a8_wgmma_partial"];
+
+/// The entries a module must have.
+fn entry_points(module: &ptx::Module) -> Vec<&'static str> {
+    let extra = if module.arch_specific { WGMMA_ENTRY_POINTS } else { &[] };
+    ENTRY_POINTS.iter().chain(extra).copied().collect()
+}
+
 #[test]
-fn ships_sm80_and_sm90() {
-    let archs: Vec<u32> = ptx::architectures().collect();
-    assert_eq!(archs, vec![90, 80]);
+fn ships_sm80_and_sm90a() {
+    let targets: Vec<String> = ptx::modules().map(|m| m.target()).collect();
+    assert_eq!(targets, vec!["sm_90a", "sm_80"]);
 }
 
 #[test]
 fn each_module_targets_its_architecture_and_has_every_entry_point() {
-    for sm in ptx::architectures() {
-        let text = ptx::module_for_arch(sm).unwrap();
-        assert!(text.lines().any(|l| l.trim() == format!(".target sm_{sm}")), "sm_{sm}: .target line");
-        for entry in ENTRY_POINTS {
-            assert!(text.contains(&format!(".visible .entry {entry}(")), "sm_{sm}: missing entry {entry}");
+    for module in ptx::modules() {
+        let (target, text) = (module.target(), module.text);
+        assert!(text.lines().any(|l| l.trim() == format!(".target {target}")), "{target}: .target line");
+        for entry in entry_points(&module) {
+            assert!(text.contains(&format!(".visible .entry {entry}(")), "{target}: missing entry {entry}");
+        }
+        if !module.arch_specific {
+            assert!(!text.contains("wgmma"), "{target}: wgmma outside the arch-specific module");
         }
     }
 }
@@ -129,25 +142,35 @@ fn kernels_use_the_intended_instructions() {
         "red.global.or.b32",
         "bar.red.or.pred",
     ];
-    for sm in ptx::architectures() {
-        let text = ptx::module_for_arch(sm).unwrap();
-        for instruction in expected {
-            assert!(text.contains(instruction), "sm_{sm}: no `{instruction}` in the PTX");
+    let hopper = [
+        "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8",
+        "wgmma.fence.sync.aligned",
+        "wgmma.commit_group.sync.aligned",
+        "wgmma.wait_group.sync.aligned",
+        "fence.proxy.async.shared::cta",
+    ];
+    for module in ptx::modules() {
+        let (sm, text) = (module.target(), module.text);
+        let extra: &[&str] = if module.arch_specific { &hopper } else { &[] };
+        for instruction in expected.iter().chain(extra) {
+            assert!(text.contains(instruction), "{sm}: no `{instruction}` in the PTX");
         }
         // A panic path compiled into a kernel would show up as a trap: the kernels have none.
-        assert!(!text.contains("trap;"), "sm_{sm}: a kernel contains a panic path (trap)");
+        assert!(!text.contains("trap;"), "{sm}: a kernel contains a panic path (trap)");
     }
 }
 
 #[test]
 fn module_selection_follows_compute_capability() {
-    assert_eq!(ptx::select(9, 0).map(|m| m.0), Some(90));
-    assert_eq!(ptx::select(8, 0).map(|m| m.0), Some(80));
-    assert_eq!(ptx::select(8, 6).map(|m| m.0), Some(80));
-    assert_eq!(ptx::select(8, 9).map(|m| m.0), Some(80));
-    assert_eq!(ptx::select(10, 0).map(|m| m.0), Some(90), "newer GPUs JIT the newest PTX");
-    assert_eq!(ptx::select(12, 0).map(|m| m.0), Some(90));
-    assert_eq!(ptx::select(7, 5), None, "Turing is older than every module");
+    let target = |major, minor| ptx::select(major, minor).map(|m| m.target());
+    assert_eq!(target(9, 0).as_deref(), Some("sm_90a"));
+    assert_eq!(target(8, 0).as_deref(), Some("sm_80"));
+    assert_eq!(target(8, 6).as_deref(), Some("sm_80"));
+    assert_eq!(target(8, 9).as_deref(), Some("sm_80"));
+    // Arch-specific PTX runs on its own architecture only; newer GPUs JIT the portable module.
+    assert_eq!(target(10, 0).as_deref(), Some("sm_80"));
+    assert_eq!(target(12, 0).as_deref(), Some("sm_80"));
+    assert_eq!(target(7, 5), None, "Turing is older than every module");
 }
 
 /// Local-memory bytes (stack frame, spill stores, spill loads) an entry may use: none, except
@@ -165,22 +188,23 @@ fn ptxas_assembles_every_module_without_spills() {
         .expect("ptxas not found: `pip install nvidia-cuda-nvcc` (the test scripts do) or set DLKERN_PTXAS");
     let dir = std::env::temp_dir().join(format!("dlkern-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for sm in ptx::architectures() {
-        let src = dir.join(format!("dlkern.sm_{sm}.ptx"));
-        std::fs::write(&src, ptx::module_for_arch(sm).unwrap()).unwrap();
+    for module in ptx::modules() {
+        let sm = module.target();
+        let src = dir.join(format!("dlkern.{sm}.ptx"));
+        std::fs::write(&src, module.text).unwrap();
         let out = std::process::Command::new(&ptxas)
-            .arg(format!("-arch=sm_{sm}"))
+            .arg(format!("-arch={sm}"))
             .arg("-v")
             .arg("--warning-as-error")
             .arg(&src)
             .arg("-o")
-            .arg(dir.join(format!("dlkern.sm_{sm}.cubin")))
+            .arg(dir.join(format!("dlkern.{sm}.cubin")))
             .output()
             .expect("run ptxas");
         let log = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "ptxas -arch=sm_{sm} failed:\n{log}");
+        assert!(out.status.success(), "ptxas -arch={sm} failed:\n{log}");
         let entries = log.matches("Compiling entry function").count();
-        assert_eq!(entries, ENTRY_POINTS.len(), "sm_{sm}: ptxas compiled {entries} entries:\n{log}");
+        assert_eq!(entries, entry_points(&module).len(), "{sm}: ptxas compiled {entries} entries:\n{log}");
         // Per entry: "Compiling entry function 'NAME'", then a line with the stack frame and
         // spill bytes.
         let mut entry = "";
@@ -192,7 +216,7 @@ fn ptxas_assembles_every_module_without_spills() {
                 let budget = spill_budget(entry);
                 assert!(
                     bytes.len() == 3 && bytes.iter().all(|&b| b <= budget),
-                    "sm_{sm}: {entry}: stack / spills over its budget of {budget} bytes: {line}\n{log}"
+                    "{sm}: {entry}: stack / spills over its budget of {budget} bytes: {line}\n{log}"
                 );
             }
         }

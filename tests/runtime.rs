@@ -35,7 +35,8 @@ fn devices_share_the_primary_context_and_are_opened_once() {
     assert!(Arc::ptr_eq(&a, &b));
     assert!(a.context().is_primary());
     let (major, minor) = a.compute_capability();
-    assert_eq!(dlkern::runtime::ptx::select(major, minor).unwrap().0, a.module_arch());
+    assert_eq!(dlkern::runtime::ptx::select(major, minor).unwrap().arch, a.module_arch());
+    assert_eq!(a.has_wgmma(), (major, minor) == (9, 0), "the sm_90a module runs on Hopper only");
     let current = Device::current().unwrap();
     assert!(Arc::ptr_eq(&a, &current));
     let f1 = a.function("rmsnorm_vec_f16").unwrap();

@@ -15,7 +15,7 @@
 //!     std::process::exit(1);
 //! }
 //! // then, in the crate: include!(concat!(env!("OUT_DIR"), "/kernels_ptx.rs"));
-//! // which defines `pub const PTX_MODULES: &[(u32, &str)]` (sm number, PTX text).
+//! // which defines `pub const PTX_MODULES: &[(u32, bool, &str)]` (sm number, `sm_XYa`, PTX text).
 //! ```
 //!
 //! The kernel crate needs `crate-type = ["staticlib"]`, `panic = "abort"`, `lto = "fat"` and
@@ -36,30 +36,42 @@ pub use toolchain::{Toolchain, ToolchainSource, find_toolchain};
 /// of the compiled `core`).
 pub const TARGET_DIR_ENV: &str = "DLKERN_KERNEL_TARGET_DIR";
 
-/// A GPU architecture, by its `sm_XY` number.
+/// A GPU architecture, by its `sm_XY` number; `sm_XYa` when arch-specific (features such as
+/// `wgmma` that only that exact architecture has; such PTX runs on no other GPU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Arch(u32);
+pub struct Arch {
+    number: u32,
+    specific: bool,
+}
 
 impl Arch {
     /// Ampere A100 (and the baseline for all sm_8x parts).
-    pub const SM80: Arch = Arch(80);
+    pub const SM80: Arch = Arch::new(80);
     /// Hopper H100/H200.
-    pub const SM90: Arch = Arch(90);
+    pub const SM90: Arch = Arch::new(90);
+    /// Hopper with its arch-specific instructions (`wgmma`, `setmaxnreg`), PTX ISA 8.0. The
+    /// kernel crate sees `target_feature = "sm_90"` and `cfg(dlkern_arch_specific)`.
+    pub const SM90A: Arch = Arch { number: 90, specific: true };
 
     /// The architecture `sm_{number}`, e.g. `Arch::new(86)`. The NVPTX backend must know it.
     pub const fn new(number: u32) -> Arch {
-        Arch(number)
+        Arch { number, specific: false }
     }
 
     /// The `XY` of `sm_XY`.
     pub const fn number(self) -> u32 {
-        self.0
+        self.number
+    }
+
+    /// Whether this is the `sm_XYa` form.
+    pub const fn is_specific(self) -> bool {
+        self.specific
     }
 }
 
 impl fmt::Display for Arch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sm_{}", self.0)
+        write!(f, "sm_{}{}", self.number, if self.specific { "a" } else { "" })
     }
 }
 
@@ -153,7 +165,7 @@ impl KernelBuilder {
 
     /// Compiles the kernel crate once per architecture (in parallel) and writes
     /// `<out>/<crate>.<sm_XY>.ptx` for each, plus `<out>/<crate>_ptx.rs` defining
-    /// `PTX_MODULES: &[(u32, &str)]`, newest architecture first.
+    /// `PTX_MODULES: &[(u32, bool, &str)]`, newest architecture first.
     pub fn build(self) -> Result<Vec<BuiltPtx>, BuildError> {
         let crate_name = package_name(&self.crate_dir)?;
         let file_stem = crate_name.replace('-', "_");
@@ -245,6 +257,11 @@ impl KernelBuilder {
                 emitted.display()
             ),
         })?;
+        // rustc knows no `sm_90a` CPU (and its `ptx80` feature is unstable, with a warning): the
+        // module is generated for `sm_90`, and its header names the arch-specific target and
+        // the PTX ISA version that introduced it, which `ptxas` and the driver need before
+        // they accept `wgmma`. PTX versions are supersets, so the body is valid either way.
+        let ptx = if arch.is_specific() { retarget(&ptx, arch) } else { ptx };
         check_ptx(&ptx, arch)?;
         let path = out_dir.join(format!("{file_stem}.{arch}.ptx"));
         write_if_changed(&path, &ptx)?;
@@ -269,7 +286,11 @@ impl KernelBuilder {
         // RUSTFLAGS reach `core` too, so the whole module is generated for `arch`.
         // -JumpThreading: rustc's MIR pass can duplicate a barrier into divergent branches and
         // hang a block (rust-lang/rust#137086).
-        let flags = [format!("-Ctarget-cpu={arch}"), "-Zmir-enable-passes=-JumpThreading".to_string()];
+        let mut flags =
+            vec![format!("-Ctarget-cpu=sm_{}", arch.number()), "-Zmir-enable-passes=-JumpThreading".to_string()];
+        if arch.is_specific() {
+            flags.push("--cfg=dlkern_arch_specific".to_string());
+        }
         command.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"));
         command.env("CARGO_TARGET_DIR", target_dir);
         command
@@ -310,6 +331,25 @@ fn package_name(dir: &Path) -> Result<String, BuildError> {
     Err(BuildError::BadKernelCrate(format!("no [package] name in {}", manifest.display())))
 }
 
+/// `ptx` (generated for the generic `sm_XY`) with the header of the arch-specific `sm_XYa`:
+/// its `.target` line, and a `.version` of at least 8.0 (PTX ISA 8.0 introduced `sm_90a`).
+fn retarget(ptx: &str, arch: Arch) -> String {
+    let generic = format!(".target sm_{}", arch.number());
+    let mut out = String::with_capacity(ptx.len() + 1);
+    for line in ptx.lines() {
+        let trimmed = line.trim();
+        let version = trimmed.strip_prefix(".version ").and_then(|v| v.split_once('.'));
+        let version = version.and_then(|(major, minor)| Some((major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?)));
+        match version {
+            Some(v) if v < (8, 0) => out.push_str(".version 8.0"),
+            _ if trimmed == generic => out.push_str(&format!(".target {arch}")),
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// A PTX module for `arch` has the matching `.target` line and at least one kernel.
 fn check_ptx(ptx: &str, arch: Arch) -> Result<(), BuildError> {
     let target = format!(".target {arch}");
@@ -323,12 +363,15 @@ fn check_ptx(ptx: &str, arch: Arch) -> Result<(), BuildError> {
 }
 
 fn write_module_table(out_dir: &Path, file_stem: &str, built: &[BuiltPtx]) -> Result<(), BuildError> {
-    let mut table = String::from("/// PTX modules built from the kernel crate: (sm number, PTX text), newest first.\n");
-    table.push_str("pub const PTX_MODULES: &[(u32, &str)] = &[\n");
+    let mut table = String::from(
+        "/// PTX modules built from the kernel crate: (sm number, arch-specific `sm_XYa`, PTX text),\n/// newest first.\n",
+    );
+    table.push_str("pub const PTX_MODULES: &[(u32, bool, &str)] = &[\n");
     for module in built {
         table.push_str(&format!(
-            "    ({}, include_str!({:?})),\n",
+            "    ({}, {}, include_str!({:?})),\n",
             module.arch.number(),
+            module.arch.is_specific(),
             module.path.display().to_string()
         ));
     }

@@ -61,7 +61,7 @@ fn builds_a_user_kernel_crate_and_reports_compile_errors() {
     assert!(ptx.contains(".target sm_80"), "{ptx}");
     assert!(ptx.contains(".visible .entry add_one_f32("), "{ptx}");
     let table = std::fs::read_to_string(dir.join("out/user_kernels_ptx.rs")).unwrap();
-    assert!(table.contains("(80, include_str!("), "{table}");
+    assert!(table.contains("(80, false, include_str!("), "{table}");
 
     std::fs::write(dir.join("src/lib.rs"), LIB.replace("+ 1.0", "+ undefined_name")).unwrap();
     match builder(&dir).build() {

@@ -20,8 +20,21 @@ const KERNEL: &str = "matmul_w8a8";
 mod layout;
 use layout::{
     BK, BM, BN, Dims, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, MAX_SPLITS, QUANTIZE_THREADS, REDUCE_THREADS,
-    SHARED_BYTES, SMALL_M_MAX, SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS,
+    SHARED_BYTES, SMALL_M_MAX, SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS, WGMMA_BK, WGMMA_BM, WGMMA_BN,
+    WGMMA_SHARED_BYTES, WGMMA_THREADS,
 };
+
+/// The kernels of a W8A8 call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum W8A8Variant {
+    /// `matmul_w8a8_small_*`: M <= 16, K % 16 == 0, 16-byte aligned operands; one pass over W.
+    Decode,
+    /// `matmul_w8a8_*` (`mma.sync`, any alignment), split over K when its tiles are few.
+    Tiled,
+    /// `matmul_w8a8_wgmma_*`: Hopper's warpgroup tensor cores (the sm_90a module only), K % 16
+    /// == 0, 16-byte aligned operands, no split.
+    Wgmma,
+}
 
 /// Shapes and options of one call.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,6 +50,9 @@ pub struct MatMulW8A8Params {
     /// K splits of the tiled kernel (int32 partial sums in a workspace, then a reduction): 0
     /// picks them (enough blocks for two per SM), 1 never splits.
     pub splits: usize,
+    /// Forces a kernel (to compare them; an error where it cannot run); `None` lets the planner
+    /// pick.
+    pub variant: Option<W8A8Variant>,
 }
 
 /// What a validated call launches.
@@ -44,8 +60,8 @@ pub struct MatMulW8A8Params {
 pub struct MatMulW8A8Plan {
     pub kernel: &'static str,
     pub dims: LaunchDims,
-    /// The decode kernel (M <= 16), which needs 16-byte aligned `a` and `w`.
-    pub decode: bool,
+    /// `Decode` and `Wgmma` need 16-byte aligned `a` and `w`.
+    pub variant: W8A8Variant,
     /// K splits (1: none) and the workspace bytes they need (0 when unsplit).
     pub splits: usize,
     pub workspace_bytes: usize,
@@ -55,33 +71,52 @@ pub struct MatMulW8A8Plan {
 }
 
 impl MatMulW8A8Params {
-    /// Validates the shapes and picks the kernel for a GPU of `multiprocessors` SMs: the decode
-    /// kernel for M <= 16 (K % 16 == 0; the launcher falls back to the tiled kernel, unsplit,
-    /// when the operands are not 16-byte aligned), else the tiled kernel, split over K when its
-    /// output tiles alone cannot give every SM two blocks.
-    pub fn plan(&self, multiprocessors: u32) -> Result<MatMulW8A8Plan> {
+    /// Validates the shapes and picks the kernel for a GPU of `multiprocessors` SMs, `wgmma`
+    /// when it runs the Hopper module ([`Device::has_wgmma`]): the decode kernel for M <= 16
+    /// (K % 16 == 0), else `wgmma` (Hopper, K % 16 == 0), split over K when its output tiles
+    /// alone leave SMs idle, else the tiled kernel, split over K when its output tiles alone
+    /// cannot give every SM two blocks. Decode and `wgmma` need 16-byte aligned operands; for
+    /// others the launcher falls back to the tiled kernel, unsplit.
+    pub fn plan(&self, multiprocessors: u32, wgmma: bool) -> Result<MatMulW8A8Plan> {
         let p = self;
         let args = p.validate()?;
-        if p.m <= SMALL_M_MAX && p.k.is_multiple_of(16) {
-            // Decoding: one pass over W with 16-byte loads; the tiled kernel would leave most of
-            // each 128-row A tile empty and need ceil(N / 128) blocks only.
-            let dims = LaunchDims {
-                grid: (p.n.div_ceil(SMALL_N_PER_BLOCK) as u32, 1, 1),
-                block: (SMALL_THREADS as u32, 1, 1),
-                shared_bytes: 0,
-            };
-            let kernel = kernel_name(p.out_dtype, "small");
-            return Ok(MatMulW8A8Plan {
-                kernel,
-                dims,
-                decode: true,
-                splits: 1,
-                workspace_bytes: 0,
-                reduce: None,
-                args,
-            });
+        let vec16 = p.k.is_multiple_of(16);
+        let variant = match p.variant {
+            Some(W8A8Variant::Decode) if !(p.m <= SMALL_M_MAX && vec16) => {
+                return Err(Error::invalid(
+                    KERNEL,
+                    format!("the decode kernel needs M <= 16 and K % 16 == 0, got M = {} and K = {}", p.m, p.k),
+                ));
+            }
+            Some(W8A8Variant::Wgmma) if !(wgmma && vec16) => {
+                return Err(Error::invalid(
+                    KERNEL,
+                    format!(
+                        "the wgmma kernel needs a Hopper GPU (sm_90a module: {wgmma}) and K % 16 == 0 (K = {})",
+                        p.k
+                    ),
+                ));
+            }
+            Some(v) => v,
+            // Decoding: one pass over W with 16-byte loads; the tiled kernels would leave most
+            // of each 128-row A tile empty.
+            None if p.m <= SMALL_M_MAX && vec16 => W8A8Variant::Decode,
+            None if wgmma && vec16 => W8A8Variant::Wgmma,
+            None => W8A8Variant::Tiled,
+        };
+        match variant {
+            W8A8Variant::Decode => {
+                let dims = LaunchDims {
+                    grid: (p.n.div_ceil(SMALL_N_PER_BLOCK) as u32, 1, 1),
+                    block: (SMALL_THREADS as u32, 1, 1),
+                    shared_bytes: 0,
+                };
+                let kernel = kernel_name(p.out_dtype, "small");
+                Ok(MatMulW8A8Plan { kernel, dims, variant, splits: 1, workspace_bytes: 0, reduce: None, args })
+            }
+            W8A8Variant::Wgmma => p.wgmma(args, multiprocessors, p.splits),
+            W8A8Variant::Tiled => p.tiled(args, multiprocessors, p.splits),
         }
-        p.tiled(args, multiprocessors, p.splits)
     }
 
     /// The checks every kernel needs; the scalar arguments without a split.
@@ -130,12 +165,60 @@ impl MatMulW8A8Params {
             block: (THREADS as u32, 1, 1),
             shared_bytes: SHARED_BYTES as u32,
         };
-        if splits == 1 {
-            let kernel = kernel_name(p.out_dtype, "");
-            return Ok(MatMulW8A8Plan { kernel, dims, decode: false, splits, workspace_bytes: 0, reduce: None, args });
+        let unsplit = kernel_name(p.out_dtype, "");
+        p.finish(args, dims, W8A8Variant::Tiled, splits, unsplit, "matmul_w8a8_partial")
+    }
+
+    /// The `wgmma` kernel with `requested` K splits (0: as many as fill the SMs once, one block
+    /// each: it needs all of an SM's shared memory).
+    fn wgmma(&self, mut args: Dims, multiprocessors: u32, requested: usize) -> Result<MatMulW8A8Plan> {
+        let p = self;
+        let k_steps = p.k.div_ceil(WGMMA_BK);
+        let tiles = p.m.div_ceil(WGMMA_BM) * p.n.div_ceil(WGMMA_BN);
+        if tiles > i32::MAX as usize {
+            return Err(Error::invalid(KERNEL, "M x N too large for the wgmma grid"));
         }
-        // Split: every split writes int32 partial sums (one kernel for all output types).
-        let kernel = "matmul_w8a8_partial";
+        let wanted = match requested {
+            // At least four K steps per split, so that the ring still overlaps copies and math.
+            0 => (multiprocessors.max(1) as usize / tiles).min(k_steps / 4),
+            s => s,
+        }
+        .clamp(1, MAX_SPLITS.min(k_steps));
+        let per_split = k_steps.div_ceil(wanted);
+        let splits = k_steps.div_ceil(per_split);
+        args.k_tiles_per_split = per_split as u32;
+        let dims = LaunchDims {
+            grid: (tiles as u32, 1, splits as u32),
+            block: (WGMMA_THREADS as u32, 1, 1),
+            shared_bytes: WGMMA_SHARED_BYTES as u32,
+        };
+        let unsplit = kernel_name(p.out_dtype, "wgmma");
+        p.finish(args, dims, W8A8Variant::Wgmma, splits, unsplit, "matmul_w8a8_wgmma_partial")
+    }
+
+    /// The plan of a tiled or `wgmma` launch: `unsplit` when `splits == 1`, else `partial` (int32
+    /// sums of each split into the workspace) and the reduction.
+    fn finish(
+        &self,
+        args: Dims,
+        dims: LaunchDims,
+        variant: W8A8Variant,
+        splits: usize,
+        unsplit: &'static str,
+        partial: &'static str,
+    ) -> Result<MatMulW8A8Plan> {
+        let p = self;
+        if splits == 1 {
+            return Ok(MatMulW8A8Plan {
+                kernel: unsplit,
+                dims,
+                variant,
+                splits,
+                workspace_bytes: 0,
+                reduce: None,
+                args,
+            });
+        }
         if (p.m * p.n).div_ceil(REDUCE_THREADS) > i32::MAX as usize {
             return Err(Error::invalid(KERNEL, "M x N too large for the split-K reduction grid"));
         }
@@ -146,9 +229,9 @@ impl MatMulW8A8Params {
         };
         let reduce = Some((kernel_name(p.out_dtype, "reduce"), reduce_dims));
         Ok(MatMulW8A8Plan {
-            kernel,
+            kernel: partial,
             dims,
-            decode: false,
+            variant,
             splits,
             workspace_bytes: splits * p.m * p.n * 4,
             reduce,
@@ -166,6 +249,9 @@ fn kernel_name(dtype: DType, variant: &str) -> &'static str {
         ("reduce", DType::F16) => "matmul_w8a8_reduce_f16",
         ("reduce", DType::BF16) => "matmul_w8a8_reduce_bf16",
         ("reduce", _) => "matmul_w8a8_reduce_f32",
+        ("wgmma", DType::F16) => "matmul_w8a8_wgmma_f16",
+        ("wgmma", DType::BF16) => "matmul_w8a8_wgmma_bf16",
+        ("wgmma", _) => "matmul_w8a8_wgmma_f32",
         (_, DType::F16) => "matmul_w8a8_f16",
         (_, DType::BF16) => "matmul_w8a8_bf16",
         _ => "matmul_w8a8_f32",
@@ -198,7 +284,7 @@ pub unsafe fn matmul_w8a8_raw(
     params: &MatMulW8A8Params,
     ptrs: &MatMulW8A8Pointers,
 ) -> Result<MatMulW8A8Plan> {
-    let mut plan = params.plan(device.multiprocessors())?;
+    let mut plan = params.plan(device.multiprocessors(), device.has_wgmma())?;
     check_pointer(KERNEL, "a", ptrs.a, 1)?;
     check_pointer(KERNEL, "w", ptrs.w, 1)?;
     check_pointer(KERNEL, "a_scale", ptrs.a_scale, 4)?;
@@ -212,9 +298,15 @@ pub unsafe fn matmul_w8a8_raw(
     }
     if params.k.is_multiple_of(16) && ptrs.a.is_multiple_of(16) && ptrs.w.is_multiple_of(16) {
         plan.args.flags |= FLAG_VEC16;
-    } else if plan.decode {
-        // The decode kernel needs 16-byte rows: gather bytes in the tiled kernel instead, unsplit
-        // (the plan reserved no workspace).
+    } else if plan.variant != W8A8Variant::Tiled {
+        // Decode and wgmma need 16-byte rows: gather bytes in the tiled kernel instead, unsplit
+        // (the plan reserved no workspace), unless the caller insisted.
+        if params.variant.is_some() {
+            return Err(Error::invalid(
+                KERNEL,
+                format!("the {:?} kernel needs 16-byte aligned a and w and K % 16 == 0", plan.variant),
+            ));
+        }
         plan = params.tiled(plan.args, device.multiprocessors(), 1)?;
     }
     let bias = if params.bias { ptrs.bias } else { 0 };
@@ -251,7 +343,7 @@ pub fn matmul_w8a8<T: Element>(
     if T::DTYPE != p.out_dtype || p.bias != bias.is_some() {
         return Err(Error::invalid(KERNEL, "y's type and the bias must match params.out_dtype and params.bias"));
     }
-    let plan = p.plan(device.multiprocessors())?;
+    let plan = p.plan(device.multiprocessors(), device.has_wgmma())?;
     check_same_device(KERNEL, device, stream)?;
     check_slice(KERNEL, "a", device, a, p.m * p.k)?;
     check_slice(KERNEL, "a_scale", device, a_scale, if p.per_row_a_scale { p.m } else { 1 })?;

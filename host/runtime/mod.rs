@@ -41,7 +41,7 @@ pub struct Device {
     ctx: Arc<CudaContext>,
     name: String,
     compute_capability: (i32, i32),
-    module_arch: u32,
+    ptx: ptx::Module,
     module: OnceLock<Arc<CudaModule>>,
     module_init: Mutex<()>,
     functions: Mutex<HashMap<&'static str, Arc<CudaFunction>>>,
@@ -55,7 +55,7 @@ impl std::fmt::Debug for Device {
             .field("ordinal", &self.ctx.ordinal())
             .field("name", &self.name)
             .field("compute_capability", &self.compute_capability)
-            .field("module_arch", &self.module_arch)
+            .field("module", &self.ptx.target())
             .finish()
     }
 }
@@ -101,7 +101,7 @@ impl Device {
         let ctx = CudaContext::new(ordinal).during("cuDevicePrimaryCtxRetain")?;
         let name = ctx.name().during("cuDeviceGetName")?;
         let (major, minor) = ctx.compute_capability().during("cuDeviceGetAttribute")?;
-        let (module_arch, _) =
+        let ptx =
             ptx::select(major, minor).ok_or_else(|| Error::UnsupportedGpu { name: name.clone(), major, minor })?;
         let max_shared_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -116,7 +116,7 @@ impl Device {
             ctx,
             name,
             compute_capability: (major, minor),
-            module_arch,
+            ptx,
             module: OnceLock::new(),
             module_init: Mutex::new(()),
             functions: Mutex::new(HashMap::new()),
@@ -146,7 +146,13 @@ impl Device {
 
     /// The `sm_XY` number of the PTX module this device runs.
     pub fn module_arch(&self) -> u32 {
-        self.module_arch
+        self.ptx.arch
+    }
+
+    /// Whether this device runs the Hopper-specific module (`sm_90a`), whose extra kernels use
+    /// `wgmma`.
+    pub fn has_wgmma(&self) -> bool {
+        self.ptx.arch_specific && self.ptx.arch == 90
     }
 
     /// Number of streaming multiprocessors.
@@ -168,11 +174,7 @@ impl Device {
         if let Some(module) = self.module.get() {
             return Ok(module);
         }
-        let text = ptx::module_for_arch(self.module_arch).ok_or(Error::UnsupportedGpu {
-            name: self.name.clone(),
-            major: self.compute_capability.0,
-            minor: self.compute_capability.1,
-        })?;
+        let text = self.ptx.text;
         let module =
             guarded("load PTX module", || self.ctx.load_module(Ptx::from_src(text)).during("cuModuleLoadData"))?;
         Ok(self.module.get_or_init(|| module))

@@ -1,25 +1,39 @@
 //! The PTX modules built from `kernels-gpu/` by `build.rs`, and the choice among them.
 
-// Defines `PTX_MODULES: &[(u32, &str)]`, newest architecture first.
+// Defines `PTX_MODULES: &[(u32, bool, &str)]` (sm number, arch-specific `sm_XYa`, text), newest
+// architecture first.
 include!(concat!(env!("OUT_DIR"), "/dlkern_kernels_gpu_ptx.rs"));
 
 /// The oldest compute capability any shipped module runs on.
 pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
 
-/// The module for a device of compute capability `major.minor`: the newest one whose
-/// architecture is not newer than the device (PTX is forward compatible, so a newer GPU JIT
-/// compiles the newest module). `None` for GPUs older than every module.
-pub fn select(major: i32, minor: i32) -> Option<(u32, &'static str)> {
+/// One shipped PTX module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Module {
+    /// The `XY` of its `sm_XY` target.
+    pub arch: u32,
+    /// `sm_XYa`: it uses instructions only that exact architecture has (Hopper's `wgmma`), so
+    /// it runs on compute capability `X.Y` and no other.
+    pub arch_specific: bool,
+    pub text: &'static str,
+}
+
+impl Module {
+    /// The `.target` name, e.g. `sm_90a`.
+    pub fn target(&self) -> String {
+        format!("sm_{}{}", self.arch, if self.arch_specific { "a" } else { "" })
+    }
+}
+
+/// Every shipped module, newest first.
+pub fn modules() -> impl Iterator<Item = Module> {
+    PTX_MODULES.iter().map(|&(arch, arch_specific, text)| Module { arch, arch_specific, text })
+}
+
+/// The module for a device of compute capability `major.minor`: an arch-specific module of
+/// exactly that architecture, else the newest portable one not newer than the device (PTX is
+/// forward compatible, so a newer GPU JIT compiles it). `None` for GPUs older than every module.
+pub fn select(major: i32, minor: i32) -> Option<Module> {
     let cc = (major.max(0) as u32) * 10 + minor.max(0) as u32;
-    PTX_MODULES.iter().copied().find(|&(sm, _)| sm <= cc)
-}
-
-/// Architectures shipped, newest first (e.g. `[90, 80]`).
-pub fn architectures() -> impl Iterator<Item = u32> {
-    PTX_MODULES.iter().map(|&(sm, _)| sm)
-}
-
-/// The PTX text for `sm_<sm>`, if shipped.
-pub fn module_for_arch(sm: u32) -> Option<&'static str> {
-    PTX_MODULES.iter().find(|&&(s, _)| s == sm).map(|&(_, text)| text)
+    modules().find(|m| if m.arch_specific { m.arch == cc } else { m.arch <= cc })
 }

@@ -18,6 +18,8 @@ pub mod element;
 pub mod layout;
 pub mod matmul_nbits;
 pub mod matmul_w8a8;
+#[cfg(dlkern_arch_specific)]
+pub mod matmul_w8a8_wgmma;
 pub mod paged_attention;
 pub mod probe;
 pub mod rmsnorm;

@@ -200,7 +200,7 @@ const _: () = assert!(SMALL_WARPS == 4 && SMALL_N_PER_BLOCK == 16 && SMALL_M_MAX
 /// # Safety
 /// `row < M`, `col < N`, and the buffers as in the launch contract.
 #[inline(always)]
-unsafe fn store_output<T: Element>(
+pub(crate) unsafe fn store_output<T: Element>(
     acc: i32,
     row: usize,
     col: usize,

@@ -151,9 +151,10 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
             per_row_a_scale: a_scale.len() == m,
             bias: bias.is_some(),
             splits: 0,
+            variant: None,
         };
         let device = crate::runtime::Device::get(ordinal.max(0) as usize)?;
-        let plan = params.plan(device.multiprocessors())?;
+        let plan = params.plan(device.multiprocessors(), device.has_wgmma())?;
         let stream: cudarc::driver::sys::CUstream = args.stream.cast();
         // SAFETY: the registry's caller hands over a live stream of the tensors' device for the
         // duration of the call; the scratch is freed on it after the kernels.

@@ -19,6 +19,8 @@ pub mod reduce;
 pub mod shared;
 pub mod sync;
 pub mod warp;
+#[cfg(dlkern_arch_specific)]
+pub mod wgmma;
 
 pub use shared::SharedAddr;
 

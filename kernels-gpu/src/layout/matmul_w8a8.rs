@@ -15,6 +15,23 @@ pub const TILE_BYTES: usize = BM * ROW;
 /// Dynamic shared memory of the tiled kernel: A and W tiles for each stage.
 pub const SHARED_BYTES: usize = STAGES * 2 * TILE_BYTES;
 
+/// Hopper kernel (`matmul_w8a8_wgmma_*`, sm_90a module only): a block is two warpgroups, each
+/// a 64 x 256 `wgmma` tile, over K steps of 128 bytes (one 128-byte-swizzle row) in a ring of
+/// `WGMMA_STAGES` shared-memory stages.
+pub const WGMMA_BM: usize = 128;
+pub const WGMMA_BN: usize = 256;
+pub const WGMMA_BK: usize = 128;
+pub const WGMMA_STAGES: usize = 4;
+pub const WGMMA_THREADS: usize = 256;
+pub const WGMMA_A_STAGE_BYTES: usize = WGMMA_BM * WGMMA_BK;
+pub const WGMMA_B_STAGE_BYTES: usize = WGMMA_BN * WGMMA_BK;
+/// Dynamic shared memory of the Hopper kernel: the ring, plus 1 KiB to align it to the
+/// swizzle atom.
+pub const WGMMA_SHARED_BYTES: usize = WGMMA_STAGES * (WGMMA_A_STAGE_BYTES + WGMMA_B_STAGE_BYTES) + 1024;
+/// Block order of the Hopper kernel: runs of `WGMMA_GROUP_M` row tiles sweep the column tiles
+/// together, so the blocks resident at once share their A and W tiles in L2.
+pub const WGMMA_GROUP_M: usize = 16;
+
 /// Decode kernel (`matmul_w8a8_small_*`): largest M (one 16-row `mma` tile), W rows per block,
 /// threads per block (4 warps splitting K).
 pub const SMALL_M_MAX: usize = 16;

@@ -1,0 +1,155 @@
+//! Warpgroup-level asynchronous tensor-core matrix multiply (PTX ISA §9.7.15 `wgmma`), Hopper
+//! only: compiled into the arch-specific `sm_90a` module alone (`cfg(dlkern_arch_specific)`).
+//!
+//! A warpgroup is 4 consecutive warps starting at a warp index divisible by 4; every `wgmma`
+//! instruction here must be executed by all 128 of its threads. Operands come from shared
+//! memory through [`SharedMatrix`] descriptors; accumulators live in registers, in the layout
+//! of `mma.sync`'s 16 x 8 C fragment repeated: warp `w` of the group owns rows `16 w..16 w + 16`,
+//! and register `4 j + c` of lane `l` holds row `16 w + l / 4 + 8 (c / 2)`, column
+//! `8 j + 2 (l % 4) + c % 2`.
+
+use core::arch::asm;
+
+use super::SharedAddr;
+
+/// A `wgmma` shared-memory matrix descriptor (PTX ISA §9.7.15.5.1.2.2): start address, leading
+/// and stride byte offsets (all in 16-byte units) and the swizzle mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct SharedMatrix(u64);
+
+impl SharedMatrix {
+    /// Bytes of one 128-byte-swizzle atom: 8 rows of 128 bytes.
+    pub const SWIZZLE128_ATOM_BYTES: u32 = 1024;
+
+    /// A K-major operand in rows of 128 bytes with the 128-byte swizzle: byte `b` of row `r`
+    /// lives at `tile + 128 r + 16 ((b / 16) ^ (r % 8)) + b % 16`, 8-row groups 1024 bytes
+    /// apart. `tile` must be 1024-byte aligned; [`Self::advance_k`] selects a K slice.
+    #[inline(always)]
+    pub const fn k_major_swizzle128(tile: SharedAddr) -> Self {
+        let start = ((tile.0 & 0x3_ffff) >> 4) as u64;
+        let leading = 1u64; // unused by swizzled K-major layouts (conventionally 1)
+        let stride = (Self::SWIZZLE128_ATOM_BYTES >> 4) as u64;
+        SharedMatrix(start | (leading << 16) | (stride << 32) | (1u64 << 62))
+    }
+
+    /// The same matrix starting `bytes` further along K (a multiple of 16 below 128): the
+    /// hardware applies the swizzle to the resulting addresses, so K slices of an atom are
+    /// addressed by moving the start alone.
+    #[inline(always)]
+    pub const fn advance_k(self, bytes: u32) -> Self {
+        SharedMatrix(self.0 + (bytes >> 4) as u64)
+    }
+}
+
+/// `wgmma.fence.sync.aligned` (PTX ISA §9.7.15.5.3): orders this thread's earlier register
+/// writes to accumulators (and shared-memory writes) before the next `wgmma.mma_async`.
+///
+/// # Safety
+/// All threads of the warpgroup must execute it.
+#[inline(always)]
+pub unsafe fn fence() {
+    // SAFETY: the caller guarantees warpgroup convergence.
+    unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) };
+}
+
+/// `wgmma.commit_group.sync.aligned` (PTX ISA §9.7.15.5.4): closes the group of `mma_async`
+/// operations issued since the last commit.
+///
+/// # Safety
+/// As [`fence`].
+#[inline(always)]
+pub unsafe fn commit_group() {
+    // SAFETY: the caller guarantees warpgroup convergence.
+    unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) };
+}
+
+/// `wgmma.wait_group.sync.aligned N` (PTX ISA §9.7.15.5.5): waits until at most `PENDING`
+/// committed groups are still running; only then may their accumulators be read, or their
+/// shared-memory operands be overwritten.
+///
+/// # Safety
+/// As [`fence`].
+#[inline(always)]
+pub unsafe fn wait_group<const PENDING: u32>() {
+    // SAFETY: the caller guarantees warpgroup convergence.
+    unsafe { asm!("wgmma.wait_group.sync.aligned {};", const PENDING, options(nostack)) };
+}
+
+/// `fence.proxy.async.shared::cta` (PTX ISA §9.7.13.4.18): makes this thread's generic-proxy
+/// writes to shared memory (`st.shared`, `cp.async`) visible to the async proxy that `wgmma`
+/// reads through. Each writing thread fences, then a barrier publishes the writes.
+#[inline(always)]
+pub fn fence_proxy_async_shared() {
+    // SAFETY: a fence has no preconditions.
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
+}
+
+/// Expands to `"{}, {}, ..., {}"`: one positional operand per listed index.
+macro_rules! operand_list {
+    ($first:literal $($rest:literal)*) => { concat!("{}" $(, operand_list!(@comma $rest))*) };
+    (@comma $i:literal) => { ", {}" };
+}
+
+macro_rules! mma_async_s8 {
+    ($acc:ident, $a:expr, $b:expr, $accumulate:expr, $shape:literal; $($i:literal)+) => {
+        asm!(
+            concat!(
+                "{{ .reg .pred p; setp.ne.b32 p, {accumulate}, 0; wgmma.mma_async.sync.aligned.",
+                $shape,
+                ".s32.s8.s8 {{",
+                operand_list!($($i)+),
+                "}}, {a}, {b}, p; }}"
+            ),
+            $(inout(reg32) $acc[$i],)+
+            a = in(reg64) $a,
+            b = in(reg64) $b,
+            accumulate = in(reg32) $accumulate,
+            options(nostack)
+        )
+    };
+}
+
+/// The indices `0..128` of a 64 x 256 tile's accumulators, for the macros above.
+macro_rules! with_acc128 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+            32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63
+            64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95
+            96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121
+            122 123 124 125 126 127)
+    };
+}
+
+macro_rules! touch_registers {
+    ($acc:ident; $($i:literal)+) => {
+        asm!(concat!("// pinned: ", operand_list!($($i)+)), $(inout(reg32) $acc[$i],)+ options(nostack))
+    };
+}
+
+/// An `asm` of one comment that reads and redefines all 128 accumulators: after [`wait_group`] it keeps
+/// the compiler from moving reads of the accumulators above the wait (the wait names no
+/// registers, so without this the epilogue's conversions may be hoisted into the running
+/// `wgmma`'s window, which `ptxas` then serializes, warning C7514).
+#[inline(always)]
+pub fn pin_accumulators(acc: &mut [i32; 128]) {
+    // SAFETY: an empty instruction sequence; it only constrains the compiler's scheduling.
+    unsafe { with_acc128!(touch_registers!(acc)) };
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8` (PTX ISA §9.7.15.5.2): starts
+/// `acc += A * B^T` (or `acc = A * B^T` when `accumulate` is false) for a 64 x 32 int8 tile of A
+/// and a 256 x 32 int8 tile of B, both K-major in shared memory; int32 accumulation, wrapping.
+/// `acc` is this thread's 128 accumulators (layout in the module docs).
+///
+/// # Safety
+/// All 128 threads of the warpgroup must execute it with the same descriptors, after
+/// [`fence`]; the operands must stay unchanged and `acc` must not be read or written by other
+/// instructions until a [`wait_group`] covers the operation's group.
+#[inline(always)]
+pub unsafe fn mma_async_m64n256k32_s8(acc: &mut [i32; 128], a: SharedMatrix, b: SharedMatrix, accumulate: bool) {
+    let accumulate = accumulate as u32;
+    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+    unsafe { with_acc128!(mma_async_s8!(acc, a.0, b.0, accumulate, "m64n256k32")) };
+}
