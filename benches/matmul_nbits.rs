@@ -2,7 +2,7 @@
 //! same shape, the shapes, in the same run. Small M is bound by reading the weights, so
 //! the rate reported is the bytes dlkern moves (4-bit weights, scales, A, Y) per second; the
 //! cuBLAS row counts its 16-bit weights. Weights rotate through several copies where one copy
-//! would fit in L2. `DLKERN_W4_VARIANT=small|large|tiled|packed` forces a kernel variant (to compare
+//! would fit in L2. `DLKERN_W4_VARIANT=small|large|tiled|packed|wgmma` forces a kernel variant (to compare
 //! them at one M; the ids stay the same).
 
 mod common;
@@ -32,7 +32,8 @@ fn forced_variant() -> Option<Variant> {
         "large" => Some(Variant::Large),
         "tiled" => Some(Variant::Tiled),
         "packed" => Some(Variant::Packed),
-        other => panic!("DLKERN_W4_VARIANT={other}: expected small, large, tiled or packed"),
+        "wgmma" => Some(Variant::Wgmma),
+        other => panic!("DLKERN_W4_VARIANT={other}: expected small, large, tiled, packed or wgmma"),
     }
 }
 
@@ -96,7 +97,7 @@ fn benches(c: &mut Criterion) {
                 variant,
                 splits: 0,
             };
-            let plan = params.plan(gpu.device.multiprocessors()).expect("plan");
+            let plan = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).expect("plan");
             let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
             let shape = format!("M{m} N{n} K{k}");
             let flops = (2 * m * n * k) as u64;

@@ -389,10 +389,12 @@ mod gpu {
             for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
                 for splits in [0, 3] {
                     seed += 1;
+                    // Forced: Hopper takes `wgmma` for these shapes (tested below).
                     let p = MatMulNBitsParams {
                         zero_points,
                         splits,
                         bias: seed % 2 == 0,
+                        variant: Some(Variant::Tiled),
                         ..params(DType::F16, m, n, k, block)
                     };
                     assert!(problem::<f16>(p, seed).check().kernel.contains("tiled"));
@@ -402,10 +404,57 @@ mod gpu {
             }
         }
         // More than 64 rows: 128 x 128.
-        let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 1030, 4200, 300, 64) };
+        let tiled = Some(Variant::Tiled);
+        let p = MatMulNBitsParams { bias: true, variant: tiled, ..params(DType::F16, 1030, 4200, 300, 64) };
         assert!(problem::<f16>(p, 7).check().kernel.contains("tiled128x128"));
-        let p = MatMulNBitsParams { bias: true, ..params(DType::BF16, 130, 4200, 1000, 32) };
+        let p = MatMulNBitsParams { bias: true, variant: tiled, ..params(DType::BF16, 130, 4200, 1000, 32) };
         assert!(problem::<bf16>(p, 8).check().kernel.contains("tiled128x128"));
+    }
+
+    /// `wgmma` (Hopper; elsewhere only its refusal is checked): M, N and K off its 128 x 128
+    /// tile and 64-wide K step (K ending inside a chunk and inside a block), every block size it
+    /// takes, both zero-point kinds, forced and chosen splits, bias, both types; the planner's
+    /// own choice for M > 64.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_wgmma_kernel_matches_reference() {
+        let (device, _) = gpu();
+        let wgmma = Some(Variant::Wgmma);
+        if !device.has_wgmma() {
+            let p = MatMulNBitsParams { variant: wgmma, ..params(DType::F16, 64, 64, 256, 32) };
+            let err = p.plan(device.multiprocessors(), false).unwrap_err().to_string();
+            assert!(err.contains("Hopper"), "{err}");
+            eprintln!("{}: no sm_90a module, wgmma kernel not run", device.name());
+            return;
+        }
+        let mut seed = 700;
+        for &(m, n, k, block) in &[
+            (1, 8, 16, 32),
+            (17, 8, 72, 32),
+            (33, 130, 1000, 32),
+            (128, 128, 64, 64),
+            (97, 80, 1032, 64),
+            (200, 136, 776, 256),
+            (300, 260, 4104, 128),
+        ] {
+            for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
+                for splits in [0, 3] {
+                    seed += 1;
+                    let p = MatMulNBitsParams {
+                        zero_points,
+                        splits,
+                        bias: seed % 2 == 0,
+                        variant: wgmma,
+                        ..params(DType::F16, m, n, k, block)
+                    };
+                    assert!(problem::<f16>(p, seed).check().kernel.ends_with("_wgmma"));
+                    let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                    assert!(problem::<bf16>(p, seed + 1000).check().kernel.ends_with("_wgmma"));
+                }
+            }
+        }
+        let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 1030, 4200, 320, 64) };
+        assert_eq!(problem::<f16>(p, 9).check().kernel, "matmul_nbits_f16_wgmma");
     }
 
     /// Rows of B off 16-byte alignment run `large`, rows of A off it still run `tiled` (its
@@ -432,7 +481,7 @@ mod gpu {
                 a.device_ptr(&stream).0 + 2 * a_off as u64,
                 b.device_ptr(&stream).0 + b_off as u64,
             );
-            let plan = pr.p.plan_for(device.multiprocessors(), rows).unwrap();
+            let plan = pr.p.plan_for(device.multiprocessors(), device.has_wgmma(), rows).unwrap();
             let ws = stream.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).unwrap();
             let ptrs = MatMulNBitsPointers {
                 a: a.device_ptr(&stream).0 + 2 * a_off as u64,
@@ -501,36 +550,36 @@ fn gpu_plan_validates_and_splits() {
     };
     // N alone fills the GPU: 256 blocks of 32 columns, the 8-row build, no K split; one wave
     // of 2 blocks per SM, so activations 3 chunks ahead; more blocks take `decode8`.
-    let plan = ok.plan(132).unwrap();
+    let plan = ok.plan(132, false).unwrap();
     assert_eq!(
         (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
         (Variant::Small, "matmul_nbits_f16_decode8_ahead3", (256, 1, 1), 1)
     );
-    let plan = MatMulNBitsParams { n: 28672, ..ok }.plan(132).unwrap();
+    let plan = MatMulNBitsParams { n: 28672, ..ok }.plan(132, false).unwrap();
     assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_f16_decode8", (896, 1, 1)));
     assert_eq!((plan.reduce, plan.workspace_bytes, plan.permute), (None, 0, None));
     // `Packed` reads its own B layout: never a non-packed build, whatever the grid.
     for (m, n, expect) in [(1, 8192, "decode8_packed"), (1, 28672, "decode8_packed"), (9, 8192, "decode16_packed")] {
-        let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132).unwrap();
+        let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132, false).unwrap();
         assert_eq!(plan.kernel, format!("matmul_nbits_f16_{expect}"), "M = {m}, N = {n}");
     }
-    let unaligned = ok.plan_for(132, RowAlignment::UNALIGNED).unwrap();
+    let unaligned = ok.plan_for(132, false, RowAlignment::UNALIGNED).unwrap();
     assert_eq!(unaligned.kernel, "matmul_nbits_f16_small");
     // K % 8 != 0: rows of A are not 16-byte multiples even in an aligned tensor.
-    assert_eq!(MatMulNBitsParams { k: 1001, ..ok }.plan(132).unwrap().kernel, "matmul_nbits_f16_small");
-    let plan = MatMulNBitsParams { m: 9, ..ok }.plan(132).unwrap();
+    assert_eq!(MatMulNBitsParams { k: 1001, ..ok }.plan(132, false).unwrap().kernel, "matmul_nbits_f16_small");
+    let plan = MatMulNBitsParams { m: 9, ..ok }.plan(132, false).unwrap();
     assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_f16_decode16", 1));
     // Blocks smaller than a K chunk and fractional zero points take the general `small`.
-    let plan = MatMulNBitsParams { block_size: 64, ..ok }.plan(132).unwrap();
+    let plan = MatMulNBitsParams { block_size: 64, ..ok }.plan(132, false).unwrap();
     assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_f16_small", 1));
-    let plan = MatMulNBitsParams { m: 9, zero_points: ZeroPointKind::Typed, ..ok }.plan(132).unwrap();
+    let plan = MatMulNBitsParams { m: 9, zero_points: ZeroPointKind::Typed, ..ok }.plan(132, false).unwrap();
     assert_eq!(plan.kernel, "matmul_nbits_f16_small_zf");
     // Few columns: K is split until every SM has a block.
-    let plan = MatMulNBitsParams { n: 1024, ..ok }.plan(132).unwrap();
+    let plan = MatMulNBitsParams { n: 1024, ..ok }.plan(132, false).unwrap();
     assert!(plan.splits == 5 && plan.reduce.is_some() && plan.workspace_bytes == 5 * 1024 * 4);
     // Larger M: `tiled`, the 64-row tile until the 128-row one alone fills the GPU; the
     // permuted activations lead the workspace.
-    let plan = MatMulNBitsParams { m: 128, ..ok }.plan(132).unwrap();
+    let plan = MatMulNBitsParams { m: 128, ..ok }.plan(132, false).unwrap();
     assert_eq!(
         (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
         (Variant::Tiled, "matmul_nbits_f16_tiled128x128", (64, 1, 2), 2)
@@ -540,28 +589,51 @@ fn gpu_plan_validates_and_splits() {
         (plan.permute.unwrap().0, plan.workspace_bytes),
         ("matmul_nbits_permute_f16", permuted + 2 * 128 * 8192 * 4)
     );
-    let plan = MatMulNBitsParams { m: 1024, ..ok }.plan(132).unwrap();
+    let plan = MatMulNBitsParams { m: 1024, ..ok }.plan(132, false).unwrap();
     assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_f16_tiled128x128", (64, 8, 1)));
-    let plan = MatMulNBitsParams { m: 64, ..ok }.plan(132).unwrap();
+    let plan = MatMulNBitsParams { m: 64, ..ok }.plan(132, false).unwrap();
     assert_eq!((plan.kernel, plan.splits), ("matmul_nbits_f16_tiled64x128", 2));
-    assert_eq!(MatMulNBitsParams { m: 17, ..ok }.plan(132).unwrap().kernel, "matmul_nbits_f16_tiled32x128");
+    assert_eq!(MatMulNBitsParams { m: 17, ..ok }.plan(132, false).unwrap().kernel, "matmul_nbits_f16_tiled32x128");
     assert_eq!(plan.workspace_bytes, 64 * 8192 * 2 + 2 * 64 * 8192 * 4);
     // Unaligned rows of B, fractional zero points and 16-wide blocks take `large`.
     let params = MatMulNBitsParams { m: 100, k: 1000, ..ok };
     let rows = RowAlignment { a_vec16: true, b_vec16: false };
-    let fallback = params.plan_for(132, rows).unwrap();
+    let fallback = params.plan_for(132, false, rows).unwrap();
     assert_eq!((fallback.variant, fallback.kernel, fallback.permute), (Variant::Large, "matmul_nbits_f16_large", None));
     let typed = MatMulNBitsParams { zero_points: ZeroPointKind::Typed, ..params };
-    assert_eq!(typed.plan(132).unwrap().kernel, "matmul_nbits_f16_large_zf");
-    assert_eq!(MatMulNBitsParams { block_size: 16, ..params }.plan(132).unwrap().kernel, "matmul_nbits_f16_large");
-    let err = |p: MatMulNBitsParams| p.plan(132).unwrap_err().to_string();
+    assert_eq!(typed.plan(132, false).unwrap().kernel, "matmul_nbits_f16_large_zf");
+    assert_eq!(
+        MatMulNBitsParams { block_size: 16, ..params }.plan(132, false).unwrap().kernel,
+        "matmul_nbits_f16_large"
+    );
+    let err = |p: MatMulNBitsParams| p.plan(132, false).unwrap_err().to_string();
     assert!(err(MatMulNBitsParams { dtype: DType::F32, ..ok }).contains("not supported on the GPU"));
     assert!(err(MatMulNBitsParams { block_size: 24, ..ok }).contains("block_size 24"));
     assert!(err(MatMulNBitsParams { k: 0, ..ok }).contains("K = 0"));
     assert!(err(MatMulNBitsParams { variant: Some(Variant::Tiled), ..typed }).contains("integer zero points"));
     assert!(err(MatMulNBitsParams { m: 16 * 65536, variant: Some(Variant::Small), ..ok }).contains("row tiles"));
+    // Hopper: `wgmma` for M > 64 (integer zero points, blocks >= 32, 16-byte rows), split
+    // while its 128 x 128 tiles leave SMs idle; `tiled` up to 64 rows; refused where it
+    // cannot run.
+    let hopper = |p: MatMulNBitsParams| p.plan(132, true).unwrap();
+    let plan = hopper(MatMulNBitsParams { m: 128, ..ok });
+    assert_eq!(
+        (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
+        (Variant::Wgmma, "matmul_nbits_f16_wgmma", (64, 1, 2), 2)
+    );
+    assert_eq!((plan.permute, plan.workspace_bytes, plan.dims.block), (None, 2 * 128 * 8192 * 4, (256, 1, 1)));
+    assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..ok }).dims.grid, (64, 8, 1));
+    assert_eq!(hopper(MatMulNBitsParams { m: 16, ..ok }).kernel, "matmul_nbits_f16_decode16");
+    assert_eq!(hopper(MatMulNBitsParams { m: 64, ..ok }).kernel, "matmul_nbits_f16_tiled64x128");
+    assert_eq!(hopper(MatMulNBitsParams { m: 65, ..ok }).kernel, "matmul_nbits_f16_wgmma");
+    assert_eq!(hopper(typed).kernel, "matmul_nbits_f16_large_zf");
+    let unaligned_a = RowAlignment { a_vec16: false, b_vec16: true };
+    assert_eq!(params.plan_for(132, true, unaligned_a).unwrap().kernel, "matmul_nbits_f16_tiled128x128");
+    assert!(err(MatMulNBitsParams { m: 128, variant: Some(Variant::Wgmma), ..ok }).contains("Hopper"));
+    let e = MatMulNBitsParams { m: 128, block_size: 16, variant: Some(Variant::Wgmma), ..ok }.plan(132, true);
+    assert!(e.unwrap_err().to_string().contains("block_size >= 32"));
     // Forced splits never exceed the K chunks.
-    let one_chunk = MatMulNBitsParams { k: 100, splits: 9, ..ok }.plan(132).unwrap();
+    let one_chunk = MatMulNBitsParams { k: 100, splits: 9, ..ok }.plan(132, false).unwrap();
     assert_eq!((one_chunk.splits, one_chunk.reduce), (1, None));
 }
 

@@ -302,7 +302,7 @@ fn matmul_nbits_cuda(
     };
     let device = Device::get(ordinal.max(0) as usize)?;
     let rows = RowAlignment::of(&params, a.data_address(), b.data_address());
-    let plan = params.plan_for(device.multiprocessors(), rows)?;
+    let plan = params.plan_for(device.multiprocessors(), device.has_wgmma(), rows)?;
     let stream: cudarc::driver::sys::CUstream = args.stream.cast();
     // SAFETY: the registry's caller hands over a live stream of the tensors' device for the
     // duration of the call; the scratch is freed on it before the call returns.

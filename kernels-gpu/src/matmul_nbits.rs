@@ -94,17 +94,17 @@ unsafe fn load_codes(row: *const u8, offset: usize, row_bytes: usize, vec16: boo
 /// The dequantization constants of one (column, block): the scale as a pair, the integer
 /// zero point, and both as f32 for fractional zero points.
 #[derive(Clone, Copy)]
-struct BlockConsts {
-    scale2: u32,
-    zero: u32,
-    zero_f: f32,
-    scale_f: f32,
+pub(crate) struct BlockConsts {
+    pub(crate) scale2: u32,
+    pub(crate) zero: u32,
+    pub(crate) zero_f: f32,
+    pub(crate) scale_f: f32,
 }
 
 /// # Safety
 /// `col` and `blk` index valid entries of `scales` and of the zero points the flags name.
 #[inline(always)]
-unsafe fn block_consts<T: TensorElement, const TYPED_ZERO: bool>(
+pub(crate) unsafe fn block_consts<T: TensorElement, const TYPED_ZERO: bool>(
     col: usize,
     blk: usize,
     scales: *const T,
@@ -142,7 +142,7 @@ unsafe fn zero_of_block(row: *const u8, blk: usize) -> u32 {
 /// B fragments of one word of codes: `(code - zero) * scale` as pairs `(0,4), (1,5), (2,6),
 /// (3,7)`; `typed`: fractional zero points, computed in f32 and rounded once.
 #[inline(always)]
-fn dequantize<T: TensorElement>(word: u32, c: BlockConsts, typed: bool) -> [u32; 4] {
+pub(crate) fn dequantize<T: TensorElement>(word: u32, c: BlockConsts, typed: bool) -> [u32; 4] {
     if typed {
         let v = |j: u32| (((word >> (4 * j)) & 15) as f32 - c.zero_f) * c.scale_f;
         return [T::pack2(v(0), v(4)), T::pack2(v(1), v(5)), T::pack2(v(2), v(6)), T::pack2(v(3), v(7))];
@@ -255,7 +255,7 @@ unsafe fn mma_chunk<T: TensorElement, const MT: usize, const NT: usize, const TY
 /// The launch contract sizes `y`, `bias` and `workspace`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn store_tile<T: TensorElement, const NT: usize>(
+pub(crate) unsafe fn store_tile<T: TensorElement, const NT: usize>(
     acc: &[[f32; 4]; NT],
     m0: usize,
     n0: usize,
@@ -312,7 +312,7 @@ unsafe fn store_tile<T: TensorElement, const NT: usize>(
 
 /// First and one-past-last K chunk of this block's split.
 #[inline(always)]
-fn split_chunks(p: &Dims) -> (usize, usize) {
+pub(crate) fn split_chunks(p: &Dims) -> (usize, usize) {
     let chunks = (p.k as usize).div_ceil(CHUNK);
     let first = index::block_idx_z() as usize * p.chunks_per_split as usize;
     (first, (first + p.chunks_per_split as usize).min(chunks))

@@ -122,6 +122,59 @@ macro_rules! with_acc128 {
     };
 }
 
+/// The indices `0..64` of a 64 x 128 f32 tile's accumulators.
+macro_rules! with_acc64 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+            32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63)
+    };
+}
+
+macro_rules! mma_async_f16 {
+    ($acc:ident, $a:expr, $b:expr, $types:literal, $shape:literal; $($i:literal)+) => {
+        asm!(
+            concat!(
+                "{{ .reg .pred p; setp.ne.b32 p, {one}, 0; wgmma.mma_async.sync.aligned.",
+                $shape,
+                ".f32.",
+                $types,
+                " {{",
+                operand_list!($($i)+),
+                "}}, {a}, {b}, p, 1, 1, 0, 0; }}"
+            ),
+            $(inout(reg32) $acc[$i],)+
+            a = in(reg64) $a,
+            b = in(reg64) $b,
+            one = in(reg32) 1u32,
+            options(nostack)
+        )
+    };
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16` (PTX ISA §9.7.15.5.2): starts
+/// `acc += A * B^T` for a 64 x 16 f16 tile of A and a 128 x 16 f16 tile of B, both K-major in
+/// shared memory (no transposes, scale-d 1); f32 accumulators (layout in the module docs).
+///
+/// # Safety
+/// As [`mma_async_m64n256k32_s8`].
+#[inline(always)]
+pub unsafe fn mma_async_m64n128k16_f16(acc: &mut [f32; 64], a: SharedMatrix, b: SharedMatrix) {
+    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+    unsafe { with_acc64!(mma_async_f16!(acc, a.0, b.0, "f16.f16", "m64n128k16")) };
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16` (PTX ISA §9.7.15.5.2): as
+/// [`mma_async_m64n128k16_f16`] for bfloat16.
+///
+/// # Safety
+/// As [`mma_async_m64n256k32_s8`].
+#[inline(always)]
+pub unsafe fn mma_async_m64n128k16_bf16(acc: &mut [f32; 64], a: SharedMatrix, b: SharedMatrix) {
+    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+    unsafe { with_acc64!(mma_async_f16!(acc, a.0, b.0, "bf16.bf16", "m64n128k16")) };
+}
+
 macro_rules! touch_registers {
     ($acc:ident; $($i:literal)+) => {
         asm!(concat!("// pinned: ", operand_list!($($i)+)), $(inout(reg32) $acc[$i],)+ options(nostack))
@@ -136,6 +189,13 @@ macro_rules! touch_registers {
 pub fn pin_accumulators(acc: &mut [i32; 128]) {
     // SAFETY: an empty instruction sequence; it only constrains the compiler's scheduling.
     unsafe { with_acc128!(touch_registers!(acc)) };
+}
+
+/// As [`pin_accumulators`], for the 64 f32 accumulators of a 64 x 128 tile.
+#[inline(always)]
+pub fn pin_accumulators_f32x64(acc: &mut [f32; 64]) {
+    // SAFETY: an instruction-free `asm`; it only constrains the compiler's scheduling.
+    unsafe { with_acc64!(touch_registers!(acc)) };
 }
 
 /// `wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8` (PTX ISA §9.7.15.5.2): starts

@@ -87,6 +87,25 @@ pub const fn tiled_stage_bytes(t: Tiling) -> usize {
     t.block_m() * A_ROW_BYTES + t.block_n() * B_CHUNK_BYTES
 }
 
+/// `wgmma` (Hopper, sm_90a module only): block tile 128 rows of A x 128 columns, two
+/// warpgroups of 64 rows, K steps of 64 (one 128-byte swizzle row of 16-bit values).
+pub const WGMMA_BM: usize = 128;
+pub const WGMMA_BN: usize = 128;
+pub const WGMMA_BK: usize = 64;
+pub const WGMMA_THREADS: usize = 256;
+/// Ring of copied K steps (activations and raw codes).
+pub const WGMMA_STAGES: usize = 6;
+/// Dequantized weight tiles: written one step ahead of the `wgmma` that reads them, and the
+/// one before may still be running.
+pub const WGMMA_B_TILES: usize = 3;
+pub const WGMMA_A_STAGE_BYTES: usize = WGMMA_BM * WGMMA_BK * 2;
+pub const WGMMA_CODES_STAGE_BYTES: usize = WGMMA_BN * WGMMA_BK / 2;
+pub const WGMMA_B_TILE_BYTES: usize = WGMMA_BN * WGMMA_BK * 2;
+/// Dynamic shared memory of `wgmma`: the rings and tiles, plus 1 KiB to align them to the
+/// swizzle atom.
+pub const WGMMA_SHARED_BYTES: usize =
+    WGMMA_STAGES * (WGMMA_A_STAGE_BYTES + WGMMA_CODES_STAGE_BYTES) + WGMMA_B_TILES * WGMMA_B_TILE_BYTES + 1024;
+
 /// Threads per block of `matmul_nbits_permute_*` (one 8-element word of A each).
 pub const PERMUTE_THREADS: usize = 256;
 /// Smallest block size `tiled` takes: each lane's 32 codes of a chunk then lie in one block.
