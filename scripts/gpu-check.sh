@@ -37,13 +37,14 @@ for tool in memcheck racecheck; do
       probe-*) ;;
       # The 65536-token case is the same code as the others, only 50x longer under the tools.
       paged_attention-*) args+=("$filter" --skip gpu_long_context) ;;
-      # Both variants (the large one uses shared memory and barriers), split K, bf16.
-      matmul_w4-*) args+=(gpu_variants_and_splits) ;;
+      # Both variants (the large one uses shared memory and barriers), split K, bf16; the
+      # repacked decode and the Hopper wgmma kernel.
+      matmul_w4-*) args+=(gpu_variants_and_splits gpu_packed_decode gpu_wgmma) ;;
       # Every head dim, GQA, causal, packed batches with uneven lengths; the long and random
       # cases repeat the same code paths at 20-100x the time under the tools.
       attention-*) args+=(gpu_matches_reference_across gpu_packed_batches) ;;
-      # Both kernels (tiled, decode), both load paths, the quantizer.
-      matmul_w8a8-*) args+=(gpu_matches_exact_reference gpu_decode_kernel gpu_quantizer_matches) ;;
+      # Every kernel (tiled, decode, wgmma), both load paths, the quantizer.
+      matmul_w8a8-*) args+=(gpu_matches_exact_reference gpu_decode_kernel gpu_wgmma gpu_quantizer_matches) ;;
       *) args+=("$filter") ;;
     esac
     log="$out/san-$tool-$(basename "$t" | cut -d- -f1).log"
