@@ -155,11 +155,8 @@ impl MatMulW8A8Params {
             // per split so the three-stage pipeline still has something to overlap.
             0 => (2 * multiprocessors.max(1) as usize).div_ceil(tiles).min(k_tiles / 4),
             s => s,
-        }
-        .clamp(1, MAX_SPLITS.min(k_tiles));
-        let per_split = k_tiles.div_ceil(wanted);
-        let splits = k_tiles.div_ceil(per_split);
-        args.k_tiles_per_split = per_split as u32;
+        };
+        let splits = split_k(&mut args, k_tiles, wanted);
         let dims = LaunchDims {
             grid: (p.n.div_ceil(BN) as u32, p.m.div_ceil(BM) as u32, splits as u32),
             block: (THREADS as u32, 1, 1),
@@ -182,11 +179,8 @@ impl MatMulW8A8Params {
             // At least four K steps per split, so that the ring still overlaps copies and math.
             0 => (multiprocessors.max(1) as usize / tiles).min(k_steps / 4),
             s => s,
-        }
-        .clamp(1, MAX_SPLITS.min(k_steps));
-        let per_split = k_steps.div_ceil(wanted);
-        let splits = k_steps.div_ceil(per_split);
-        args.k_tiles_per_split = per_split as u32;
+        };
+        let splits = split_k(&mut args, k_steps, wanted);
         let dims = LaunchDims {
             grid: (tiles as u32, 1, splits as u32),
             block: (WGMMA_THREADS as u32, 1, 1),
@@ -238,6 +232,14 @@ impl MatMulW8A8Params {
             args,
         })
     }
+}
+
+/// Splits `steps` K steps `wanted` ways (clamped to 1..=min(MAX_SPLITS, steps)) into equal
+/// shares but the last; sets `args.k_tiles_per_split` and returns the splits that run.
+fn split_k(args: &mut Dims, steps: usize, wanted: usize) -> usize {
+    let per_split = steps.div_ceil(wanted.clamp(1, MAX_SPLITS.min(steps)));
+    args.k_tiles_per_split = per_split as u32;
+    steps.div_ceil(per_split)
 }
 
 /// `matmul_w8a8[_variant]_{f16,bf16,f32}` (the dtype was validated).
