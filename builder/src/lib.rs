@@ -396,3 +396,23 @@ pub(crate) const PASSED_ENV: &[&str] =
 pub(crate) fn scrubbed_env() -> Vec<(OsString, OsString)> {
     std::env::vars_os().filter(|(k, _)| PASSED_ENV.iter().any(|p| k == *p)).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_specific_modules_get_their_target_and_at_least_ptx_8_0() {
+        let generic = "//\n.version 7.8\n.target sm_90\n.address_size 64\n\n.visible .entry k() { ret; }\n";
+        let ptx = retarget(generic, Arch::SM90A);
+        assert!(ptx.contains("\n.version 8.0\n.target sm_90a\n"), "{ptx}");
+        assert!(ptx.ends_with(".visible .entry k() { ret; }\n"), "{ptx}");
+        check_ptx(&ptx, Arch::SM90A).unwrap();
+        // A newer PTX version is kept; only the exact generic target line is rewritten.
+        let newer = retarget(".version 8.5\n.target sm_90\n// .target sm_90 in a comment\n.entry k", Arch::SM90A);
+        assert!(newer.starts_with(".version 8.5\n.target sm_90a\n// .target sm_90 in a comment\n"), "{newer}");
+        assert_eq!(Arch::SM90A.to_string(), "sm_90a");
+        assert!(Arch::SM90A > Arch::SM90 && !Arch::SM90.is_specific());
+        assert!(check_ptx(generic, Arch::SM90A).is_err(), "an sm_90 module is not an sm_90a one");
+    }
+}
