@@ -50,7 +50,9 @@ impl Arch {
     /// Hopper H100/H200.
     pub const SM90: Arch = Arch::new(90);
     /// Hopper with its arch-specific instructions (`wgmma`, `setmaxnreg`), PTX ISA 8.0. The
-    /// kernel crate sees `target_feature = "sm_90"` and `cfg(dlkern_arch_specific)`.
+    /// kernel crate sees `target_feature = "sm_90"` and `cfg(dlkern_arch_specific)` (declare
+    /// the latter in its `[lints.rust] unexpected_cfgs` check-cfg list, as `kernels-gpu` does,
+    /// or `-Dwarnings` fails the build). Its PTX runs on compute capability 9.0 only.
     pub const SM90A: Arch = Arch { number: 90, specific: true };
 
     /// The architecture `sm_{number}`, e.g. `Arch::new(86)`. The NVPTX backend must know it.
