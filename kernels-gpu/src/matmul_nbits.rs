@@ -39,6 +39,12 @@
 //!   `[splits, M, N]` for `matmul_nbits_reduce_*`.
 //! - `small`, `large`: `a`, `b`, `y` need no alignment beyond their element type (16-byte
 //!   vector loads are used when `flags` says the rows allow them).
+//! - `decode8_packed` / `decode16_packed`: as `decode8_ahead3` / `decode16`, but `b` holds the
+//!   records of `W4Weights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column tile and K
+//!   chunk, tile-major; the scales and zero points are read from them), and the dynamic shared
+//!   memory is `DECODE_PACKED_SHARED_BYTES`.
+//! - Larger M on Hopper: `matmul_nbits_{f16,bf16}_wgmma`, in `matmul_nbits_wgmma.rs`
+//!   (sm_90a module only).
 //!
 //! # Launch contract: `matmul_nbits_{f16,bf16}_tiled{32x128,64x128,128x128}`
 //! - `a` is the permuted copy of A (`matmul_nbits_permute_*`, rows of `ceil(K / 128) * 128`
