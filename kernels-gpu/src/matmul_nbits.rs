@@ -1210,6 +1210,9 @@ macro_rules! matmul_nbits_entry {
         }
     };
 }
+// The Hopper kernels' entries (`matmul_nbits_wgmma.rs`) take the same parameters.
+#[cfg(dlkern_arch_specific)]
+pub(crate) use matmul_nbits_entry;
 
 macro_rules! matmul_nbits_tiled_entry {
     ($name:ident, $ty:ty, $tiling:ident) => {

@@ -25,7 +25,7 @@ use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
 use crate::device::{SharedAddr, index, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{BlockConsts, dequantize, split_chunks, store_tile};
+use crate::matmul_nbits::{BlockConsts, dequantize, matmul_nbits_entry, split_chunks, store_tile};
 use crate::unroll;
 
 pub use crate::layout::matmul_nbits::*;
@@ -240,30 +240,9 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
     }
 }
 
-macro_rules! wgmma_entry {
-    ($name:ident, $ty:ty) => {
-        /// W4A16 on `wgmma` (Hopper); see the module docs for the launch contract.
-        ///
-        /// # Safety
-        /// The launch contract in the module docs.
-        #[unsafe(no_mangle)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            a: *const $ty,
-            b: *const u8,
-            scales: *const $ty,
-            zeros_u8: *const u8,
-            _zeros_t: *const $ty,
-            bias: *const $ty,
-            y: *mut $ty,
-            workspace: *mut f32,
-            dims: Dims,
-        ) {
-            // SAFETY: forwarded launch contract.
-            unsafe { matmul_nbits_wgmma::<$ty>(a, b, scales, zeros_u8, bias, y, workspace, dims) }
-        }
-    };
-}
-
-wgmma_entry!(matmul_nbits_f16_wgmma, F16);
-wgmma_entry!(matmul_nbits_bf16_wgmma, Bf16);
+matmul_nbits_entry!(matmul_nbits_f16_wgmma, F16, |a, b, s, z, _zt, bias, y, ws, d| {
+    matmul_nbits_wgmma::<F16>(a, b, s, z, bias, y, ws, d)
+});
+matmul_nbits_entry!(matmul_nbits_bf16_wgmma, Bf16, |a, b, s, z, _zt, bias, y, ws, d| {
+    matmul_nbits_wgmma::<Bf16>(a, b, s, z, bias, y, ws, d)
+});

@@ -437,6 +437,9 @@ macro_rules! w8a8_entry {
         }
     };
 }
+// The Hopper kernels' entries (`matmul_w8a8_wgmma.rs`) take the same parameters.
+#[cfg(dlkern_arch_specific)]
+pub(crate) use w8a8_entry;
 
 w8a8_entry!(matmul_w8a8_f16, F16, matmul_w8a8::<F16, false>);
 w8a8_entry!(matmul_w8a8_bf16, Bf16, matmul_w8a8::<Bf16, false>);

@@ -23,7 +23,7 @@ use crate::device::shared::dynamic_shared_base;
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, mma_async_m64n256k32_s8, pin_accumulators};
 use crate::device::{SharedAddr, index, sync};
 use crate::element::{Bf16, Element, F16};
-use crate::matmul_w8a8::store_output;
+use crate::matmul_w8a8::{store_output, w8a8_entry};
 use crate::unroll;
 
 pub use crate::layout::matmul_w8a8::*;
@@ -182,32 +182,8 @@ unsafe fn matmul_w8a8_wgmma<T: Element, const PARTIAL: bool>(
     }
 }
 
-macro_rules! wgmma_entry {
-    ($name:ident, $ty:ty, $partial:literal) => {
-        /// W8A8 matmul on `wgmma` (Hopper); see the module docs for the launch contract.
-        ///
-        /// # Safety
-        /// The launch contract in the module docs.
-        #[unsafe(no_mangle)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            a: *const i8,
-            w: *const i8,
-            a_scale: *const f32,
-            w_scale: *const f32,
-            bias: *const f32,
-            y: *mut $ty,
-            workspace: *mut i32,
-            dims: Dims,
-        ) {
-            // SAFETY: forwarded launch contract.
-            unsafe { matmul_w8a8_wgmma::<$ty, $partial>(a, w, a_scale, w_scale, bias, y, workspace, dims) }
-        }
-    };
-}
-
-wgmma_entry!(matmul_w8a8_wgmma_f16, F16, false);
-wgmma_entry!(matmul_w8a8_wgmma_bf16, Bf16, false);
-wgmma_entry!(matmul_w8a8_wgmma_f32, f32, false);
+w8a8_entry!(matmul_w8a8_wgmma_f16, F16, matmul_w8a8_wgmma::<F16, false>);
+w8a8_entry!(matmul_w8a8_wgmma_bf16, Bf16, matmul_w8a8_wgmma::<Bf16, false>);
+w8a8_entry!(matmul_w8a8_wgmma_f32, f32, matmul_w8a8_wgmma::<f32, false>);
 // One K split's int32 partial sums (`y` unused).
-wgmma_entry!(matmul_w8a8_wgmma_partial, f32, true);
+w8a8_entry!(matmul_w8a8_wgmma_partial, f32, matmul_w8a8_wgmma::<f32, true>);
