@@ -23,7 +23,7 @@ use crate::device::bits::{high_halves, low_halves};
 use crate::device::memory::ld_global_nc_u16;
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
-use crate::device::{SharedAddr, index, sync};
+use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::matmul_nbits::{BlockConsts, dequantize, matmul_nbits_entry, split_chunks, store_tile};
 use crate::unroll;
@@ -80,12 +80,6 @@ impl RawConsts {
     }
 }
 
-/// Byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzle tile.
-#[inline(always)]
-fn swizzled(row: usize, chunk: usize) -> u32 {
-    (row * 128 + 16 * (chunk ^ (row % 8))) as u32
-}
-
 /// # Safety
 /// The launch contract in the module docs.
 #[inline(always)]
@@ -111,7 +105,7 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
     let (step_lo, step_hi) = (2 * first_chunk, (2 * end_chunk).min(k.div_ceil(WGMMA_BK)));
     let steps = step_hi.saturating_sub(step_lo);
 
-    let base = SharedAddr((dynamic_shared_base().0 + 1023) & !1023);
+    let base = SharedMatrix::atom_aligned(dynamic_shared_base());
     let a_s = |slot: usize| base.offset((slot * WGMMA_A_STAGE_BYTES) as u32);
     let codes_base = base.offset((WGMMA_STAGES * WGMMA_A_STAGE_BYTES) as u32);
     let codes_s = |slot: usize| codes_base.offset((slot * WGMMA_CODES_STAGE_BYTES) as u32);
@@ -140,7 +134,7 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
                 let kk = k0 + 8 * chunk;
                 let ok = m0 + row < m && kk < k; // K % 8 == 0: a chunk is all in or all out
                 let from = if ok { a.add((m0 + row) * k + kk) } else { a };
-                cp_async_16_zfill(a_s(slot).offset(swizzled(row, chunk)), from.cast(), if ok { 16 } else { 0 });
+                cp_async_16_zfill(a_s(slot).offset(SharedMatrix::swizzle128_offset(row, chunk)), from.cast(), if ok { 16 } else { 0 });
             });
             let at = k0 / 2 + 16 * half;
             let ok = col_ok && at < row_bytes; // row_bytes % 16 == 0
@@ -173,7 +167,7 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
                 // Pairs (0,4) (1,5) (2,6) (3,7) of the word's codes, reordered to (0,1) ... (6,7).
                 let d = dequantize::<T>(words[I], c, false);
                 let pairs = [low_halves(d[0], d[1]), low_halves(d[2], d[3]), high_halves(d[0], d[1]), high_halves(d[2], d[3])];
-                st_shared_v4(b_s(j % WGMMA_B_TILES).offset(swizzled(col, 4 * half + I)), pairs);
+                st_shared_v4(b_s(j % WGMMA_B_TILES).offset(SharedMatrix::swizzle128_offset(col, 4 * half + I)), pairs);
             });
         };
 

@@ -51,7 +51,7 @@ unsafe fn load_swizzled<const ROWS: usize>(dst: SharedAddr, src: *const i8, vali
         let (row, chunk) = (c / ROW_CHUNKS, c % ROW_CHUNKS);
         let kk = k0 + 16 * chunk;
         let ok = row < valid && kk < k; // k % 16 == 0: a chunk is all in or all out
-        let at = dst.offset((row * WGMMA_BK + 16 * (chunk ^ (row % 8))) as u32);
+        let at = dst.offset(SharedMatrix::swizzle128_offset(row, chunk));
         // SAFETY: only rows below `valid` and bytes below `k` are read; a zero-byte copy reads
         // nothing.
         unsafe {
@@ -97,11 +97,7 @@ unsafe fn matmul_w8a8_wgmma<T: Element, const PARTIAL: bool>(
     let (tile_m, tile_n) = tile_of_block(index::block_idx_x() as usize, tiles_m, tiles_n);
     let (m0, n0) = (tile_m * WGMMA_BM, tile_n * WGMMA_BN);
     let (a_rows, w_rows) = (m.saturating_sub(m0).min(WGMMA_BM), n.saturating_sub(n0).min(WGMMA_BN));
-    // The ring starts at the first 1024-byte boundary (the swizzle atom) of the window.
-    let ring = {
-        let raw = dynamic_shared_base().0;
-        SharedAddr((raw + 1023) & !1023)
-    };
+    let ring = SharedMatrix::atom_aligned(dynamic_shared_base());
     let stage_bytes = WGMMA_A_STAGE_BYTES + WGMMA_B_STAGE_BYTES;
     let a_s = |stage: usize| ring.offset((stage * stage_bytes) as u32);
     let w_s = |stage: usize| ring.offset((stage * stage_bytes + WGMMA_A_STAGE_BYTES) as u32);

@@ -33,6 +33,21 @@ impl SharedMatrix {
         SharedMatrix(start | (leading << 16) | (stride << 32) | (1u64 << 62))
     }
 
+    /// Byte offset, within a tile of [`Self::k_major_swizzle128`]'s layout, of 16-byte chunk
+    /// `chunk` (0..8) of row `row`: where the copies into such a tile must write.
+    #[inline(always)]
+    pub const fn swizzle128_offset(row: usize, chunk: usize) -> u32 {
+        (row * 128 + 16 * (chunk ^ (row % 8))) as u32
+    }
+
+    /// The first swizzle-atom (1024-byte) boundary at or after `addr`: where such tiles may
+    /// start (a kernel's dynamic shared memory is only 128-byte aligned).
+    #[inline(always)]
+    pub const fn atom_aligned(addr: SharedAddr) -> SharedAddr {
+        let mask = Self::SWIZZLE128_ATOM_BYTES - 1;
+        SharedAddr((addr.0 + mask) & !mask)
+    }
+
     /// The same matrix starting `bytes` further along K (a multiple of 16 below 128): the
     /// hardware applies the swizzle to the resulting addresses, so K slices of an atom are
     /// addressed by moving the start alone.
