@@ -315,28 +315,32 @@ mod gpu {
     /// The `decode` builds (integer zero points, blocks >= 128, 16-byte rows): both row builds,
     /// N not a multiple of the 32-column tile, K ending inside a chunk and inside a block,
     /// forced K splits, both types.
+    /// Runs `base` (f16) with each integer zero-point kind and with the chosen and 3 K splits,
+    /// bias on every other case, then each case again in bf16 (seed + 1000); `kernel_ok` must
+    /// accept every kernel launched. `seed` advances once per case.
+    fn check_zero_points_and_splits(base: MatMulNBitsParams, seed: &mut u64, kernel_ok: impl Fn(&str) -> bool) {
+        for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
+            for splits in [0, 3] {
+                *seed += 1;
+                let p = MatMulNBitsParams { zero_points, splits, bias: seed.is_multiple_of(2), ..base };
+                let kernel = problem::<f16>(p, *seed).check().kernel;
+                assert!(kernel_ok(kernel), "{p:?}: {kernel}");
+                let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                let kernel = problem::<bf16>(p, *seed + 1000).check().kernel;
+                assert!(kernel_ok(kernel), "{p:?}: {kernel}");
+            }
+        }
+    }
+
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_decode_kernels_match_reference() {
         let mut seed = 500;
         for m in [1, 5, 8, 9, 16, 33] {
             for (block, k) in [(128, 1096), (256, 4104), (128, 128)] {
-                for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
-                    for splits in [0, 3] {
-                        seed += 1;
-                        let p = MatMulNBitsParams {
-                            zero_points,
-                            bias: seed % 2 == 0,
-                            splits,
-                            // M = 33 (three row tiles) would run `tiled` unless forced.
-                            variant: Some(Variant::Small),
-                            ..params(DType::F16, m, 100, k, block)
-                        };
-                        assert!(problem::<f16>(p, seed).check().kernel.contains("decode"));
-                        let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
-                        assert!(problem::<bf16>(p, seed + 1000).check().kernel.contains("decode"));
-                    }
-                }
+                // M = 33 (three row tiles) would run `tiled` unless forced.
+                let base = MatMulNBitsParams { variant: Some(Variant::Small), ..params(DType::F16, m, 100, k, block) };
+                check_zero_points_and_splits(base, &mut seed, |kernel| kernel.contains("decode"));
             }
         }
         // M <= 8 runs `decode8_ahead3` while the grid fits one wave of 2 blocks per SM (all of
@@ -357,21 +361,8 @@ mod gpu {
         let mut seed = 900;
         for m in [1, 5, 8, 9, 16] {
             for (n, k, block) in [(100, 1096, 128), (64, 4104, 256), (33, 128, 128)] {
-                for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
-                    for splits in [0, 3] {
-                        seed += 1;
-                        let p = MatMulNBitsParams {
-                            zero_points,
-                            bias: seed % 2 == 0,
-                            splits,
-                            variant: Some(Variant::Packed),
-                            ..params(DType::F16, m, n, k, block)
-                        };
-                        assert!(problem::<f16>(p, seed).check().kernel.ends_with("_packed"));
-                        let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
-                        assert!(problem::<bf16>(p, seed + 1000).check().kernel.ends_with("_packed"));
-                    }
-                }
+                let base = MatMulNBitsParams { variant: Some(Variant::Packed), ..params(DType::F16, m, n, k, block) };
+                check_zero_points_and_splits(base, &mut seed, |kernel| kernel.ends_with("_packed"));
             }
         }
     }
@@ -386,22 +377,9 @@ mod gpu {
         for &(m, n, k, block) in
             &[(17, 8, 16, 32), (33, 130, 1000, 32), (64, 256, 4096, 128), (97, 80, 1025, 64), (200, 136, 777, 256)]
         {
-            for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
-                for splits in [0, 3] {
-                    seed += 1;
-                    // Forced: Hopper takes `wgmma` for these shapes (tested below).
-                    let p = MatMulNBitsParams {
-                        zero_points,
-                        splits,
-                        bias: seed % 2 == 0,
-                        variant: Some(Variant::Tiled),
-                        ..params(DType::F16, m, n, k, block)
-                    };
-                    assert!(problem::<f16>(p, seed).check().kernel.contains("tiled"));
-                    let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
-                    assert!(problem::<bf16>(p, seed + 1000).check().kernel.contains("tiled"));
-                }
-            }
+            // Forced: Hopper takes `wgmma` for those above 64 rows (tested below).
+            let base = MatMulNBitsParams { variant: Some(Variant::Tiled), ..params(DType::F16, m, n, k, block) };
+            check_zero_points_and_splits(base, &mut seed, |kernel| kernel.contains("tiled"));
         }
         // More than 64 rows: 128 x 128.
         let tiled = Some(Variant::Tiled);
@@ -437,21 +415,8 @@ mod gpu {
             (200, 136, 776, 256),
             (300, 260, 4104, 128),
         ] {
-            for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
-                for splits in [0, 3] {
-                    seed += 1;
-                    let p = MatMulNBitsParams {
-                        zero_points,
-                        splits,
-                        bias: seed % 2 == 0,
-                        variant: wgmma,
-                        ..params(DType::F16, m, n, k, block)
-                    };
-                    assert!(problem::<f16>(p, seed).check().kernel.ends_with("_wgmma"));
-                    let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
-                    assert!(problem::<bf16>(p, seed + 1000).check().kernel.ends_with("_wgmma"));
-                }
-            }
+            let base = MatMulNBitsParams { variant: wgmma, ..params(DType::F16, m, n, k, block) };
+            check_zero_points_and_splits(base, &mut seed, |kernel| kernel.ends_with("_wgmma"));
         }
         let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 1030, 4200, 320, 64) };
         assert_eq!(problem::<f16>(p, 9).check().kernel, "matmul_nbits_f16_wgmma");
