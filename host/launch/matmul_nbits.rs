@@ -252,9 +252,11 @@ impl MatMulNBitsParams {
         let variant = if variant == Variant::Tiled && !rows.b_vec16 { Variant::Large } else { variant };
         // `decode` (the lean `small`) needs integer zero points, one block per K chunk and
         // 16-byte rows.
-        let decode = variant == Variant::Small && !typed && p.block_size >= CHUNK && rows.a_vec16 && rows.b_vec16;
+        let decode_ok = !typed && p.block_size >= CHUNK && rows.a_vec16 && rows.b_vec16;
+        let decode = variant == Variant::Small && decode_ok;
+        // `Packed` is `decode` over another layout of B: the same needs, and M <= 16.
         let packed = variant == Variant::Packed;
-        if packed && (p.m > SMALL_MAX_M || typed || p.block_size < CHUNK || !rows.a_vec16 || !rows.b_vec16) {
+        if packed && !(decode_ok && p.m <= SMALL_MAX_M) {
             return Err(bad(
                 "variant Packed needs M <= 16, integer zero points, block_size >= 128 and 16-byte aligned A and B"
                     .into(),

@@ -32,7 +32,7 @@ pub enum W8A8Variant {
     /// `matmul_w8a8_*` (`mma.sync`, any alignment), split over K when its tiles are few.
     Tiled,
     /// `matmul_w8a8_wgmma_*`: Hopper's warpgroup tensor cores (the sm_90a module only), K % 16
-    /// == 0, 16-byte aligned operands, no split.
+    /// == 0, 16-byte aligned operands; split over K when its tiles leave SMs idle.
     Wgmma,
 }
 
@@ -47,8 +47,8 @@ pub struct MatMulW8A8Params {
     /// One activation scale per row (`[M]`), else a single one (`[1]`).
     pub per_row_a_scale: bool,
     pub bias: bool,
-    /// K splits of the tiled kernel (int32 partial sums in a workspace, then a reduction): 0
-    /// picks them (enough blocks for two per SM), 1 never splits.
+    /// K splits of the tiled and `wgmma` kernels (int32 partial sums in a workspace, then a
+    /// reduction): 0 picks them (enough blocks to fill the SMs), 1 never splits.
     pub splits: usize,
     /// Forces a kernel (to compare them; an error where it cannot run); `None` lets the planner
     /// pick.
