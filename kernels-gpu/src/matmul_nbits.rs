@@ -523,7 +523,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
     };
     // `PACKED`: this lane's copy of its group's constants in a stage.
     let consts_piece = |stage: u32| ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + 16 * lane);
-    // `PACKED`: this block's first record; a chunk's record is `record_bytes` further.
+    // `PACKED`: this block's first record; a chunk's record is `PACKED_RECORD_BYTES` further.
     let chunks_total = k.div_ceil(CHUNK as u32) as usize;
     let block_records = b.wrapping_add(index::block_idx_x() as usize * chunks_total * PACKED_RECORD_BYTES);
     let chunk_stride = if PACKED { PACKED_RECORD_BYTES } else { B_CHUNK_BYTES };
