@@ -106,20 +106,25 @@ macro_rules! operand_list {
     (@comma $i:literal) => { ", {}" };
 }
 
-macro_rules! mma_async_s8 {
-    ($acc:ident, $a:expr, $b:expr, $accumulate:expr, $shape:literal; $($i:literal)+) => {
+/// One `wgmma.mma_async` of form `$form` (shape and types) on the accumulators `$acc[$i]`:
+/// `D = A * B (+ D when $scale_d != 0)`, then `$immediates` (the floating-point forms' scale and
+/// transpose immediates; none for integers).
+macro_rules! mma_async {
+    ($acc:ident, $a:expr, $b:expr, $scale_d:expr, $form:literal, $immediates:literal; $($i:literal)+) => {
         asm!(
             concat!(
-                "{{ .reg .pred p; setp.ne.b32 p, {accumulate}, 0; wgmma.mma_async.sync.aligned.",
-                $shape,
-                ".s32.s8.s8 {{",
+                "{{ .reg .pred p; setp.ne.b32 p, {scale_d}, 0; wgmma.mma_async.sync.aligned.",
+                $form,
+                " {{",
                 operand_list!($($i)+),
-                "}}, {a}, {b}, p; }}"
+                "}}, {a}, {b}, p",
+                $immediates,
+                "; }}"
             ),
             $(inout(reg32) $acc[$i],)+
             a = in(reg64) $a,
             b = in(reg64) $b,
-            accumulate = in(reg32) $accumulate,
+            scale_d = in(reg32) $scale_d,
             options(nostack)
         )
     };
@@ -146,27 +151,6 @@ macro_rules! with_acc64 {
     };
 }
 
-macro_rules! mma_async_f16 {
-    ($acc:ident, $a:expr, $b:expr, $types:literal, $shape:literal; $($i:literal)+) => {
-        asm!(
-            concat!(
-                "{{ .reg .pred p; setp.ne.b32 p, {one}, 0; wgmma.mma_async.sync.aligned.",
-                $shape,
-                ".f32.",
-                $types,
-                " {{",
-                operand_list!($($i)+),
-                "}}, {a}, {b}, p, 1, 1, 0, 0; }}"
-            ),
-            $(inout(reg32) $acc[$i],)+
-            a = in(reg64) $a,
-            b = in(reg64) $b,
-            one = in(reg32) 1u32,
-            options(nostack)
-        )
-    };
-}
-
 /// `wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16` (PTX ISA §9.7.15.5.2): starts
 /// `acc += A * B^T` for a 64 x 16 f16 tile of A and a 128 x 16 f16 tile of B, both K-major in
 /// shared memory (no transposes, scale-d 1); f32 accumulators (layout in the module docs).
@@ -176,7 +160,7 @@ macro_rules! mma_async_f16 {
 #[inline(always)]
 pub unsafe fn mma_async_m64n128k16_f16(acc: &mut [f32; 64], a: SharedMatrix, b: SharedMatrix) {
     // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
-    unsafe { with_acc64!(mma_async_f16!(acc, a.0, b.0, "f16.f16", "m64n128k16")) };
+    unsafe { with_acc64!(mma_async!(acc, a.0, b.0, 1u32, "m64n128k16.f32.f16.f16", ", 1, 1, 0, 0")) };
 }
 
 /// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16` (PTX ISA §9.7.15.5.2): as
@@ -187,7 +171,7 @@ pub unsafe fn mma_async_m64n128k16_f16(acc: &mut [f32; 64], a: SharedMatrix, b: 
 #[inline(always)]
 pub unsafe fn mma_async_m64n128k16_bf16(acc: &mut [f32; 64], a: SharedMatrix, b: SharedMatrix) {
     // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
-    unsafe { with_acc64!(mma_async_f16!(acc, a.0, b.0, "bf16.bf16", "m64n128k16")) };
+    unsafe { with_acc64!(mma_async!(acc, a.0, b.0, 1u32, "m64n128k16.f32.bf16.bf16", ", 1, 1, 0, 0")) };
 }
 
 macro_rules! touch_registers {
@@ -226,5 +210,5 @@ pub fn pin_accumulators_f32x64(acc: &mut [f32; 64]) {
 pub unsafe fn mma_async_m64n256k32_s8(acc: &mut [i32; 128], a: SharedMatrix, b: SharedMatrix, accumulate: bool) {
     let accumulate = accumulate as u32;
     // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
-    unsafe { with_acc128!(mma_async_s8!(acc, a.0, b.0, accumulate, "m64n256k32")) };
+    unsafe { with_acc128!(mma_async!(acc, a.0, b.0, accumulate, "m64n256k32.s32.s8.s8", "")) };
 }
