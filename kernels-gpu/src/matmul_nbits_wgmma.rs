@@ -6,8 +6,9 @@
 //! then dequantizes 32 codes of one weight column to `(code - zero) * scale` in A's type, in K
 //! order, into a tile in the 128-byte-swizzle layout that `wgmma` reads as its B operand
 //! (weights `[N, K]` are K-major too, so nothing is transposed or permuted). The dequantization
-//! of step `j + 1` overlaps the tensor cores' work on step `j`: three weight tiles rotate (one
-//! being written, one being read, one whose `wgmma` may still run).
+//! of step `j + 1` overlaps the tensor cores' work on step `j`: [`WGMMA_B_TILES`] weight tiles
+//! rotate (one being written, one being read, one whose `wgmma` may still run). Both rings
+//! have power-of-two lengths, so a slot index is a mask, not a 64-bit division.
 //!
 //! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma`
 //! - grid `(ceil(N / 128), ceil(M / 128), splits)`, block `(256, 1, 1)` (two warpgroups of 64
@@ -31,7 +32,7 @@ use crate::unroll;
 pub use crate::layout::matmul_nbits::*;
 
 const _: () = assert!(WGMMA_BM == 128 && WGMMA_BN == 128 && WGMMA_BK == 64 && WGMMA_THREADS == 256);
-const _: () = assert!(WGMMA_STAGES >= 4 && WGMMA_B_TILES == 3 && CHUNK == 2 * WGMMA_BK);
+const _: () = assert!(WGMMA_STAGES.is_power_of_two() && WGMMA_B_TILES.is_power_of_two() && CHUNK == 2 * WGMMA_BK);
 const _: () = assert!(WGMMA_A_STAGE_BYTES % 1024 == 0 && WGMMA_B_TILE_BYTES % 1024 == 0);
 const _: () = assert!(WGMMA_CODES_STAGE_BYTES % 1024 == 0);
 
@@ -173,8 +174,8 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
 
         // Copies run WGMMA_STAGES - 2 steps ahead of the dequantization.
         const AHEAD: usize = WGMMA_STAGES - 2;
-        unroll!(S in [0, 1, 2, 3] {
-            const { assert!(AHEAD == 4) };
+        unroll!(S in [0, 1, 2, 3, 4, 5] {
+            const { assert!(AHEAD == 6) };
             if S < steps {
                 load(S);
             }
