@@ -35,10 +35,11 @@ pub unsafe fn ld_global_nc_v4(ptr: *const [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// `ld.global.nc.L1::no_allocate.v4.u32` (PTX ISA §9.7.9.9, PTX 7.4): as
-/// [`ld_global_nc_v4`], but the line is not kept in L1, for data read once that would evict
-/// data read many times. The sm_80 module is PTX 7.0, which lacks the qualifier: there it is
-/// a plain [`ld_global_nc_v4`].
+/// `ld.global.nc.L1::no_allocate.L2::128B.v4.u32` (PTX ISA §9.7.9.9, PTX 7.4): as
+/// [`ld_global_nc_v4`], for data streamed once: the line is not kept in L1 (where it would
+/// evict data read many times), and L2 fetches the whole 128-byte line from DRAM at the first
+/// miss (the next 64-byte piece of a row is the next step's load). The sm_80 module is PTX 7.0,
+/// which lacks both qualifiers: there it is a plain [`ld_global_nc_v4`].
 ///
 /// # Safety
 /// As [`ld_global_nc_v4`].
@@ -51,7 +52,7 @@ pub unsafe fn ld_global_nc_stream_v4(ptr: *const [u32; 4]) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
     // SAFETY: the caller guarantees a valid, aligned, read-only global address.
     unsafe {
-        asm!("ld.global.nc.L1::no_allocate.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+        asm!("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {{{}, {}, {}, {}}}, [{}];",
              out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) ptr,
              options(pure, nostack, readonly))
     };
