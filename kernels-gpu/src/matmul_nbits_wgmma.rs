@@ -7,8 +7,8 @@
 //! order, into a tile in the 128-byte-swizzle layout that `wgmma` reads as its B operand
 //! (weights `[N, K]` are K-major too, so nothing is transposed or permuted). The dequantization
 //! of step `j + 1` overlaps the tensor cores' work on step `j`: [`WGMMA_B_TILES`] weight tiles
-//! rotate (one being written, one being read, one whose `wgmma` may still run). Both rings
-//! have power-of-two lengths, so a slot index is a mask, not a 64-bit division.
+//! rotate (one being written, one being read, one whose `wgmma` may still run, one spare).
+//! Both rings have power-of-two lengths, so a slot index is a mask, not a 64-bit division.
 //!
 //! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma`
 //! - grid `(ceil(N / 128), ceil(M / 128), splits)`, block `(256, 1, 1)` (two warpgroups of 64

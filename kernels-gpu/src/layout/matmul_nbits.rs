@@ -96,7 +96,8 @@ pub const WGMMA_THREADS: usize = 256;
 /// Ring of copied K steps (activations and raw codes).
 pub const WGMMA_STAGES: usize = 8;
 /// Dequantized weight tiles: written one step ahead of the `wgmma` that reads them, and the
-/// one before may still be running.
+/// one before may still be running, so three are in use; the fourth keeps the ring's length a
+/// power of two (a slot index is a mask).
 pub const WGMMA_B_TILES: usize = 4;
 pub const WGMMA_A_STAGE_BYTES: usize = WGMMA_BM * WGMMA_BK * 2;
 pub const WGMMA_CODES_STAGE_BYTES: usize = WGMMA_BN * WGMMA_BK / 2;
