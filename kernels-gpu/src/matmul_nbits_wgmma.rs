@@ -161,7 +161,7 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
             }
         };
         // Local step `j`'s codes of this thread to `(code - zero) * scale` in K order, into
-        // weight tile `j % 3`.
+        // weight tile `j % WGMMA_B_TILES`.
         let dequantize_step = |j: usize, c: BlockConsts| {
             let words = ld_shared_v4(codes_s(j % WGMMA_STAGES).offset((32 * col + 16 * half) as u32));
             unroll!(I in [0, 1, 2, 3] {
