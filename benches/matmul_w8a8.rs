@@ -1,8 +1,9 @@
 //! W8A8 matmul (int8 tensor cores, f16 out) on the shapes, next to cuBLAS bf16 and f16
 //! GEMM of the same shape in the same binary and run (`torch._int_mm` comes from
 //! `benches/compare_torch.py`), and the per-token activation quantization it needs, timed on
-//! its own (`w8a8_quantize`). `DLKERN_W8A8_VARIANT=decode|tiled|wgmma` forces a kernel (to
-//! compare them; shapes it cannot run are skipped; the ids stay the same).
+//! its own (`w8a8_quantize`). For M <= 16 also the decode kernel over packed weights
+//! (`dlkern_packed`, `W8A8Variant::Packed`). `DLKERN_W8A8_VARIANT=decode|tiled|wgmma` forces a
+//! kernel (to compare them; shapes it cannot run are skipped; the ids stay the same).
 
 mod common;
 
@@ -69,7 +70,8 @@ fn benches(c: &mut Criterion) {
         let shape = format!("M{m} N{n} K{k}");
         let flops = (2 * m * n * k) as u64;
         let a = s.clone_htod(&(0..m * k).map(|i| (i % 251) as i8).collect::<Vec<_>>()).unwrap();
-        let w = s.clone_htod(&(0..n * k).map(|i| (i % 241) as i8).collect::<Vec<_>>()).unwrap();
+        let w_host: Vec<i8> = (0..n * k).map(|i| (i % 241) as i8).collect();
+        let w = s.clone_htod(&w_host).unwrap();
         let sa = s.clone_htod(&vec![0.01f32; m]).unwrap();
         let sw = s.clone_htod(&vec![0.01f32; n]).unwrap();
         let mut y = s.alloc_zeros::<f16>(m * n).unwrap();
@@ -119,6 +121,25 @@ fn benches(c: &mut Criterion) {
                 })
             })
         });
+
+        // The same call over the packed weights (`dlkern_packed`, M <= 16 only), launched the
+        // same way.
+        if m <= 16 && params.variant.is_none() {
+            let packed_params = MatMulW8A8Params { variant: Some(W8A8Variant::Packed), ..params };
+            let packed = s.clone_htod(&dlkern::quant::w8::pack_for_decode(&w_host, n, k).unwrap()).unwrap();
+            let packed_ptrs = MatMulW8A8Pointers { w: packed.device_ptr(s).0, ..ptrs };
+            let id = format!("dlkern_packed/m{m}_n{n}_k{k}");
+            record(&id, "dlkern packed W", m * k + packed_params.packed_w_len() + 2 * m * n, 0);
+            group.bench_function(&id, |bench| {
+                bench.iter_custom(|iters| {
+                    gpu.time(iters, || {
+                        // SAFETY: buffers sized by the params above (W packed), alive for the bench.
+                        unsafe { matmul_w8a8_raw(&gpu.device, s.cu_stream(), &packed_params, &packed_ptrs) }
+                            .expect("launch");
+                    })
+                })
+            });
+        }
 
         // The activation quantization the W8A8 path adds (f16 rows to int8 + scales), once per
         // activation shape (two shapes share M = 4096, K = 8192).

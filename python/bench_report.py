@@ -83,11 +83,17 @@ def render(results, plots_dir=None, plots_rel=None):
         lines += ["| dtype | shape | dlkern (criterion) | dlkern (C ABI, graph) | best baseline | baseline time | ratio | dlkern rate | % of ceiling | extra device memory | other baselines |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         plot_points = collections.defaultdict(list)
+        rows = []
         for key in sorted(k for k in table if k[0] == family):
             recs = table[key]
-            mine = recs.get("dlkern (criterion)")
-            via_abi = recs.get("dlkern")
             baselines = {n: r for n, r in recs.items() if not n.startswith("dlkern")}
+            # Other dlkern variants of the same call (e.g. "dlkern packed W"): a row each, against
+            # the same baselines.
+            rows.append((key, key[2], recs.get("dlkern (criterion)"), recs.get("dlkern"), baselines))
+            for name in sorted(n for n in recs if n.startswith("dlkern ") and n != "dlkern (criterion)"):
+                variant = name.removeprefix("dlkern ").removesuffix(" (criterion)")
+                rows.append((key, f"{key[2]} ({variant})", recs[name], None, baselines))
+        for key, shape, mine, via_abi, baselines in rows:
             base_name = min(baselines, key=lambda n: baselines[n]["time_us"]) if baselines else None
             base = baselines.get(base_name)
             best = min((r for r in (mine, via_abi) if r), key=lambda r: r["time_us"])
@@ -99,10 +105,10 @@ def render(results, plots_dir=None, plots_rel=None):
                 return f"{rec['time_us']:.2f} us" if rec else "n/a"
 
             lines.append(
-                f"| {key[1]} | {key[2]} | {us(mine)} | {us(via_abi)} | {base_name or 'none'} | {us(base)} | {ratio} | "
+                f"| {key[1]} | {shape} | {us(mine)} | {us(via_abi)} | {base_name or 'none'} | {us(base)} | {ratio} | "
                 f"{fmt_rate(best)} | {pct} | {(mine or {}).get('workspace_bytes', 0)} B | {others or '-'} |"
             )
-            label = f"{key[1]} {key[2]}"
+            label = f"{key[1]} {shape}"
             for name, rec in [("dlkern", best)] + sorted(baselines.items()):
                 plot_points[name].append((label, rec["bytes"] / rec["time_us"] / 1e6))
         lines.append("")

@@ -4,7 +4,7 @@
 mod common;
 
 use common::Rng;
-use dlkern::quant::w8::{MAX_K_I32, matmul_reference, quantize_rows};
+use dlkern::quant::w8::{self, MAX_K_I32, matmul_reference, quantize_rows};
 use proptest::prelude::*;
 
 proptest! {
@@ -23,6 +23,30 @@ proptest! {
                 prop_assert!(q[r * cols + c] != -128, "symmetric: -128 is never produced");
             }
         }
+    }
+}
+
+proptest! {
+    /// The packed decode layout: every weight at `((n / 16 * ceil(K / 64) + k / 64) * 16 + n % 16)
+    /// * 64 + k % 64`, zeros everywhere else, and a wrong length refused.
+    #[test]
+    fn decode_packing_places_every_weight_and_pads_with_zeros(n in 1usize..40, k in 1usize..200, seed: u64) {
+        let mut rng = Rng::new(seed);
+        // No zero codes, so that a zero in the packed buffer is padding.
+        let w: Vec<i8> = rng.vec_i8(n * k).into_iter().map(|v| if v == 0 { 1 } else { v }).collect();
+        let packed = w8::pack_for_decode(&w, n, k).unwrap();
+        let steps = k.div_ceil(64);
+        prop_assert_eq!(packed.len(), n.div_ceil(16) * 16 * steps * 64);
+        let mut placed = vec![false; packed.len()];
+        for r in 0..n {
+            for c in 0..k {
+                let at = ((r / 16 * steps + c / 64) * 16 + r % 16) * 64 + c % 64;
+                prop_assert_eq!(packed[at], w[r * k + c]);
+                placed[at] = true;
+            }
+        }
+        prop_assert!(packed.iter().zip(&placed).all(|(&v, &p)| p || v == 0));
+        prop_assert!(w8::pack_for_decode(&w[1..], n, k).is_err());
     }
 }
 
@@ -77,7 +101,7 @@ fn registry_quantizer_gives_zero_width_rows_zero_scales() {
 mod gpu {
     use super::common::{Rng, gpu, subnormal_roundoff, unit_roundoff};
     use dlkern::launch::matmul_w8a8::*;
-    use dlkern::quant::w8::matmul_reference;
+    use dlkern::quant::w8::{matmul_reference, pack_for_decode};
     use dlkern::{DType, Element};
     use half::{bf16, f16};
     use proptest::prelude::*;
@@ -121,7 +145,8 @@ mod gpu {
         let w_scale: Vec<f32> = (0..n).map(|_| rng.uniform(1e-3, 2e-2) as f32).collect();
         let bias_v: Vec<f32> = (0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
         let params = MatMulW8A8Params { out_dtype: T::DTYPE, m, n, k, per_row_a_scale: per_row, bias, splits, variant };
-        let (a_d, w_d) = (stream.clone_htod(a).unwrap(), stream.clone_htod(w).unwrap());
+        let w_given = if variant == Some(W8A8Variant::Packed) { pack_for_decode(w, n, k).unwrap() } else { w.to_vec() };
+        let (a_d, w_d) = (stream.clone_htod(a).unwrap(), stream.clone_htod(&w_given).unwrap());
         let (sa_d, sw_d, b_d) = (
             stream.clone_htod(&a_scale).unwrap(),
             stream.clone_htod(&w_scale).unwrap(),
@@ -194,6 +219,58 @@ mod gpu {
         let (a, w) = (rng.vec_i8(17 * 64), rng.vec_i8(40 * 64));
         let above = if gpu().0.has_wgmma() { "matmul_w8a8_wgmma_f32" } else { "matmul_w8a8_f32" };
         assert_eq!(check::<f32>(17, 40, 64, &a, &w, true, false, 3, 0).0, above);
+    }
+
+    /// The decode kernel over packed weights (`W8A8Variant::Packed`): every M, N not a multiple
+    /// of its 16-row tile, K not a multiple of its 64-byte step nor of its 4 x 4-step group,
+    /// every output type, bias, both activation scales, K = 65536 at int8 extremes; `[N, K]`
+    /// weights passed where the packed ones belong are refused by length.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_packed_decode_kernel_matches_exact_reference() {
+        let packed = Some(W8A8Variant::Packed);
+        let mut rng = Rng::new(22);
+        for m in 1..=16 {
+            for &(n, k) in &[(1, 16), (17, 80), (97, 1040), (33, 4112), (130, 1024)] {
+                let (a, w) = (rng.vec_i8(m * k), rng.vec_i8(n * k));
+                let kernel = check_variant::<f16>(m, n, k, &a, &w, m % 2 == 0, m % 3 == 0, m as u64, 0, packed).0;
+                assert_eq!(kernel, "matmul_w8a8_small_packed_f16");
+            }
+        }
+        let (a, w) = (rng.vec_i8(16 * 1008), rng.vec_i8(40 * 1008));
+        assert_eq!(
+            check_variant::<bf16>(16, 40, 1008, &a, &w, true, true, 1, 0, packed).0,
+            "matmul_w8a8_small_packed_bf16"
+        );
+        assert_eq!(
+            check_variant::<f32>(3, 40, 1008, &a[..3 * 1008], &w, false, true, 2, 0, packed).0,
+            "matmul_w8a8_small_packed_f32"
+        );
+        let (m, n, k) = (16, 40, 65536);
+        let (a, w) = (vec![-128i8; m * k], vec![-128i8; n * k]);
+        check_variant::<f32>(m, n, k, &a, &w, true, false, 3, 0, packed);
+
+        let (device, stream) = gpu();
+        let (m, n, k) = (4, 40, 80);
+        let params = MatMulW8A8Params {
+            out_dtype: DType::F32,
+            m,
+            n,
+            k,
+            per_row_a_scale: true,
+            bias: false,
+            splits: 0,
+            variant: packed,
+        };
+        let unpacked = stream.clone_htod(&vec![1i8; n * k]).unwrap();
+        let (a, sa, sw) = (
+            stream.clone_htod(&vec![1i8; m * k]).unwrap(),
+            stream.clone_htod(&vec![1f32; m]).unwrap(),
+            stream.clone_htod(&vec![1f32; n]).unwrap(),
+        );
+        let mut y = stream.clone_htod(&vec![0f32; m * n]).unwrap();
+        let e = matmul_w8a8(&device, &stream, &params, &a, &sa, &unpacked, &sw, None, &mut y).unwrap_err().to_string();
+        assert!(e.contains("w holds 3200 elements, needs 6144"), "{e}");
     }
 
     /// The Hopper kernel, forced (on an sm_90a device; elsewhere the test only checks that it
@@ -493,6 +570,16 @@ mod gpu {
         let e = MatMulW8A8Params { variant: wgmma, k: 8200, ..ok }.plan(132, true).unwrap_err().to_string();
         assert!(e.contains("K % 16"), "{e}");
         assert!(err(MatMulW8A8Params { variant: Some(W8A8Variant::Decode), m: 17, ..ok }).contains("M <= 16"));
+        let packed = Some(W8A8Variant::Packed);
+        assert!(err(MatMulW8A8Params { variant: packed, m: 17, ..ok }).contains("Packed decode kernel needs M <= 16"));
+        assert!(err(MatMulW8A8Params { variant: packed, m: 1, k: 8200, ..ok }).contains("K % 16"));
+        let p = MatMulW8A8Params { variant: packed, m: 1, n: 97, k: 1040, ..ok };
+        let plan = p.plan(132, true).unwrap();
+        assert_eq!((plan.kernel, plan.dims.grid, plan.workspace_bytes), ("matmul_w8a8_small_packed_f16", (7, 1, 1), 0));
+        assert_eq!(
+            (p.packed_w_len(), p.w_len(W8A8Variant::Packed), p.w_len(W8A8Variant::Decode)),
+            (112 * 1088, 112 * 1088, 97 * 1040)
+        );
         let forced = MatMulW8A8Params { variant: Some(W8A8Variant::Tiled), m: 16, ..ok }.plan(132, true).unwrap();
         assert_eq!(forced.kernel, "matmul_w8a8_partial");
         assert!(err(MatMulW8A8Params { k: 131072, ..ok }).contains("int32 accumulation"));

@@ -20,7 +20,7 @@ const KERNEL: &str = "matmul_w8a8";
 mod layout;
 use layout::{
     BK, BM, BN, Dims, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, MAX_SPLITS, QUANTIZE_THREADS, REDUCE_THREADS,
-    SHARED_BYTES, SMALL_M_MAX, SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS, WGMMA_BK, WGMMA_BM, WGMMA_BN,
+    SHARED_BYTES, SMALL_K_STEP, SMALL_M_MAX, SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS, WGMMA_BK, WGMMA_BM, WGMMA_BN,
     WGMMA_SHARED_BYTES, WGMMA_THREADS,
 };
 
@@ -29,6 +29,11 @@ use layout::{
 pub enum W8A8Variant {
     /// `matmul_w8a8_small_*`: M <= 16, K % 16 == 0, 16-byte aligned operands; one pass over W.
     Decode,
+    /// `matmul_w8a8_small_packed_*`: `Decode` over W packed by
+    /// [`crate::quant::w8::pack_for_decode`] (passed as `w`, [`MatMulW8A8Params::packed_w_len`]
+    /// bytes), where each block reads one contiguous run instead of 16 rows `K` apart (5-7%
+    /// faster at M = 16 on the H200). Only on request: the planner cannot know `w`'s layout.
+    Packed,
     /// `matmul_w8a8_*` (`mma.sync`, any alignment), split over K when its tiles are few.
     Tiled,
     /// `matmul_w8a8_wgmma_*`: Hopper's warpgroup tensor cores (the sm_90a module only), K % 16
@@ -82,10 +87,10 @@ impl MatMulW8A8Params {
         let args = p.validate()?;
         let vec16 = p.k.is_multiple_of(16);
         let variant = match p.variant {
-            Some(W8A8Variant::Decode) if !(p.m <= SMALL_M_MAX && vec16) => {
+            Some(v @ (W8A8Variant::Decode | W8A8Variant::Packed)) if !(p.m <= SMALL_M_MAX && vec16) => {
                 return Err(Error::invalid(
                     KERNEL,
-                    format!("the decode kernel needs M <= 16 and K % 16 == 0, got M = {} and K = {}", p.m, p.k),
+                    format!("the {v:?} decode kernel needs M <= 16 and K % 16 == 0, got M = {} and K = {}", p.m, p.k),
                 ));
             }
             Some(W8A8Variant::Wgmma) if !(wgmma && vec16) => {
@@ -105,18 +110,30 @@ impl MatMulW8A8Params {
             None => W8A8Variant::Tiled,
         };
         match variant {
-            W8A8Variant::Decode => {
+            W8A8Variant::Decode | W8A8Variant::Packed => {
                 let dims = LaunchDims {
                     grid: (p.n.div_ceil(SMALL_N_PER_BLOCK) as u32, 1, 1),
                     block: (SMALL_THREADS as u32, 1, 1),
                     shared_bytes: 0,
                 };
-                let kernel = kernel_name(p.out_dtype, "small");
+                let packed = variant == W8A8Variant::Packed;
+                let kernel = kernel_name(p.out_dtype, if packed { "small_packed" } else { "small" });
                 Ok(MatMulW8A8Plan { kernel, dims, variant, splits: 1, workspace_bytes: 0, reduce: None, args })
             }
             W8A8Variant::Wgmma => p.wgmma(args, multiprocessors, p.splits),
             W8A8Variant::Tiled => p.tiled(args, multiprocessors, p.splits),
         }
+    }
+
+    /// Bytes of W packed for [`W8A8Variant::Packed`] ([`crate::quant::w8::pack_for_decode`]):
+    /// N and K padded to the kernel's 16 x 64 tiles.
+    pub fn packed_w_len(&self) -> usize {
+        packed_w_len(self.n, self.k)
+    }
+
+    /// Elements of `w` the plan's kernel reads: `N * K`, or [`Self::packed_w_len`] for `Packed`.
+    pub fn w_len(&self, variant: W8A8Variant) -> usize {
+        if variant == W8A8Variant::Packed { self.packed_w_len() } else { self.n * self.k }
     }
 
     /// The checks every kernel needs; the scalar arguments without a split.
@@ -242,12 +259,25 @@ fn split_k(args: &mut Dims, steps: usize, wanted: usize) -> usize {
     steps.div_ceil(per_split)
 }
 
+/// The packed decode layout's tile: rows of W, K bytes (`quant::w8::pack_for_decode`).
+pub(crate) const PACKED_TILE_ROWS: usize = SMALL_N_PER_BLOCK;
+pub(crate) const PACKED_TILE_K: usize = SMALL_K_STEP;
+
+/// Bytes of `[N, K]` int8 weights in the packed decode layout (`[ceil(N / 16)][ceil(K /
+/// 64)][16][64]`).
+pub(crate) fn packed_w_len(n: usize, k: usize) -> usize {
+    n.div_ceil(PACKED_TILE_ROWS) * PACKED_TILE_ROWS * k.div_ceil(PACKED_TILE_K) * PACKED_TILE_K
+}
+
 /// `matmul_w8a8[_variant]_{f16,bf16,f32}` (the dtype was validated).
 fn kernel_name(dtype: DType, variant: &str) -> &'static str {
     match (variant, dtype) {
         ("small", DType::F16) => "matmul_w8a8_small_f16",
         ("small", DType::BF16) => "matmul_w8a8_small_bf16",
         ("small", _) => "matmul_w8a8_small_f32",
+        ("small_packed", DType::F16) => "matmul_w8a8_small_packed_f16",
+        ("small_packed", DType::BF16) => "matmul_w8a8_small_packed_bf16",
+        ("small_packed", _) => "matmul_w8a8_small_packed_f32",
         ("reduce", DType::F16) => "matmul_w8a8_reduce_f16",
         ("reduce", DType::BF16) => "matmul_w8a8_reduce_bf16",
         ("reduce", _) => "matmul_w8a8_reduce_f32",
@@ -278,7 +308,8 @@ pub struct MatMulW8A8Pointers {
 ///
 /// # Safety
 /// Device addresses in `device`'s context valid for the extents the parameters describe (`a`
-/// M x K, `w` N x K int8, scales and bias f32, `y` M x N of the output type, not overlapping
+/// M x K, `w` N x K int8 or, for [`W8A8Variant::Packed`], [`MatMulW8A8Params::packed_w_len`]
+/// bytes, scales and bias f32, `y` M x N of the output type, not overlapping
 /// the inputs, the workspace for `plan.workspace_bytes`) until the kernels have run on `stream`.
 pub unsafe fn matmul_w8a8_raw(
     device: &Device,
@@ -349,7 +380,7 @@ pub fn matmul_w8a8<T: Element>(
     check_same_device(KERNEL, device, stream)?;
     check_slice(KERNEL, "a", device, a, p.m * p.k)?;
     check_slice(KERNEL, "a_scale", device, a_scale, if p.per_row_a_scale { p.m } else { 1 })?;
-    check_slice(KERNEL, "w", device, w, p.n * p.k)?;
+    check_slice(KERNEL, "w", device, w, p.w_len(plan.variant))?;
     check_slice(KERNEL, "w_scale", device, w_scale, p.n)?;
     check_slice(KERNEL, "y", device, y, p.m * p.n)?;
     if let Some(b) = bias {

@@ -34,6 +34,27 @@ pub fn quantize_rows(x: &[f32], rows: usize, cols: usize) -> Result<(Vec<i8>, Ve
     Ok((q, scales))
 }
 
+/// Packs int8 weights `[N, K]` (row-major) for the decode kernel's
+/// [`crate::launch::matmul_w8a8::W8A8Variant::Packed`]: `[ceil(N / 16)][ceil(K / 64)][16][64]`,
+/// so that row `n`, column `k` lands at `((n / 16 * ceil(K / 64) + k / 64) * 16 + n % 16) * 64 +
+/// k % 64`; the padding (rows past N, columns past K) is zero. Once per weight matrix, at load
+/// time.
+pub fn pack_for_decode(w: &[i8], n: usize, k: usize) -> Result<Vec<i8>> {
+    if n.checked_mul(k) != Some(w.len()) {
+        return Err(Error::invalid("int8 weight packer", format!("{} values for [{n}, {k}]", w.len())));
+    }
+    use crate::launch::matmul_w8a8::{PACKED_TILE_K as step, PACKED_TILE_ROWS as tile_rows};
+    let steps = k.div_ceil(step);
+    let mut packed = vec![0i8; crate::launch::matmul_w8a8::packed_w_len(n, k)];
+    for (row, values) in w.chunks_exact(k.max(1)).enumerate().take(n) {
+        for (s, run) in values.chunks(step).enumerate() {
+            let at = ((row / tile_rows * steps + s) * tile_rows + row % tile_rows) * step;
+            packed[at..at + run.len()].copy_from_slice(run);
+        }
+    }
+    Ok(packed)
+}
+
 /// `y [M, N] = (A_q [M, K] . W_q [N, K]^T) * a_scale[m] * w_scale[n] (+ bias)` with the dot
 /// products exact. `a_scale` has M entries (per token) or 1 (per tensor).
 pub fn matmul_reference(

@@ -34,6 +34,12 @@
 //! - Bound by reading W once: each warp streams 16 weight rows over a quarter of K with 16-byte
 //!   loads straight into `mma` B fragments (K is permuted identically in A and W, so no
 //!   shuffles), and the four warps' sums meet in shared memory.
+//!
+//! # Launch contract: `matmul_w8a8_small_packed_{f16,bf16,f32}`
+//! - As `matmul_w8a8_small_*`, but `w` is packed ([`PACKED_TILE_BYTES`]: `[ceil(N / 16)][ceil(K /
+//!   64)][16][64]`, zero-padded; the host's `quant::w8::pack_for_decode`): each warp-wide load
+//!   reads 512 contiguous bytes and each block one contiguous run, where `[N, K]` rows make it
+//!   read 64 bytes from each of 8 rows `K` apart.
 
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::convert::round_ties_even_i32;
@@ -221,8 +227,10 @@ pub(crate) unsafe fn store_output<T: Element>(
     }
 }
 
+/// The decode kernel over `[N, K]` weights (`PACKED = false`) or over the packed tiles of
+/// [`PACKED_TILE_BYTES`] (`PACKED = true`).
 #[inline(always)]
-unsafe fn matmul_w8a8_small<T: Element>(
+unsafe fn matmul_w8a8_small<T: Element, const PACKED: bool>(
     a: *const i8,
     w: *const i8,
     a_scale: *const f32,
@@ -238,7 +246,7 @@ unsafe fn matmul_w8a8_small<T: Element>(
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
     let n0 = index::block_idx_x() as usize * SMALL_N_PER_BLOCK;
     let chunks = k / 16; // 16-byte chunks per row
-    let steps = k.div_ceil(64);
+    let steps = k.div_ceil(SMALL_K_STEP);
     let scratch = shared_array!(DLKERN_W8A8_SMALL_PARTIALS, 4096, 16);
 
     // Lane (g, q) holds bytes 16q..16q+16 of each 64-byte K step for A rows g, g + 8 and W rows
@@ -246,12 +254,21 @@ unsafe fn matmul_w8a8_small<T: Element>(
     // of K on both sides.
     let mut acc = [[0i32; 4]; 2];
     // SAFETY (whole body): loads are guarded by M, N and K (a 16-byte chunk is all in or all
-    // out since K % 16 == 0, and aligned by the contract); the barrier is reached by all threads.
+    // out since K % 16 == 0, and aligned by the contract), packed W loads by the padded step
+    // count of the block's own tiles; the barrier is reached by all threads.
     unsafe {
         // Rows past M or N are never dereferenced (guarded below), hence the wrapping arithmetic.
         let row_ptr = |base: *const i8, row: usize| base.wrapping_add(row * k + 16 * qd);
         let (a_lo, a_hi) = (row_ptr(a, g), row_ptr(a, g + 8));
-        let (w_lo, w_hi) = (row_ptr(w, n0 + g), row_ptr(w, n0 + 8 + g));
+        // Packed: rows g and g + 8 of the block's tile of each step; the padding makes every
+        // load of the block's tiles valid.
+        let (w_lo, w_hi) = if PACKED {
+            let tile = w.wrapping_add(index::block_idx_x() as usize * steps * PACKED_TILE_BYTES);
+            let lo = tile.wrapping_add(g * SMALL_K_STEP + 16 * qd);
+            (lo, lo.wrapping_add(8 * SMALL_K_STEP))
+        } else {
+            (row_ptr(w, n0 + g), row_ptr(w, n0 + 8 + g))
+        };
         let (a_lo_ok, a_hi_ok) = (g < m, g + 8 < m);
         let (w_lo_ok, w_hi_ok) = (n0 + g < n, n0 + 8 + g < n);
         let mut base = warp;
@@ -262,9 +279,16 @@ unsafe fn matmul_w8a8_small<T: Element>(
             unroll!(U in [0, 1, 2, 3] {
                 let step = base + SMALL_WARPS * U;
                 let in_k = step * 4 + qd < chunks;
-                let off = step * 64;
-                if in_k && w_lo_ok { wv[U][0] = ld_global_nc_stream_v4(w_lo.wrapping_add(off).cast()); }
-                if in_k && w_hi_ok { wv[U][1] = ld_global_nc_stream_v4(w_hi.wrapping_add(off).cast()); }
+                let off = step * SMALL_K_STEP;
+                if PACKED {
+                    if step < steps {
+                        wv[U][0] = ld_global_nc_stream_v4(w_lo.wrapping_add(step * PACKED_TILE_BYTES).cast());
+                        wv[U][1] = ld_global_nc_stream_v4(w_hi.wrapping_add(step * PACKED_TILE_BYTES).cast());
+                    }
+                } else {
+                    if in_k && w_lo_ok { wv[U][0] = ld_global_nc_stream_v4(w_lo.wrapping_add(off).cast()); }
+                    if in_k && w_hi_ok { wv[U][1] = ld_global_nc_stream_v4(w_hi.wrapping_add(off).cast()); }
+                }
                 if in_k && a_lo_ok { av[U][0] = ld_global_nc_v4(a_lo.wrapping_add(off).cast()); }
                 if in_k && a_hi_ok { av[U][1] = ld_global_nc_v4(a_hi.wrapping_add(off).cast()); }
             });
@@ -446,6 +470,9 @@ w8a8_entry!(matmul_w8a8_bf16, Bf16, matmul_w8a8::<Bf16, false>);
 w8a8_entry!(matmul_w8a8_f32, f32, matmul_w8a8::<f32, false>);
 // One K split's int32 partial sums (`y` unused).
 w8a8_entry!(matmul_w8a8_partial, f32, matmul_w8a8::<f32, true>);
-w8a8_entry!(matmul_w8a8_small_f16, F16, matmul_w8a8_small::<F16>);
-w8a8_entry!(matmul_w8a8_small_bf16, Bf16, matmul_w8a8_small::<Bf16>);
-w8a8_entry!(matmul_w8a8_small_f32, f32, matmul_w8a8_small::<f32>);
+w8a8_entry!(matmul_w8a8_small_f16, F16, matmul_w8a8_small::<F16, false>);
+w8a8_entry!(matmul_w8a8_small_bf16, Bf16, matmul_w8a8_small::<Bf16, false>);
+w8a8_entry!(matmul_w8a8_small_f32, f32, matmul_w8a8_small::<f32, false>);
+w8a8_entry!(matmul_w8a8_small_packed_f16, F16, matmul_w8a8_small::<F16, true>);
+w8a8_entry!(matmul_w8a8_small_packed_bf16, Bf16, matmul_w8a8_small::<Bf16, true>);
+w8a8_entry!(matmul_w8a8_small_packed_f32, f32, matmul_w8a8_small::<f32, true>);

@@ -42,3 +42,18 @@ def test_ceiling_and_ratios_follow_the_data():
     text = bench_report.render(results)
     row = [l for l in text.splitlines() if l.startswith("| f16 | 8x8")][0]
     assert "| base | 3.00 us | 3.00 |" in row and "2.00 TB/s" in row and "50%" in row, row
+
+
+def test_other_dlkern_variants_get_their_own_rows():
+    meta = lambda impl, i: {"family": "matmul_w8a8", "id": f"m/{i}", "implementation": impl, "shape": "M1", "dtype": "int8", "bytes": 1_000_000, "flops": 0, "workspace_bytes": 0}
+    results = {
+        "date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c",
+        "criterion": [{"id": "m/a", "median_ns": 2000.0}, {"id": "m/b", "median_ns": 1000.0}, {"id": "m/c", "median_ns": 4000.0}],
+        "meta": [meta("dlkern", "a"), meta("dlkern packed W", "b"), meta("cuBLAS", "c")],
+        "comparison": [],
+    }
+    lines = bench_report.render(results).splitlines()
+    plain = [l for l in lines if l.startswith("| int8 | M1 |")]
+    packed = [l for l in lines if l.startswith("| int8 | M1 (packed W) |")]
+    assert len(plain) == 1 and "| cuBLAS (criterion) | 4.00 us | 2.00 |" in plain[0], plain
+    assert len(packed) == 1 and "| 1.00 us | n/a | cuBLAS (criterion) | 4.00 us | 4.00 |" in packed[0], packed

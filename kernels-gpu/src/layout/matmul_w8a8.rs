@@ -37,6 +37,12 @@ pub const WGMMA_GROUP_M: usize = 16;
 pub const SMALL_M_MAX: usize = 16;
 pub const SMALL_N_PER_BLOCK: usize = 16;
 pub const SMALL_THREADS: usize = 128;
+/// K bytes per step of the decode kernel (two `mma.m16n8k32`).
+pub const SMALL_K_STEP: usize = 64;
+/// The decode kernel's packed weights (`matmul_w8a8_small_packed_*`): W as
+/// `[ceil(N / 16)][ceil(K / 64)][16][64]` int8, zero-padded, so each block's 16 rows x 64 bytes
+/// of one K step are one contiguous 1 KiB tile and a block streams 16 KiB runs.
+pub const PACKED_TILE_BYTES: usize = SMALL_N_PER_BLOCK * SMALL_K_STEP;
 
 /// Per-token quantization (`matmul_w8a8_quantize_*`): one block of this many threads per row.
 pub const QUANTIZE_THREADS: usize = 256;
