@@ -23,6 +23,37 @@ def model(nodes, inputs, outputs, initializers=()):
     return m.SerializeToString()
 
 
+def pack_w8_for_decode(w_q):
+    """int8 weights [N, K] in the layout of dlkern.matmul_w8a8's w_layout="decode_packed" (the
+    Rust quant::w8::pack_for_decode): [ceil(N/16)*16, ceil(K/64)*64] bytes, zero-padded, each
+    16 rows x 64 columns tile contiguous in K order. Do it once, when the weights are exported."""
+    import numpy as np
+
+    n, k = w_q.shape
+    rows, cols = -(-n // 16) * 16, -(-k // 64) * 64
+    padded = np.zeros((rows, cols), dtype=np.int8)
+    padded[:n, :k] = w_q
+    tiles = padded.reshape(rows // 16, 16, cols // 64, 64).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(tiles).reshape(rows, cols)
+
+
+def w8a8_model(n, k, w_q, w_scale, out_elem=TensorProto.FLOAT16, w_layout="nk"):
+    """y [m, n] = quantize_per_token(x [m, k]) times int8 w_q, both through DLPackKernel;
+    x, y of out_elem (f16 or f32). w_q is [n, k] for w_layout="nk", else pack_w8_for_decode's."""
+    from onnx import numpy_helper
+
+    out_dtype = {TensorProto.FLOAT16: "f16", TensorProto.FLOAT: "f32"}[out_elem]
+    nodes = [
+        helper.make_node("DLPackKernel", ["x"], ["x_q", "x_scale"], domain=DOMAIN, name="quant",
+                         function_name="dlkern.quantize_per_token"),
+        helper.make_node("DLPackKernel", ["x_q", "x_scale", "w_q", "w_scale"], ["y"], domain=DOMAIN, name="mm",
+                         function_name="dlkern.matmul_w8a8", out_dtype=out_dtype, w_layout=w_layout,
+                         attribute_names="out_dtype,w_layout"),
+    ]
+    inits = [numpy_helper.from_array(w_q, "w_q"), numpy_helper.from_array(w_scale, "w_scale")]
+    return model(nodes, [value("x", out_elem, ["m", k])], [value("y", out_elem, None)], inits)
+
+
 def rmsnorm_model(elem_type=TensorProto.FLOAT, dim=64, epsilon=1e-5, generic=False):
     """Y = RMSNorm(X [N..., dim], scale [dim]) as the typed op, or through DLPackKernel."""
     if generic:

@@ -28,7 +28,7 @@ proptest! {
 
 proptest! {
     /// The packed decode layout: every weight at `((n / 16 * ceil(K / 64) + k / 64) * 16 + n % 16)
-    /// * 64 + k % 64`, zeros everywhere else, and a wrong length refused.
+    /// * 64 + k % 64`, zeros everywhere else, unpacked back exactly, and wrong lengths refused.
     #[test]
     fn decode_packing_places_every_weight_and_pads_with_zeros(n in 1usize..40, k in 1usize..200, seed: u64) {
         let mut rng = Rng::new(seed);
@@ -46,6 +46,8 @@ proptest! {
             }
         }
         prop_assert!(packed.iter().zip(&placed).all(|(&v, &p)| p || v == 0));
+        prop_assert_eq!(w8::unpack_decode(&packed, n, k).unwrap(), w.clone());
+        prop_assert!(w8::unpack_decode(&packed[1..], n, k).is_err());
         prop_assert!(w8::pack_for_decode(&w[1..], n, k).is_err());
     }
 }

@@ -128,7 +128,8 @@ impl MatMulW8A8Params {
     /// Bytes of W packed for [`W8A8Variant::Packed`] ([`crate::quant::w8::pack_for_decode`]):
     /// N and K padded to the kernel's 16 x 64 tiles.
     pub fn packed_w_len(&self) -> usize {
-        packed_w_len(self.n, self.k)
+        let [rows, cols] = crate::quant::w8::packed_decode_shape(self.n, self.k);
+        rows * cols
     }
 
     /// Elements of `w` the plan's kernel reads: `N * K`, or [`Self::packed_w_len`] for `Packed`.
@@ -262,12 +263,6 @@ fn split_k(args: &mut Dims, steps: usize, wanted: usize) -> usize {
 /// The packed decode layout's tile: rows of W, K bytes (`quant::w8::pack_for_decode`).
 pub(crate) const PACKED_TILE_ROWS: usize = SMALL_N_PER_BLOCK;
 pub(crate) const PACKED_TILE_K: usize = SMALL_K_STEP;
-
-/// Bytes of `[N, K]` int8 weights in the packed decode layout (`[ceil(N / 16)][ceil(K /
-/// 64)][16][64]`).
-pub(crate) fn packed_w_len(n: usize, k: usize) -> usize {
-    n.div_ceil(PACKED_TILE_ROWS) * PACKED_TILE_ROWS * k.div_ceil(PACKED_TILE_K) * PACKED_TILE_K
-}
 
 /// `matmul_w8a8[_variant]_{f16,bf16,f32}` (the dtype was validated).
 fn kernel_name(dtype: DType, variant: &str) -> &'static str {

@@ -45,7 +45,8 @@ pub fn pack_for_decode(w: &[i8], n: usize, k: usize) -> Result<Vec<i8>> {
     }
     use crate::launch::matmul_w8a8::{PACKED_TILE_K as step, PACKED_TILE_ROWS as tile_rows};
     let steps = k.div_ceil(step);
-    let mut packed = vec![0i8; crate::launch::matmul_w8a8::packed_w_len(n, k)];
+    let [rows, cols] = packed_decode_shape(n, k);
+    let mut packed = vec![0i8; rows * cols];
     for (row, values) in w.chunks_exact(k.max(1)).enumerate().take(n) {
         for (s, run) in values.chunks(step).enumerate() {
             let at = ((row / tile_rows * steps + s) * tile_rows + row % tile_rows) * step;
@@ -53,6 +54,31 @@ pub fn pack_for_decode(w: &[i8], n: usize, k: usize) -> Result<Vec<i8>> {
         }
     }
     Ok(packed)
+}
+
+/// The shape of [`pack_for_decode`]'s output as a 2-D tensor: `[ceil(N / 16) * 16, ceil(K / 64) *
+/// 64]` (the padded weight matrix, its bytes in tile order).
+pub fn packed_decode_shape(n: usize, k: usize) -> [usize; 2] {
+    use crate::launch::matmul_w8a8::{PACKED_TILE_K, PACKED_TILE_ROWS};
+    [n.div_ceil(PACKED_TILE_ROWS) * PACKED_TILE_ROWS, k.div_ceil(PACKED_TILE_K) * PACKED_TILE_K]
+}
+
+/// The `[N, K]` weights back from [`pack_for_decode`]'s layout (the padding dropped).
+pub fn unpack_decode(packed: &[i8], n: usize, k: usize) -> Result<Vec<i8>> {
+    use crate::launch::matmul_w8a8::{PACKED_TILE_K as step, PACKED_TILE_ROWS as tile_rows};
+    let [rows, cols] = packed_decode_shape(n, k);
+    if packed.len() != rows * cols {
+        return Err(Error::invalid("int8 weight packer", format!("{} packed bytes for [{n}, {k}]", packed.len())));
+    }
+    let steps = cols / step;
+    let mut w = Vec::with_capacity(n * k);
+    for row in 0..n {
+        for s in 0..steps {
+            let at = ((row / tile_rows * steps + s) * tile_rows + row % tile_rows) * step;
+            w.extend_from_slice(&packed[at..at + step.min(k - s * step)]);
+        }
+    }
+    Ok(w)
 }
 
 /// `y [M, N] = (A_q [M, K] . W_q [N, K]^T) * a_scale[m] * w_scale[n] (+ bias)` with the dot

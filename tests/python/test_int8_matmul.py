@@ -98,3 +98,26 @@ def test_per_token_w8a8_through_dlpackkernel():
     assert np.all(y[1] == 0)
     # And it approximates the float matmul to int8 accuracy.
     assert np.abs(y - x @ w.T).max() < 0.05 * np.abs(x @ w.T).max()
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 40, 97), (16, 33, 1040), (20, 17, 80)])
+def test_packed_weights_give_the_same_result_on_cpu(m, n, k):
+    rng = np.random.default_rng(m + n + k)
+    w_q, w_scale = quantize_rows(rng.standard_normal((n, k)).astype(np.float32))
+    packed = dx.pack_w8_for_decode(w_q)
+    assert packed.shape == (-(-n // 16) * 16, -(-k // 64) * 64)
+    # Tile (row // 16, column // 64) is contiguous; inside it, row-major 16 x 64.
+    flat = packed.reshape(-1)
+    r, c = n - 1, k - 1
+    assert flat[((r // 16 * (packed.shape[1] // 64) + c // 64) * 16 + r % 16) * 64 + c % 64] == w_q[r, c]
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    (plain,) = session(dx.w8a8_model(n, k, w_q, w_scale, TensorProto.FLOAT), LIB_PATH).run(None, {"x": x})
+    (got,) = session(dx.w8a8_model(n, k, packed, w_scale, TensorProto.FLOAT, "decode_packed"), LIB_PATH).run(None, {"x": x})
+    np.testing.assert_array_equal(got, plain)
+
+
+def test_packed_weights_of_the_wrong_shape_are_refused():
+    w_q = np.ones((40, 97), dtype=np.int8)
+    bad = session(dx.w8a8_model(40, 97, w_q, np.ones(40, np.float32), TensorProto.FLOAT, "decode_packed"), LIB_PATH)
+    with pytest.raises(Exception, match=r"w_q.*expected \[48, 128\]: decode_packed for N = 40, K = 97"):
+        bad.run(None, {"x": np.ones((2, 97), np.float32)})

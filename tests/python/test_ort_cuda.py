@@ -157,3 +157,31 @@ def test_flash_attention_packed_on_cuda_ep_with_lse():
         want, want_lse = attention_np(q[rows], k[cu_k[i]:cu_k[i + 1]], v[cu_k[i]:cu_k[i + 1]], causal=1)
         np.testing.assert_allclose(o[rows].astype(np.float64), want, rtol=4e-3, atol=4e-3)
         np.testing.assert_allclose(lse[:, rows], want_lse, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("m,layout", [(1, "nk"), (16, "nk"), (40, "nk"), (1, "decode_packed"), (16, "decode_packed")])
+def test_w8a8_through_dlpackkernel_on_cuda_ep_matches_cpu_ep(m, layout):
+    """Per-token quantization and the W8A8 matmul (DLPackKernel, the registry's GPU kernels on
+    ORT's stream) against the same model on the CPU EP: the codes are bit-exact, the f16 outputs
+    one rounding apart at most (f32 epilogue on the GPU, f64 on the CPU)."""
+    from test_int8_matmul import quantize_rows
+
+    rng = np.random.default_rng(m)
+    n, k = 97, 1040  # N not a multiple of 16, K not a multiple of 64
+    w_q, w_scale = quantize_rows(rng.standard_normal((n, k)).astype(np.float32))
+    w_given = dx.pack_w8_for_decode(w_q) if layout == "decode_packed" else w_q
+    model = dx.w8a8_model(n, k, w_given, w_scale, TensorProto.FLOAT16, layout)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    (expected,) = dx.session(LIB_PATH, model).run(None, {"x": x})
+    sess = dx.session(LIB_PATH, model, CUDA, profile=True)
+    got = run_bound(sess, {"x": x}, "cuda")
+    assert providers_of(sess)["DLPackKernel"] == {CUDA}
+    np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64), rtol=2e-3, atol=1e-6)
+
+
+def test_w8a8_packed_weights_refuse_more_than_16_rows_on_cuda_ep():
+    w_q = np.ones((40, 64), dtype=np.int8)
+    model = dx.w8a8_model(40, 64, dx.pack_w8_for_decode(w_q), np.ones(40, np.float32), TensorProto.FLOAT16, "decode_packed")
+    sess = dx.session(LIB_PATH, model, CUDA)
+    with pytest.raises(Exception, match=r"Packed decode kernel needs M <= 16"):
+        run_bound(sess, {"x": np.ones((17, 64), np.float16)}, "cuda")

@@ -78,12 +78,24 @@ fn out_dtype(name: &str, attrs: &crate::registry::Attributes) -> Result<DType> {
     }
 }
 
+/// `w_q`'s layout (attribute `w_layout`): `"nk"` (default), `[N, K]` row-major; or
+/// `"decode_packed"`, the decode kernel's tiles (`quant::w8::pack_for_decode`, shape
+/// `packed_decode_shape(N, K)`), N then given by `w_scale`.
+fn w_packed(name: &str, attrs: &crate::registry::Attributes) -> Result<bool> {
+    match attrs.string("w_layout")?.unwrap_or("nk") {
+        "nk" => Ok(false),
+        "decode_packed" => Ok(true),
+        other => Err(fail(name, format!("w_layout '{other}' (expected nk or decode_packed)"))),
+    }
+}
+
 pub(super) fn w8a8_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
-    let (a, w) = match args.inputs {
-        [a, _, w, ..] => (a, w),
+    let (a, w, w_scale) = match args.inputs {
+        [a, _, w, w_scale, ..] => (a, w, w_scale),
         _ => return Err(fail(args.function_name, "needs a_q, a_scale, w_q, w_scale".into())),
     };
-    let n = w.shape().first().copied().unwrap_or(0);
+    let n_of = if w_packed(args.function_name, args.attrs)? { w_scale } else { w };
+    let n = n_of.shape().first().copied().unwrap_or(0);
     Ok(vec![TensorSpec { dtype: out_dtype(args.function_name, args.attrs)?, shape: with_last(a.shape(), n) }])
 }
 
@@ -101,12 +113,15 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
     }
     a.expect_rank(1, crate::dlpack::MAX_NDIM)?;
     w.expect_rank(2, 2)?;
+    w_scale.expect_rank(1, 1)?;
+    let packed = w_packed(name, args.attrs)?;
     let (m, k) = rows_cols(a.shape());
-    let n = w.shape()[0] as usize;
-    if w.shape()[1] as usize != k {
+    let n = if packed { w_scale.shape()[0] } else { w.shape()[0] } as usize;
+    let (w_shape, layout) = if packed { (w8::packed_decode_shape(n, k), "decode_packed") } else { ([n, k], "[N, K]") };
+    if w.shape() != [w_shape[0] as i64, w_shape[1] as i64] {
         return Err(Error::InvalidTensor {
             name: "w_q".into(),
-            message: format!("shape {:?} (expected [N, {k}])", w.shape()),
+            message: format!("shape {:?} (expected {w_shape:?}: {layout} for N = {n}, K = {k})", w.shape()),
         });
     }
     if k > w8::MAX_K_I32 {
@@ -151,7 +166,7 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
             per_row_a_scale: a_scale.len() == m,
             bias: bias.is_some(),
             splits: 0,
-            variant: None,
+            variant: packed.then_some(crate::launch::matmul_w8a8::W8A8Variant::Packed),
         };
         let device = crate::runtime::Device::get(ordinal.max(0) as usize)?;
         let plan = params.plan(device.multiprocessors(), device.has_wgmma())?;
@@ -179,10 +194,17 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
             Some(b) => Some(b.host_slice::<f32>()?),
             None => None,
         };
+        let unpacked;
+        let w = if packed {
+            unpacked = w8::unpack_decode(w.host_slice::<i8>()?, n, k)?;
+            &unpacked[..]
+        } else {
+            w.host_slice::<i8>()?
+        };
         let out = w8::matmul_reference(
             a.host_slice::<i8>()?,
             a_scale.host_slice::<f32>()?,
-            w.host_slice::<i8>()?,
+            w,
             w_scale.host_slice::<f32>()?,
             (m, n, k),
             bias,
