@@ -281,7 +281,7 @@ unsafe fn matmul_w8a8_small<T: Element, const PACKED: bool>(
                 let in_k = step * 4 + qd < chunks;
                 let off = step * SMALL_K_STEP;
                 if PACKED {
-                    if step < steps {
+                    if in_k {
                         wv[U][0] = ld_global_nc_stream_v4(w_lo.wrapping_add(step * PACKED_TILE_BYTES).cast());
                         wv[U][1] = ld_global_nc_stream_v4(w_hi.wrapping_add(step * PACKED_TILE_BYTES).cast());
                     }
