@@ -254,8 +254,8 @@ unsafe fn matmul_w8a8_small<T: Element, const PACKED: bool>(
     // of K on both sides.
     let mut acc = [[0i32; 4]; 2];
     // SAFETY (whole body): loads are guarded by M, N and K (a 16-byte chunk is all in or all
-    // out since K % 16 == 0, and aligned by the contract), packed W loads by the padded step
-    // count of the block's own tiles; the barrier is reached by all threads.
+    // out since K % 16 == 0, and aligned by the contract), packed W loads by K inside the
+    // block's own zero-padded tiles; the barrier is reached by all threads.
     unsafe {
         // Rows past M or N are never dereferenced (guarded below), hence the wrapping arithmetic.
         let row_ptr = |base: *const i8, row: usize| base.wrapping_add(row * k + 16 * qd);
@@ -281,6 +281,7 @@ unsafe fn matmul_w8a8_small<T: Element, const PACKED: bool>(
                 let in_k = step * 4 + qd < chunks;
                 let off = step * SMALL_K_STEP;
                 if PACKED {
+                    // The tile has all 16 rows (zero-padded); chunks past K are skipped as A's.
                     if in_k {
                         wv[U][0] = ld_global_nc_stream_v4(w_lo.wrapping_add(step * PACKED_TILE_BYTES).cast());
                         wv[U][1] = ld_global_nc_stream_v4(w_hi.wrapping_add(step * PACKED_TILE_BYTES).cast());
