@@ -2,8 +2,10 @@
 //! same shape, the shapes, in the same run. Small M is bound by reading the weights, so
 //! the rate reported is the bytes dlkern moves (4-bit weights, scales, A, Y) per second; the
 //! cuBLAS row counts its 16-bit weights. Weights rotate through several copies where one copy
-//! would fit in L2. `DLKERN_W4_VARIANT=small|large|tiled|packed|wgmma` forces a kernel variant (to compare
-//! them at one M; the ids stay the same).
+//! would fit in L2. For M <= 16 also `Variant::Packed` (`dlkern_packed_f16`: B repacked once,
+//! `W4Weights::pack_for_decode`; filled with the same byte pattern, timing only).
+//! `DLKERN_W4_VARIANT=small|large|tiled|packed|wgmma` forces a kernel variant (to compare them at
+//! one M; the ids stay the same).
 
 mod common;
 
@@ -49,25 +51,27 @@ fn benches(c: &mut Criterion) {
         let w4_bytes = n * kb * BLOCK / 2 + n * kb * 2;
         let copies = gpu.rotation(w4_bytes as u64);
         // `packed`: B in the repacked layout, as many bytes as it takes (timing only).
-        let b_bytes = if variant == Some(Variant::Packed) {
-            MatMulNBitsParams {
-                dtype: DType::F16,
-                m: 1,
-                n,
-                k,
-                block_size: BLOCK,
-                zero_points: ZeroPointKind::Default,
-                bias: false,
-                variant,
-                splits: 0,
-            }
-            .packed_bytes()
-        } else {
-            n * kb * BLOCK / 2
+        let packed_bytes = MatMulNBitsParams {
+            dtype: DType::F16,
+            m: 1,
+            n,
+            k,
+            block_size: BLOCK,
+            zero_points: ZeroPointKind::Default,
+            bias: false,
+            variant: Some(Variant::Packed),
+            splits: 0,
+        }
+        .packed_bytes();
+        let b_bytes = if variant == Some(Variant::Packed) { packed_bytes } else { n * kb * BLOCK / 2 };
+        let upload = |bytes: usize| -> Vec<_> {
+            (0..copies)
+                .map(|c| s.clone_htod(&pattern(bytes, |i| ((i * 131 + c) % 251) as u8)).expect("alloc"))
+                .collect()
         };
-        let b: Vec<_> = (0..copies)
-            .map(|c| s.clone_htod(&pattern(b_bytes, |i| ((i * 131 + c) % 251) as u8)).expect("alloc"))
-            .collect();
+        let b = upload(b_bytes);
+        // The packed copies for the `dlkern_packed_f16` rows (default runs only).
+        let b_packed = if variant.is_none() { upload(packed_bytes) } else { Vec::new() };
         let scales: Vec<_> = (0..copies)
             .map(|_| s.clone_htod(&pattern(n * kb, |i| f16::from_f32(0.01 + (i % 7) as f32 * 1e-3))).expect("alloc"))
             .collect();
@@ -134,6 +138,41 @@ fn benches(c: &mut Criterion) {
                     })
                 })
             });
+            if !b_packed.is_empty() && m <= 16 {
+                let packed_params = MatMulNBitsParams { variant: Some(Variant::Packed), ..params };
+                let packed_plan =
+                    packed_params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).expect("plan");
+                let packed_workspace = s.alloc_zeros::<u8>(packed_plan.workspace_bytes.max(16)).expect("alloc");
+                let id = format!("dlkern_packed_f16/m{m}_n{n}_k{k}");
+                common::record(&common::Meta {
+                    family: "matmul_nbits",
+                    id: format!("matmul_nbits/{id}"),
+                    implementation: "dlkern packed B",
+                    shape: shape.clone(),
+                    dtype: "f16",
+                    bytes: packed_bytes as u64 + io,
+                    flops,
+                    workspace_bytes: packed_plan.workspace_bytes as u64,
+                });
+                let ptrs: Vec<_> = (0..copies)
+                    .map(|c| MatMulNBitsPointers {
+                        b: b_packed[c].device_ptr(s).0,
+                        workspace: packed_workspace.device_ptr(s).0,
+                        ..ptrs[c]
+                    })
+                    .collect();
+                group.bench_function(&id, |bench| {
+                    bench.iter_custom(|iters| {
+                        gpu.time(iters, || {
+                            turn = (turn + 1) % copies;
+                            // SAFETY: B holds the packed bytes the params need (the records carry
+                            // the scales); buffers alive for the bench.
+                            unsafe { matmul_nbits_raw(&gpu.device, s.cu_stream(), &packed_params, &ptrs[turn]) }
+                                .expect("launch");
+                        })
+                    })
+                });
+            }
 
             // cuBLAS: row-major Y[m, n] = A[m, k] W^T, W [n, k] (column-major: Y^T = W A^T).
             let cfg = GemmConfig {
