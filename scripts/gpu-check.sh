@@ -43,8 +43,9 @@ for tool in memcheck racecheck; do
       # Every head dim, GQA, causal, packed batches with uneven lengths; the long and random
       # cases repeat the same code paths at 20-100x the time under the tools.
       attention-*) args+=(gpu_matches_reference_across gpu_packed_batches) ;;
-      # Every kernel (tiled, decode, wgmma), both load paths, the quantizer.
-      matmul_w8a8-*) args+=(gpu_matches_exact_reference gpu_decode_kernel gpu_wgmma gpu_quantizer_matches) ;;
+      # Every kernel (tiled, decode over both weight layouts, wgmma), both load paths, the
+      # quantizer.
+      matmul_w8a8-*) args+=(gpu_matches_exact_reference gpu_decode_kernel gpu_packed_decode gpu_wgmma gpu_quantizer_matches) ;;
       *) args+=("$filter") ;;
     esac
     log="$out/san-$tool-$(basename "$t" | cut -d- -f1).log"
