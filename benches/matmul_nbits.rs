@@ -9,10 +9,11 @@
 
 mod common;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use dlkern::DType;
 use dlkern::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, Variant, ZeroPointKind, matmul_nbits_raw};
 use half::f16;
@@ -101,77 +102,24 @@ fn benches(c: &mut Criterion) {
                 variant,
                 splits: 0,
             };
-            let plan = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).expect("plan");
-            let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
             let shape = format!("M{m} N{n} K{k}");
-            let flops = (2 * m * n * k) as u64;
             let io = ((m * k + m * n) * 2) as u64;
-            let id = format!("dlkern_f16/m{m}_n{n}_k{k}");
-            common::record(&common::Meta {
-                family: "matmul_nbits",
-                id: format!("matmul_nbits/{id}"),
-                implementation: "dlkern",
-                shape: shape.clone(),
-                dtype: "f16",
-                bytes: w4_bytes as u64 + io,
-                flops,
-                workspace_bytes: plan.workspace_bytes as u64,
-            });
-            let ptrs: Vec<MatMulNBitsPointers> = (0..copies)
-                .map(|c| MatMulNBitsPointers {
-                    a: a.device_ptr(s).0,
-                    b: b[c].device_ptr(s).0,
-                    scales: scales[c].device_ptr(s).0,
-                    zero_points: 0,
-                    bias: 0,
-                    y: y.device_ptr_mut(s).0,
-                    workspace: workspace.device_ptr(s).0,
-                })
-                .collect();
-            let mut turn = 0;
-            group.bench_function(&id, |bench| {
-                bench.iter_custom(|iters| {
-                    gpu.time(iters, || {
-                        turn = (turn + 1) % copies;
-                        // SAFETY: buffers sized by the params above, alive for the bench.
-                        unsafe { matmul_nbits_raw(&gpu.device, s.cu_stream(), &params, &ptrs[turn]) }.expect("launch");
-                    })
-                })
-            });
+            let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
+            bench_dlkern(&mut group, &gpu, ("dlkern_f16", "dlkern"), &shape, params, w4_bytes as u64 + io, rotation);
             if !b_packed.is_empty() && m <= 16 {
+                // The records carry the scales; `scales` only has to be a valid pointer.
                 let packed_params = MatMulNBitsParams { variant: Some(Variant::Packed), ..params };
-                let packed_plan =
-                    packed_params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).expect("plan");
-                let packed_workspace = s.alloc_zeros::<u8>(packed_plan.workspace_bytes.max(16)).expect("alloc");
-                let id = format!("dlkern_packed_f16/m{m}_n{n}_k{k}");
-                common::record(&common::Meta {
-                    family: "matmul_nbits",
-                    id: format!("matmul_nbits/{id}"),
-                    implementation: "dlkern packed B",
-                    shape: shape.clone(),
-                    dtype: "f16",
-                    bytes: packed_bytes as u64 + io,
-                    flops,
-                    workspace_bytes: packed_plan.workspace_bytes as u64,
-                });
-                let ptrs: Vec<_> = (0..copies)
-                    .map(|c| MatMulNBitsPointers {
-                        b: b_packed[c].device_ptr(s).0,
-                        workspace: packed_workspace.device_ptr(s).0,
-                        ..ptrs[c]
-                    })
-                    .collect();
-                group.bench_function(&id, |bench| {
-                    bench.iter_custom(|iters| {
-                        gpu.time(iters, || {
-                            turn = (turn + 1) % copies;
-                            // SAFETY: B holds the packed bytes the params need (the records carry
-                            // the scales); buffers alive for the bench.
-                            unsafe { matmul_nbits_raw(&gpu.device, s.cu_stream(), &packed_params, &ptrs[turn]) }
-                                .expect("launch");
-                        })
-                    })
-                });
+                let rotation = Rotation { a: &a, b: &b_packed, scales: &scales, y: &mut y };
+                let bytes = packed_bytes as u64 + io;
+                bench_dlkern(
+                    &mut group,
+                    &gpu,
+                    ("dlkern_packed_f16", "dlkern packed B"),
+                    &shape,
+                    packed_params,
+                    bytes,
+                    rotation,
+                );
             }
 
             // cuBLAS: row-major Y[m, n] = A[m, k] W^T, W [n, k] (column-major: Y^T = W A^T).
@@ -187,6 +135,7 @@ fn benches(c: &mut Criterion) {
                 beta: f16::ZERO,
                 ldc: n as i32,
             };
+            let flops = (2 * m * n * k) as u64;
             let id = format!("cublas_f16/m{m}_n{n}_k{k}");
             common::record(&common::Meta {
                 family: "matmul_nbits",
@@ -211,6 +160,65 @@ fn benches(c: &mut Criterion) {
         }
     }
     group.finish();
+}
+
+/// The buffers one timed call rotates through: `b[i]` and `scales[i]` together.
+struct Rotation<'a> {
+    a: &'a CudaSlice<f16>,
+    b: &'a [CudaSlice<u8>],
+    scales: &'a [CudaSlice<f16>],
+    y: &'a mut CudaSlice<f16>,
+}
+
+/// Records and times `matmul_nbits_raw` with `params` as `matmul_nbits/{name}/m_n_k` of
+/// `implementation`, moving `bytes`, B and the scales rotating through their copies.
+fn bench_dlkern(
+    group: &mut BenchmarkGroup<WallTime>,
+    gpu: &common::Gpu,
+    (name, implementation): (&str, &'static str),
+    shape: &str,
+    params: MatMulNBitsParams,
+    bytes: u64,
+    buffers: Rotation,
+) {
+    let s = &gpu.stream;
+    let (m, n, k) = (params.m, params.n, params.k);
+    let plan = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).expect("plan");
+    let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
+    let id = format!("{name}/m{m}_n{n}_k{k}");
+    common::record(&common::Meta {
+        family: "matmul_nbits",
+        id: format!("matmul_nbits/{id}"),
+        implementation,
+        shape: shape.to_string(),
+        dtype: "f16",
+        bytes,
+        flops: (2 * m * n * k) as u64,
+        workspace_bytes: plan.workspace_bytes as u64,
+    });
+    let y = buffers.y.device_ptr_mut(s).0;
+    let ptrs: Vec<MatMulNBitsPointers> = (buffers.b.iter().zip(buffers.scales))
+        .map(|(b, scales)| MatMulNBitsPointers {
+            a: buffers.a.device_ptr(s).0,
+            b: b.device_ptr(s).0,
+            scales: scales.device_ptr(s).0,
+            zero_points: 0,
+            bias: 0,
+            y,
+            workspace: workspace.device_ptr(s).0,
+        })
+        .collect();
+    let mut turn = 0;
+    group.bench_function(&id, |bench| {
+        bench.iter_custom(|iters| {
+            gpu.time(iters, || {
+                turn = (turn + 1) % ptrs.len();
+                // SAFETY: buffers sized by the params above (B packed for `Variant::Packed`),
+                // alive for the bench.
+                unsafe { matmul_nbits_raw(&gpu.device, s.cu_stream(), &params, &ptrs[turn]) }.expect("launch");
+            })
+        })
+    });
 }
 
 criterion_group!(matmul, benches);
