@@ -31,7 +31,7 @@ pub enum W8A8Variant {
     Decode,
     /// `matmul_w8a8_small_packed_*`: `Decode` over W packed by
     /// [`crate::quant::w8::pack_for_decode`] (passed as `w`, [`MatMulW8A8Params::packed_w_len`]
-    /// bytes), where each block reads one contiguous run instead of 16 rows `K` apart (5-7%
+    /// bytes), where each block reads one contiguous run instead of 16 rows `K` apart (about 5%
     /// faster at M = 16 on the H200). Only on request: the planner cannot know `w`'s layout.
     Packed,
     /// `matmul_w8a8_*` (`mma.sync`, any alignment), split over K when its tiles are few.

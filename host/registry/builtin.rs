@@ -8,7 +8,7 @@
 //! | `dlkern.matmul_nbits` | `MatMulNBits`' inputs: `A [..., K]`, `B` u8 `[N, k_blocks, block_size/2]`, `scales [N, k_blocks]`, optional `zero_points`, `g_idx` (unsupported), `bias [N]`; an absent optional input is a 0-element tensor | `Y [..., N]`, A's type | `K`, `N`, `bits` (4), `block_size` (ints) |
 //!
 //! | `dlkern.quantize_per_token` | `x [..., K]` f32/f16/bf16 | `q` i8 `[..., K]`, `scales` f32 `[rows]` | |
-//! | `dlkern.matmul_w8a8` | `a_q` i8 `[..., K]`, `a_scale` f32 `[rows]` or `[1]`, `w_q` i8 `[N, K]` (or packed, see `w_layout`), `w_scale` f32 `[N]`, optional `bias` f32 `[N]` | `y [..., N]` | `out_dtype` ("f16", "bf16", "f32"; default "f16"); `w_layout` ("nk", default; "decode_packed": `w_q` from `quant::w8::pack_for_decode`, `[ceil(N/16)*16, ceil(K/64)*64]`, for M <= 16 only on the GPU, 5-7% faster at M = 16) |
+//! | `dlkern.matmul_w8a8` | `a_q` i8 `[..., K]`, `a_scale` f32 `[rows]` or `[1]`, `w_q` i8 `[N, K]` (or packed, see `w_layout`), `w_scale` f32 `[N]`, optional `bias` f32 `[N]` | `y [..., N]` | `out_dtype` ("f16", "bf16", "f32"; default "f16"); `w_layout` ("nk", default; "decode_packed": `w_q` from `quant::w8::pack_for_decode`, `[ceil(N/16)*16, ceil(K/64)*64]`, for M <= 16 only on the GPU, about 5% faster at M = 16 on the H200) |
 //! | `dlkern.attention`, `dlkern.attention_lse` | `q`, `k`, `v` (`[B, S, H, D]`, or `[total, H, D]` with `cu_seqlens_q`/`cu_seqlens_k` i32 `[B + 1]`) | `out` like `q`; `_lse` also `lse` f32 | `causal`, `scale`, `softcap`, `window_left` (see `builtin/attention.rs`) |
 //! | `dlkern.matmul_integer_to_float` | `com.microsoft` `MatMulIntegerToFloat`'s inputs (int8 A `[..., K]` and B `[K, N]`) | `Y [..., N]`, the scales' type | |
 //!
