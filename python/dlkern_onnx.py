@@ -37,9 +37,10 @@ def pack_w8_for_decode(w_q):
     return np.ascontiguousarray(tiles).reshape(rows, cols)
 
 
-def w8a8_model(n, k, w_q, w_scale, out_elem=TensorProto.FLOAT16, w_layout="nk"):
+def w8a8_model(k, w_q, w_scale, out_elem=TensorProto.FLOAT16, w_layout="nk"):
     """y [m, n] = quantize_per_token(x [m, k]) times int8 w_q, both through DLPackKernel;
-    x, y of out_elem (f16 or f32). w_q is [n, k] for w_layout="nk", else pack_w8_for_decode's."""
+    x, y of out_elem (f16 or f32). w_q is [n, k] for w_layout="nk", else pack_w8_for_decode's
+    (K padded: hence k given)."""
     from onnx import numpy_helper
 
     out_dtype = {TensorProto.FLOAT16: "f16", TensorProto.FLOAT: "f32"}[out_elem]

@@ -34,6 +34,8 @@ pub fn quantize_rows(x: &[f32], rows: usize, cols: usize) -> Result<(Vec<i8>, Ve
     Ok((q, scales))
 }
 
+use crate::launch::matmul_w8a8::{PACKED_TILE_K, PACKED_TILE_ROWS};
+
 /// Packs int8 weights `[N, K]` (row-major) for the decode kernel's
 /// [`crate::launch::matmul_w8a8::W8A8Variant::Packed`]: `[ceil(N / 16)][ceil(K / 64)][16][64]`,
 /// so that row `n`, column `k` lands at `((n / 16 * ceil(K / 64) + k / 64) * 16 + n % 16) * 64 +
@@ -43,13 +45,11 @@ pub fn pack_for_decode(w: &[i8], n: usize, k: usize) -> Result<Vec<i8>> {
     if n.checked_mul(k) != Some(w.len()) {
         return Err(Error::invalid("int8 weight packer", format!("{} values for [{n}, {k}]", w.len())));
     }
-    use crate::launch::matmul_w8a8::{PACKED_TILE_K as step, PACKED_TILE_ROWS as tile_rows};
-    let steps = k.div_ceil(step);
     let [rows, cols] = packed_decode_shape(n, k);
     let mut packed = vec![0i8; rows * cols];
     for (row, values) in w.chunks_exact(k.max(1)).enumerate().take(n) {
-        for (s, run) in values.chunks(step).enumerate() {
-            let at = ((row / tile_rows * steps + s) * tile_rows + row % tile_rows) * step;
+        for (s, run) in values.chunks(PACKED_TILE_K).enumerate() {
+            let at = packed_run_start(row, s, cols / PACKED_TILE_K);
             packed[at..at + run.len()].copy_from_slice(run);
         }
     }
@@ -59,26 +59,30 @@ pub fn pack_for_decode(w: &[i8], n: usize, k: usize) -> Result<Vec<i8>> {
 /// The shape of [`pack_for_decode`]'s output as a 2-D tensor: `[ceil(N / 16) * 16, ceil(K / 64) *
 /// 64]` (the padded weight matrix, its bytes in tile order).
 pub fn packed_decode_shape(n: usize, k: usize) -> [usize; 2] {
-    use crate::launch::matmul_w8a8::{PACKED_TILE_K, PACKED_TILE_ROWS};
     [n.div_ceil(PACKED_TILE_ROWS) * PACKED_TILE_ROWS, k.div_ceil(PACKED_TILE_K) * PACKED_TILE_K]
 }
 
 /// The `[N, K]` weights back from [`pack_for_decode`]'s layout (the padding dropped).
 pub fn unpack_decode(packed: &[i8], n: usize, k: usize) -> Result<Vec<i8>> {
-    use crate::launch::matmul_w8a8::{PACKED_TILE_K as step, PACKED_TILE_ROWS as tile_rows};
     let [rows, cols] = packed_decode_shape(n, k);
     if packed.len() != rows * cols {
         return Err(Error::invalid("int8 weight packer", format!("{} packed bytes for [{n}, {k}]", packed.len())));
     }
-    let steps = cols / step;
+    let steps = cols / PACKED_TILE_K;
     let mut w = Vec::with_capacity(n * k);
     for row in 0..n {
         for s in 0..steps {
-            let at = ((row / tile_rows * steps + s) * tile_rows + row % tile_rows) * step;
-            w.extend_from_slice(&packed[at..at + step.min(k - s * step)]);
+            let at = packed_run_start(row, s, steps);
+            w.extend_from_slice(&packed[at..at + PACKED_TILE_K.min(k - s * PACKED_TILE_K)]);
         }
     }
     Ok(w)
+}
+
+/// Where K step `step` (of `steps`) of weight row `row` starts in the packed layout: its tile
+/// is `(row / 16, step)`, its row within the tile `row % 16`.
+fn packed_run_start(row: usize, step: usize, steps: usize) -> usize {
+    ((row / PACKED_TILE_ROWS * steps + step) * PACKED_TILE_ROWS + row % PACKED_TILE_ROWS) * PACKED_TILE_K
 }
 
 /// `y [M, N] = (A_q [M, K] . W_q [N, K]^T) * a_scale[m] * w_scale[n] (+ bias)` with the dot

@@ -111,13 +111,13 @@ def test_packed_weights_give_the_same_result_on_cpu(m, n, k):
     r, c = n - 1, k - 1
     assert flat[((r // 16 * (packed.shape[1] // 64) + c // 64) * 16 + r % 16) * 64 + c % 64] == w_q[r, c]
     x = rng.standard_normal((m, k)).astype(np.float32)
-    (plain,) = session(dx.w8a8_model(n, k, w_q, w_scale, TensorProto.FLOAT), LIB_PATH).run(None, {"x": x})
-    (got,) = session(dx.w8a8_model(n, k, packed, w_scale, TensorProto.FLOAT, "decode_packed"), LIB_PATH).run(None, {"x": x})
+    (plain,) = session(dx.w8a8_model(k, w_q, w_scale, TensorProto.FLOAT), LIB_PATH).run(None, {"x": x})
+    (got,) = session(dx.w8a8_model(k, packed, w_scale, TensorProto.FLOAT, "decode_packed"), LIB_PATH).run(None, {"x": x})
     np.testing.assert_array_equal(got, plain)
 
 
 def test_packed_weights_of_the_wrong_shape_are_refused():
     w_q = np.ones((40, 97), dtype=np.int8)
-    bad = session(dx.w8a8_model(40, 97, w_q, np.ones(40, np.float32), TensorProto.FLOAT, "decode_packed"), LIB_PATH)
+    bad = session(dx.w8a8_model(97, w_q, np.ones(40, np.float32), TensorProto.FLOAT, "decode_packed"), LIB_PATH)
     with pytest.raises(Exception, match=r"w_q.*expected \[48, 128\]: decode_packed for N = 40, K = 97"):
         bad.run(None, {"x": np.ones((2, 97), np.float32)})

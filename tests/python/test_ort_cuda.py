@@ -170,7 +170,7 @@ def test_w8a8_through_dlpackkernel_on_cuda_ep_matches_cpu_ep(m, layout):
     n, k = 97, 1040  # N not a multiple of 16, K not a multiple of 64
     w_q, w_scale = quantize_rows(rng.standard_normal((n, k)).astype(np.float32))
     w_given = dx.pack_w8_for_decode(w_q) if layout == "decode_packed" else w_q
-    model = dx.w8a8_model(n, k, w_given, w_scale, TensorProto.FLOAT16, layout)
+    model = dx.w8a8_model(k, w_given, w_scale, TensorProto.FLOAT16, layout)
     x = rng.standard_normal((m, k)).astype(np.float16)
     (expected,) = dx.session(LIB_PATH, model).run(None, {"x": x})
     sess = dx.session(LIB_PATH, model, CUDA, profile=True)
@@ -181,7 +181,7 @@ def test_w8a8_through_dlpackkernel_on_cuda_ep_matches_cpu_ep(m, layout):
 
 def test_w8a8_packed_weights_refuse_more_than_16_rows_on_cuda_ep():
     w_q = np.ones((40, 64), dtype=np.int8)
-    model = dx.w8a8_model(40, 64, dx.pack_w8_for_decode(w_q), np.ones(40, np.float32), TensorProto.FLOAT16, "decode_packed")
+    model = dx.w8a8_model(64, dx.pack_w8_for_decode(w_q), np.ones(40, np.float32), TensorProto.FLOAT16, "decode_packed")
     sess = dx.session(LIB_PATH, model, CUDA)
     with pytest.raises(Exception, match=r"Packed decode kernel needs M <= 16"):
         run_bound(sess, {"x": np.ones((17, 64), np.float16)}, "cuda")
