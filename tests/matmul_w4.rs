@@ -390,9 +390,10 @@ mod gpu {
     }
 
     /// `wgmma` (Hopper; elsewhere only its refusal is checked): M, N and K off its 128 x 128
-    /// tile and 64-wide K step (K ending inside a chunk and inside a block), every block size it
-    /// takes, both zero-point kinds, forced and chosen splits, bias, both types; the planner's
-    /// own choice for M > 64.
+    /// tile and 128-wide K chunk (K ending inside a chunk and inside a block, K odd: A's rows
+    /// then allow no 16-byte loads, which the permutation absorbs), every block size it takes,
+    /// both zero-point kinds, forced and chosen splits, bias, both types; the planner's own
+    /// choice for M > 64.
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_wgmma_kernel_matches_reference() {
@@ -412,6 +413,7 @@ mod gpu {
             (33, 130, 1000, 32),
             (128, 128, 64, 64),
             (97, 80, 1032, 64),
+            (70, 72, 1001, 32),
             (200, 136, 776, 256),
             (300, 260, 4104, 128),
         ] {
@@ -586,14 +588,19 @@ fn gpu_plan_validates_and_splits() {
         (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
         (Variant::Wgmma, "matmul_nbits_f16_wgmma", (64, 1, 2), 2)
     );
-    assert_eq!((plan.permute, plan.workspace_bytes, plan.dims.block), (None, 2 * 128 * 8192 * 4, (256, 1, 1)));
+    // It reads the permuted A, as `tiled`: the copy, then the partial sums.
+    assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_f16"));
+    assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2 + 2 * 128 * 8192 * 4, (256, 1, 1)));
     assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..ok }).dims.grid, (64, 8, 1));
     assert_eq!(hopper(MatMulNBitsParams { m: 16, ..ok }).kernel, "matmul_nbits_f16_decode16");
     assert_eq!(hopper(MatMulNBitsParams { m: 64, ..ok }).kernel, "matmul_nbits_f16_tiled64x128");
     assert_eq!(hopper(MatMulNBitsParams { m: 65, ..ok }).kernel, "matmul_nbits_f16_wgmma");
     assert_eq!(hopper(typed).kernel, "matmul_nbits_f16_large_zf");
+    // The permutation takes any A: only B's rows must allow 16-byte copies.
     let unaligned_a = RowAlignment { a_vec16: false, b_vec16: true };
-    assert_eq!(params.plan_for(132, true, unaligned_a).unwrap().kernel, "matmul_nbits_f16_tiled128x128");
+    assert_eq!(params.plan_for(132, true, unaligned_a).unwrap().kernel, "matmul_nbits_f16_wgmma");
+    let unaligned_b = RowAlignment { a_vec16: true, b_vec16: false };
+    assert_eq!(params.plan_for(132, true, unaligned_b).unwrap().kernel, "matmul_nbits_f16_large");
     assert!(err(MatMulNBitsParams { m: 128, variant: Some(Variant::Wgmma), ..ok }).contains("Hopper"));
     let e = MatMulNBitsParams { m: 128, block_size: 16, variant: Some(Variant::Wgmma), ..ok }.plan(132, true);
     assert!(e.unwrap_err().to_string().contains("block_size >= 32"));

@@ -118,9 +118,9 @@ pub enum Variant {
     /// points, blocks of at least 128, 16-byte aligned A and B.
     Packed,
     /// Hopper's warpgroup tensor cores (the sm_90a module only): block tile 128 x 128, the
-    /// weights dequantized into shared memory per K step of 64: the planner's choice for M >
-    /// [`WGMMA_MIN_M`] with integer zero points, blocks of at least 32, `K % 8 == 0` and
-    /// 16-byte aligned rows of A and B.
+    /// weights dequantized straight into `wgmma`'s register operand, the permuted A (as
+    /// `Tiled`) its shared-memory operand: the planner's choice for M > [`WGMMA_MIN_M`] with
+    /// integer zero points, blocks of at least 32 and 16-byte aligned rows of B.
     Wgmma,
 }
 
@@ -229,7 +229,7 @@ impl MatMulNBitsParams {
             return Err(bad("tensors too large".into()));
         }
         let tiled_ok = !typed && p.block_size >= TILED_MIN_BLOCK;
-        let wgmma_ok = wgmma && tiled_ok && rows.a_vec16 && rows.b_vec16;
+        let wgmma_ok = wgmma && tiled_ok && rows.b_vec16;
         let variant = match p.variant {
             Some(Variant::Tiled) if !tiled_ok => {
                 return Err(bad("variant Tiled needs integer zero points and block_size >= 32".into()));
@@ -237,7 +237,7 @@ impl MatMulNBitsParams {
             Some(Variant::Wgmma) if !wgmma_ok => {
                 return Err(bad(format!(
                     "variant Wgmma needs a Hopper GPU (sm_90a module: {wgmma}), integer zero points, \
-                     block_size >= 32, K % 8 == 0 and 16-byte aligned A and B"
+                     block_size >= 32 and 16-byte aligned rows of B"
                 )));
             }
             Some(v) => v,
@@ -320,8 +320,8 @@ impl MatMulNBitsParams {
             kernel
         };
         // The permuted activations (rows padded to whole chunks), then the partial sums.
-        let permuted_bytes =
-            if variant == Variant::Tiled { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
+        let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma);
+        let permuted_bytes = if permuted { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
         let partials_bytes = if splits > 1 { splits * p.m * p.n * 4 } else { 0 };
         let workspace_bytes = permuted_bytes + partials_bytes;
         let mut flags = match p.zero_points {
@@ -364,7 +364,7 @@ impl MatMulNBitsParams {
         if permute_blocks > i32::MAX as usize {
             return Err(bad("M x K too large for the permutation grid".into()));
         }
-        let permute = (variant == Variant::Tiled).then(|| {
+        let permute = permuted.then(|| {
             let dims = LaunchDims {
                 grid: (permute_blocks as u32, 1, 1),
                 block: (PERMUTE_THREADS as u32, 1, 1),
@@ -444,7 +444,7 @@ pub unsafe fn matmul_nbits_raw(
         ZeroPointKind::Typed => (0, ptrs.zero_points),
     };
     let bias = if params.bias { ptrs.bias } else { 0 };
-    // `tiled` reads A from its permuted copy at the start of the workspace.
+    // `tiled` and `wgmma` read A from its permuted copy at the start of the workspace.
     let mut a = ptrs.a;
     if let Some((permute, permute_dims)) = plan.permute {
         let args = KernelParams::new().pointers(&[ptrs.a, ptrs.workspace]).value(plan.args);

@@ -174,6 +174,54 @@ pub unsafe fn mma_async_m64n128k16_bf16(acc: &mut [f32; 64], a: SharedMatrix, b:
     unsafe { with_acc64!(mma_async!(acc, a.0, b.0, 1u32, "m64n128k16.f32.bf16.bf16", ", 1, 1, 0, 0")) };
 }
 
+/// One register-A `wgmma.mma_async` of form `$form`: `D += A * B` with A the 4 registers `$a`.
+macro_rules! mma_async_register_a {
+    ($acc:ident, $a:expr, $b:expr, $form:literal; $($i:literal)+) => {
+        asm!(
+            concat!(
+                "{{ .reg .pred p; setp.ne.b32 p, {scale_d}, 0; wgmma.mma_async.sync.aligned.",
+                $form,
+                " {{",
+                operand_list!($($i)+),
+                "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, 0; }}"
+            ),
+            $(inout(reg32) $acc[$i],)+
+            a0 = in(reg32) $a[0],
+            a1 = in(reg32) $a[1],
+            a2 = in(reg32) $a[2],
+            a3 = in(reg32) $a[3],
+            b = in(reg64) $b,
+            scale_d = in(reg32) 1u32,
+            options(nostack)
+        )
+    };
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16` with A in registers (PTX ISA
+/// §9.7.15.5.2): starts `acc += A * B^T` for a 64 x 16 f16 tile of A held as `mma.sync`'s A
+/// fragment per warp (warp `w` of the group: rows `16 w..16 w + 16`; lane `l` holds row
+/// `l / 4 (+ 8)`, columns `2 (l % 4) (+ 1) (+ 8)` as `[row, row + 8, row (col + 8), row + 8
+/// (col + 8)]`) and a 128 x 16 f16 tile of B, K-major in shared memory.
+///
+/// # Safety
+/// As [`mma_async_m64n256k32_s8`]; in addition `a` must not be overwritten until a
+/// [`wait_group`] covers the operation's group.
+#[inline(always)]
+pub unsafe fn mma_async_m64n128k16_f16_register_a(acc: &mut [f32; 64], a: [u32; 4], b: SharedMatrix) {
+    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+    unsafe { with_acc64!(mma_async_register_a!(acc, a, b.0, "m64n128k16.f32.f16.f16")) };
+}
+
+/// As [`mma_async_m64n128k16_f16_register_a`] for bfloat16.
+///
+/// # Safety
+/// As [`mma_async_m64n128k16_f16_register_a`].
+#[inline(always)]
+pub unsafe fn mma_async_m64n128k16_bf16_register_a(acc: &mut [f32; 64], a: [u32; 4], b: SharedMatrix) {
+    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+    unsafe { with_acc64!(mma_async_register_a!(acc, a, b.0, "m64n128k16.f32.bf16.bf16")) };
+}
+
 macro_rules! touch_registers {
     ($acc:ident; $($i:literal)+) => {
         asm!(concat!("// pinned: ", operand_list!($($i)+)), $(inout(reg32) $acc[$i],)+ options(nostack))

@@ -87,25 +87,22 @@ pub const fn tiled_stage_bytes(t: Tiling) -> usize {
     t.block_m() * A_ROW_BYTES + t.block_n() * B_CHUNK_BYTES
 }
 
-/// `wgmma` (Hopper, sm_90a module only): block tile 128 rows of A x 128 columns, two
-/// warpgroups of 64 rows, K steps of 64 (one 128-byte swizzle row of 16-bit values).
+/// `wgmma` (Hopper, sm_90a module only), operands swapped as in `decode`: block tile 128
+/// weight rows (two warpgroups of 64, the register operand) x 128 rows of A (the
+/// shared-memory operand), K chunks of 128 through a ring of [`WGMMA_STAGES`].
 pub const WGMMA_BM: usize = 128;
 pub const WGMMA_BN: usize = 128;
-pub const WGMMA_BK: usize = 64;
 pub const WGMMA_THREADS: usize = 256;
-/// Ring of copied K steps (activations and raw codes).
-pub const WGMMA_STAGES: usize = 8;
-/// Dequantized weight tiles: written one step ahead of the `wgmma` that reads them, and the
-/// one before may still be running, so three are in use; the fourth keeps the ring's length a
-/// power of two (a slot index is a mask).
-pub const WGMMA_B_TILES: usize = 4;
-pub const WGMMA_A_STAGE_BYTES: usize = WGMMA_BM * WGMMA_BK * 2;
-pub const WGMMA_CODES_STAGE_BYTES: usize = WGMMA_BN * WGMMA_BK / 2;
-pub const WGMMA_B_TILE_BYTES: usize = WGMMA_BN * WGMMA_BK * 2;
-/// Dynamic shared memory of `wgmma`: the rings and tiles, plus 1 KiB to align them to the
-/// swizzle atom.
-pub const WGMMA_SHARED_BYTES: usize =
-    WGMMA_STAGES * (WGMMA_A_STAGE_BYTES + WGMMA_CODES_STAGE_BYTES) + WGMMA_B_TILES * WGMMA_B_TILE_BYTES + 1024;
+/// Chunks in the ring: one being multiplied, one being dequantized, two loading.
+pub const WGMMA_STAGES: usize = 4;
+/// A stage's activations: the chunk's 128 permuted K of each row as two 64-K halves, each a
+/// 128-byte-swizzle tile of `WGMMA_BM` rows of 128 bytes.
+pub const WGMMA_A_HALF_BYTES: usize = WGMMA_BM * 128;
+pub const WGMMA_A_STAGE_BYTES: usize = 2 * WGMMA_A_HALF_BYTES;
+/// A stage's codes: 64 bytes per weight row.
+pub const WGMMA_CODES_STAGE_BYTES: usize = WGMMA_BN * B_CHUNK_BYTES;
+/// Dynamic shared memory of `wgmma`: the ring, plus 1 KiB to align it to the swizzle atom.
+pub const WGMMA_SHARED_BYTES: usize = WGMMA_STAGES * (WGMMA_A_STAGE_BYTES + WGMMA_CODES_STAGE_BYTES) + 1024;
 
 /// Threads per block of `matmul_nbits_permute_*` (one 8-element word of A each).
 pub const PERMUTE_THREADS: usize = 256;
