@@ -30,7 +30,7 @@ use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{BlockConsts, dequantize, matmul_nbits_entry, split_chunks};
+use crate::matmul_nbits::{BlockConsts, matmul_nbits_entry, split_chunks};
 use crate::unroll;
 
 pub use crate::layout::matmul_nbits::*;
@@ -73,9 +73,6 @@ struct RawConsts {
 }
 
 impl RawConsts {
-    /// Nothing to scale: past N or past the last block (where the activations are zero).
-    const NONE: Self = RawConsts { scale: 0, zero_byte: 0x88, shift: 0 };
-
     #[inline(always)]
     fn cook(self) -> BlockConsts {
         BlockConsts {
@@ -122,56 +119,64 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
     let codes_base = base.offset((WGMMA_STAGES * WGMMA_A_STAGE_BYTES) as u32);
     let codes_s = |slot: usize| codes_base.offset((slot * WGMMA_CODES_STAGE_BYTES) as u32);
 
-    // This lane's weight rows: g and g + 8 of its warp's 16.
+    // This lane's weight rows: g and g + 8 of its warp's 16. Rows past N (and rows of A past
+    // M) are read as the last row instead of being zero-filled: they only feed outputs that
+    // are never stored, and the copies need no per-piece bounds.
     let row0 = n0 + group * 64 + warp_in_group * 16 + g;
     let rows = [row0, row0 + 8];
-    // Its activation pieces: 16 bytes at `16 part` of rows `tid / 16 + 16 u` of a chunk.
+    let clamped = |r: usize| r.min(n - 1);
+    // Its activation pieces: 16 bytes at `16 part` of rows `tid / 16 + 16 u` of each chunk.
     let (a_row, a_part) = (tid / 16, tid % 16);
     let a_dst = ((a_part / 8) * WGMMA_A_HALF_BYTES) as u32 + SharedMatrix::swizzle128_offset(a_row, a_part % 8);
+    let a_src: [*const u8; 8] = core::array::from_fn(|u| {
+        // SAFETY: a row below M of the permuted copy (the launch contract sizes it).
+        unsafe { a_perm.add((m0 + a_row + 16 * u).min(m - 1) * row_len + 8 * a_part).cast() }
+    });
+    // SAFETY: rows below N of `b`, `scales` and the zero points.
+    let b_src: [*const u8; 2] = core::array::from_fn(|h| unsafe { b.add(clamped(rows[h]) * row_bytes) });
+    let scale_src: [*const u16; 2] =
+        core::array::from_fn(|h| unsafe { scales.add(clamped(rows[h]) * k_blocks).cast() });
+    let zero_src: [*const u8; 2] =
+        core::array::from_fn(|h| unsafe { zeros_u8.add(clamped(rows[h]) * k_blocks.div_ceil(2)) });
+    let zero_u8 = p.flags & FLAG_ZERO_U8 != 0;
 
     let mut acc = [0.0f32; 64];
     // Zeroed here, once, on every path: `ptxas` serializes the `wgmma`s (C7515) when it sees
     // the zeroing on a path to the final wait, as it may without this.
     pin_accumulators_f32x64(&mut acc);
     // SAFETY (whole body): the launch contract sizes every buffer; copies stay inside rows of
-    // the permuted A and of B (zero-filled past M, N and the row end); scales and zero points
-    // are read only for existing (row, block) pairs; barriers and warpgroup instructions are
-    // reached by all threads (every bound depends on the block alone).
+    // the permuted A and of B; scales and zero points are read only for existing (row, block)
+    // pairs; barriers and warpgroup instructions are reached by all threads (every bound
+    // depends on the block alone).
     unsafe {
         // Local chunk `j` (global `first + j`) into ring slot `j % WGMMA_STAGES`.
         let load = |j: usize| {
             let (slot, chunk) = (j % WGMMA_STAGES, first + j);
+            const { assert!(WGMMA_BM * 16 == 8 * WGMMA_THREADS) };
+            let dst = a_s(slot).offset(a_dst);
             unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
-                const { assert!(WGMMA_BM * 16 == 8 * WGMMA_THREADS) };
-                let row = m0 + a_row + 16 * U;
-                let ok = row < m;
-                let from = if ok { a_perm.add(row * row_len + chunk * CHUNK + 8 * a_part) } else { a_perm };
-                cp_async_16_zfill(a_s(slot).offset(a_dst + (16 * U * 128) as u32), from.cast(), 16 * ok as u32);
+                cp_async_16_zfill(dst.offset((16 * U * 128) as u32), a_src[U].add(chunk * CHUNK * 2), 16);
             });
+            // The last chunk may end inside a row (blocks below 128): a piece past the row is
+            // read as the row's last 16 bytes (rows hold at least 16), whose codes then meet
+            // only zero activations (the permuted copy is zero past K).
+            let at = (chunk * B_CHUNK_BYTES + 16 * q).min(row_bytes - 16);
+            let dst = codes_s(slot).offset((tid * 16) as u32);
             unroll!(H in [0, 1] {
-                let at = chunk * B_CHUNK_BYTES + 16 * q;
-                let ok = rows[H] < n && at < row_bytes; // row_bytes % 16 == 0
-                let from = if ok { b.add(rows[H] * row_bytes + at) } else { b };
-                cp_async_16_zfill(codes_s(slot).offset(((H * WGMMA_THREADS + tid) * 16) as u32), from, 16 * ok as u32);
+                cp_async_16_zfill(dst.offset((H * WGMMA_THREADS * 16) as u32), b_src[H].add(at), 16);
             });
         };
         // This lane's constants of local chunk `j` for both rows (its 32 codes of a chunk lie in
-        // one block: blocks >= 32), as loaded: they are loaded two chunks before their use and
-        // only then cooked, so that no arithmetic waits on the load in the chunk that issues it.
+        // one block: blocks >= 32; blocks past K, met only by zero activations, read the last
+        // one), as loaded: they are loaded two chunks before their use and only then cooked,
+        // so that no arithmetic waits on the load in the chunk that issues it.
         let raw_consts = |j: usize| -> [RawConsts; 2] {
-            let blk = ((first + j) * CHUNK + 32 * q) >> p.block_shift;
+            let blk = (((first + j) * CHUNK + 32 * q) >> p.block_shift).min(k_blocks - 1);
             core::array::from_fn(|h| {
-                if j < chunks && rows[h] < n && blk < k_blocks {
-                    let scale = ld_global_nc_u16(scales.add(rows[h] * k_blocks + blk).cast()) as u32;
-                    let zero_byte = if p.flags & FLAG_ZERO_U8 != 0 {
-                        zeros_u8.add(rows[h] * k_blocks.div_ceil(2) + blk / 2).read() as u32
-                    } else {
-                        0x88 // 8 in both nibbles: no zero points
-                    };
-                    RawConsts { scale, zero_byte, shift: 4 * (blk as u32 % 2) }
-                } else {
-                    RawConsts::NONE
-                }
+                let scale = ld_global_nc_u16(scale_src[h].add(blk)) as u32;
+                // 0x88: 8 in both nibbles, no zero points.
+                let zero_byte = if zero_u8 { zero_src[h].add(blk / 2).read() as u32 } else { 0x88 };
+                RawConsts { scale, zero_byte, shift: 4 * (blk as u32 % 2) }
             })
         };
         // Local chunk `j`'s codes of this lane to `(code - zero) * scale`, as A fragments: word
@@ -181,8 +186,12 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
             let lo = ld_shared_v4(codes.offset((tid * 16) as u32));
             let hi = ld_shared_v4(codes.offset(((WGMMA_THREADS + tid) * 16) as u32));
             let (c_lo, c_hi) = (c[0].cook(), c[1].cook());
+            let (bias_lo, bias_hi) = (T::code_bias(c_lo.zero), T::code_bias(c_hi.zero));
+            let neg_zero = 0x8000_8000; // -0.0 twice: x * s + (-0) == x * s
+            let scaled = |d: [u32; 4], s: u32| d.map(|x| T::fma2(x, s, neg_zero));
             unroll!(I in [0, 1, 2, 3] {
-                let (d_lo, d_hi) = (dequantize::<T>(lo[I], c_lo, false), dequantize::<T>(hi[I], c_hi, false));
+                let d_lo = scaled(T::codes_minus_bias::<true>(lo[I], bias_lo), c_lo.scale2);
+                let d_hi = scaled(T::codes_minus_bias::<true>(hi[I], bias_hi), c_hi.scale2);
                 f[2 * I] = [d_lo[0], d_hi[0], d_lo[1], d_hi[1]];
                 f[2 * I + 1] = [d_lo[2], d_hi[2], d_lo[3], d_hi[3]];
             });
