@@ -111,13 +111,15 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
     let k_blocks = p.k_blocks as usize;
     let m0 = index::block_idx_y() as usize * WGMMA_BM;
     let n0 = index::block_idx_x() as usize * WGMMA_BN;
+    // Chunk indices in 32 bits: 64-bit compares and shifts cost twice the instructions in
+    // the loop (K < 2^31, so chunks < 2^24).
     let (first, last) = split_chunks(&p);
-    let chunks = last.saturating_sub(first);
+    let (first, chunks) = (first as u32, last.saturating_sub(first) as u32);
 
     let base = SharedMatrix::atom_aligned(dynamic_shared_base());
-    let a_s = |slot: usize| base.offset((slot * WGMMA_A_STAGE_BYTES) as u32);
+    let a_s = |slot: u32| base.offset(slot * WGMMA_A_STAGE_BYTES as u32);
     let codes_base = base.offset((WGMMA_STAGES * WGMMA_A_STAGE_BYTES) as u32);
-    let codes_s = |slot: usize| codes_base.offset((slot * WGMMA_CODES_STAGE_BYTES) as u32);
+    let codes_s = |slot: u32| codes_base.offset(slot * WGMMA_CODES_STAGE_BYTES as u32);
 
     // This lane's weight rows: g and g + 8 of its warp's 16. Rows past N (and rows of A past
     // M) are read as the last row instead of being zero-filled: they only feed outputs that
@@ -150,17 +152,17 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
     // depends on the block alone).
     unsafe {
         // Local chunk `j` (global `first + j`) into ring slot `j % WGMMA_STAGES`.
-        let load = |j: usize| {
-            let (slot, chunk) = (j % WGMMA_STAGES, first + j);
+        let load = |j: u32| {
+            let (slot, chunk) = (j % WGMMA_STAGES as u32, first + j);
             const { assert!(WGMMA_BM * 16 == 8 * WGMMA_THREADS) };
             let dst = a_s(slot).offset(a_dst);
             unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
-                cp_async_16_zfill(dst.offset((16 * U * 128) as u32), a_src[U].add(chunk * CHUNK * 2), 16);
+                cp_async_16_zfill(dst.offset((16 * U * 128) as u32), a_src[U].add(chunk as usize * CHUNK * 2), 16);
             });
             // The last chunk may end inside a row (blocks below 128): a piece past the row is
             // read as the row's last 16 bytes (rows hold at least 16), whose codes then meet
             // only zero activations (the permuted copy is zero past K).
-            let at = (chunk * B_CHUNK_BYTES + 16 * q).min(row_bytes - 16);
+            let at = (chunk * B_CHUNK_BYTES as u32 + 16 * q as u32).min(p.row_bytes - 16) as usize;
             let dst = codes_s(slot).offset((tid * 16) as u32);
             unroll!(H in [0, 1] {
                 cp_async_16_zfill(dst.offset((H * WGMMA_THREADS * 16) as u32), b_src[H].add(at), 16);
@@ -170,19 +172,20 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
         // one block: blocks >= 32; blocks past K, met only by zero activations, read the last
         // one), as loaded: they are loaded two chunks before their use and only then cooked,
         // so that no arithmetic waits on the load in the chunk that issues it.
-        let raw_consts = |j: usize| -> [RawConsts; 2] {
-            let blk = (((first + j) * CHUNK + 32 * q) >> p.block_shift).min(k_blocks - 1);
+        let raw_consts = |j: u32| -> [RawConsts; 2] {
+            let blk = (((first + j) * CHUNK as u32 + 32 * q as u32) >> p.block_shift).min(p.k_blocks - 1);
+            let (blk, shift) = (blk as usize, 4 * (blk % 2));
             core::array::from_fn(|h| {
                 let scale = ld_global_nc_u16(scale_src[h].add(blk)) as u32;
                 // 0x88: 8 in both nibbles, no zero points.
                 let zero_byte = if zero_u8 { zero_src[h].add(blk / 2).read() as u32 } else { 0x88 };
-                RawConsts { scale, zero_byte, shift: 4 * (blk as u32 % 2) }
+                RawConsts { scale, zero_byte, shift }
             })
         };
         // Local chunk `j`'s codes of this lane to `(code - zero) * scale`, as A fragments: word
         // `i` of a row gives steps `2i` (pairs (0,4), (1,5)) and `2i + 1` ((2,6), (3,7)).
-        let dequantize_chunk = |j: usize, c: [RawConsts; 2], f: &mut Fragments| {
-            let codes = codes_s(j % WGMMA_STAGES);
+        let dequantize_chunk = |j: u32, c: [RawConsts; 2], f: &mut Fragments| {
+            let codes = codes_s(j % WGMMA_STAGES as u32);
             let lo = ld_shared_v4(codes.offset((tid * 16) as u32));
             let hi = ld_shared_v4(codes.offset(((WGMMA_THREADS + tid) * 16) as u32));
             let (c_lo, c_hi) = (c[0].cook(), c[1].cook());
@@ -198,31 +201,34 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
         };
 
         // Copies run two chunks ahead of the dequantization, three of the tensor cores.
-        const AHEAD: usize = WGMMA_STAGES - 1;
+        const AHEAD: u32 = WGMMA_STAGES as u32 - 1;
         unroll!(S in [0, 1, 2] {
             const { assert!(AHEAD == 3) };
-            if S < chunks {
-                load(S);
+            if (S as u32) < chunks {
+                load(S as u32);
             }
             commit_group();
         });
-        let first_consts = raw_consts(0);
-        let (mut ahead1, mut ahead2) = (raw_consts(1), raw_consts(2));
+        // The constants of even and odd chunks, each loaded two chunks before its use (a
+        // slot per parity: nothing rotates between registers).
+        let (mut even_consts, mut odd_consts) = (raw_consts(0), raw_consts(1));
         let (mut f0, mut f1): (Fragments, Fragments) = ([[0; 4]; 8], [[0; 4]; 8]);
-        wait_group::<{ AHEAD as u32 - 1 }>();
+        wait_group::<{ AHEAD - 1 }>();
         fence_proxy_async_shared();
         sync::sync_threads();
         if chunks > 0 {
-            dequantize_chunk(0, first_consts, &mut f0);
+            dequantize_chunk(0, even_consts, &mut f0);
         }
+        even_consts = raw_consts(2);
 
-        // Chunk `$j`: its fragments are in `$cur`, its activations in slot `$j % 4` (fenced). A
-        // macro, not a closure: a closure called twice may stay a function, and `ptxas`
-        // serializes `wgmma`s whose pipeline crosses a call (C7510).
+        // Chunk `$j`: its fragments are in `$cur`, its activations in slot `$j % 4` (fenced);
+        // `$consts` holds chunk `$j + 1`'s constants. A macro, not a closure: a closure called
+        // twice may stay a function, and `ptxas` serializes `wgmma`s whose pipeline crosses a
+        // call (C7510).
         macro_rules! chunk_step {
-            ($j:expr, $cur:ident, $next:ident) => {{
-                let j: usize = $j;
-                let slot = a_s(j % WGMMA_STAGES);
+            ($j:expr, $cur:ident, $next:ident, $consts:ident) => {{
+                let j: u32 = $j;
+                let slot = a_s(j % WGMMA_STAGES as u32);
                 wgmma::fence();
                 unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
                     let half = SharedMatrix::k_major_swizzle128(slot.offset(((S / 4) * WGMMA_A_HALF_BYTES) as u32));
@@ -232,7 +238,7 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
                 // Chunk j - 1's `wgmma`s are done: `$next` and (after the barrier, for both
                 // warpgroups) slot (j - 1) % 4 are free. Chunk j + 1's copies landed.
                 wgmma::wait_group::<1>();
-                wait_group::<{ AHEAD as u32 - 2 }>();
+                wait_group::<{ AHEAD - 2 }>();
                 fence_proxy_async_shared();
                 sync::sync_threads();
                 if j + AHEAD < chunks {
@@ -240,16 +246,16 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
                 }
                 commit_group();
                 if j + 1 < chunks {
-                    dequantize_chunk(j + 1, ahead1, &mut $next);
+                    dequantize_chunk(j + 1, $consts, &mut $next);
                 }
-                (ahead1, ahead2) = (ahead2, raw_consts(j + 3));
+                $consts = raw_consts(j + 3);
             }};
         }
         let mut j = 0;
         while j < chunks {
-            chunk_step!(j, f0, f1);
+            chunk_step!(j, f0, f1, odd_consts);
             if j + 1 < chunks {
-                chunk_step!(j + 1, f1, f0);
+                chunk_step!(j + 1, f1, f0, even_consts);
             }
             j += 2;
         }
