@@ -377,7 +377,7 @@ mod gpu {
         for &(m, n, k, block) in
             &[(17, 8, 16, 32), (33, 130, 1000, 32), (64, 256, 4096, 128), (97, 80, 1025, 64), (200, 136, 777, 256)]
         {
-            // Forced: Hopper takes `wgmma` for those above 64 rows (tested below).
+            // Forced: Hopper takes `wgmma` for those above 32 rows (tested below).
             let base = MatMulNBitsParams { variant: Some(Variant::Tiled), ..params(DType::F16, m, n, k, block) };
             check_zero_points_and_splits(base, &mut seed, |kernel| kernel.contains("tiled"));
         }
@@ -393,7 +393,7 @@ mod gpu {
     /// tile and 128-wide K chunk (K ending inside a chunk and inside a block, K odd: A's rows
     /// then allow no 16-byte loads, which the permutation absorbs), every block size it takes,
     /// both zero-point kinds, forced and chosen splits, bias, both types; the planner's own
-    /// choice for M > 64.
+    /// choice for M > 32.
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_wgmma_kernel_matches_reference() {
@@ -579,8 +579,8 @@ fn gpu_plan_validates_and_splits() {
     assert!(err(MatMulNBitsParams { k: 0, ..ok }).contains("K = 0"));
     assert!(err(MatMulNBitsParams { variant: Some(Variant::Tiled), ..typed }).contains("integer zero points"));
     assert!(err(MatMulNBitsParams { m: 16 * 65536, variant: Some(Variant::Small), ..ok }).contains("row tiles"));
-    // Hopper: `wgmma` for M > 64 (integer zero points, blocks >= 32, 16-byte rows), split
-    // while its 128 x 128 tiles leave SMs idle; `tiled` up to 64 rows; refused where it
+    // Hopper: `wgmma` for M > 32 (integer zero points, blocks >= 32, 16-byte rows of B),
+    // split while its 128 x 128 tiles leave SMs idle; `tiled` up to 32 rows; refused where it
     // cannot run.
     let hopper = |p: MatMulNBitsParams| p.plan(132, true).unwrap();
     let plan = hopper(MatMulNBitsParams { m: 128, ..ok });
@@ -593,8 +593,8 @@ fn gpu_plan_validates_and_splits() {
     assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2 + 2 * 128 * 8192 * 4, (256, 1, 1)));
     assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..ok }).dims.grid, (64, 8, 1));
     assert_eq!(hopper(MatMulNBitsParams { m: 16, ..ok }).kernel, "matmul_nbits_f16_decode16");
-    assert_eq!(hopper(MatMulNBitsParams { m: 64, ..ok }).kernel, "matmul_nbits_f16_tiled64x128");
-    assert_eq!(hopper(MatMulNBitsParams { m: 65, ..ok }).kernel, "matmul_nbits_f16_wgmma");
+    assert_eq!(hopper(MatMulNBitsParams { m: 32, ..ok }).kernel, "matmul_nbits_f16_tiled32x128");
+    assert_eq!(hopper(MatMulNBitsParams { m: 33, ..ok }).kernel, "matmul_nbits_f16_wgmma");
     assert_eq!(hopper(typed).kernel, "matmul_nbits_f16_large_zf");
     // The permutation takes any A: only B's rows must allow 16-byte copies.
     let unaligned_a = RowAlignment { a_vec16: false, b_vec16: true };

@@ -6,9 +6,11 @@
 //! points, blocks >= 128, 16-byte rows) or else `small` stream the weights once per 8- or
 //! 16-row tile of A, 4 warps splitting K, activations straight from global memory. For larger M,
 //! `tiled` (integer zero points, blocks >= 32, 16-byte rows of B) reuses each dequantized weight
-//! over 64 or 128 rows, fed by a `cp.async` ring; it reads A from a copy permuted into the
-//! weights' K order (`permute`, in the workspace). `large` (128 x 128 tiles, A staged per chunk)
-//! takes the rest. Any of them may split K over several blocks when the output tiles alone
+//! over 32 to 128 rows, fed by a `cp.async` ring; it reads A from a copy permuted into the
+//! weights' K order (`permute`, in the workspace). On Hopper, `wgmma` (the same needs) takes
+//! M > 32 from the same permuted copy, the weights dequantized straight into the register
+//! operand of the warpgroup tensor cores. `large` (128 x 128 tiles, A staged per chunk) takes
+//! the rest. Any of them may split K over several blocks when the output tiles alone
 //! cannot fill the GPU; the partial sums then go through an f32 workspace and a reduction
 //! kernel.
 
@@ -41,7 +43,7 @@ const _: () = assert!(
 );
 
 /// `wgmma` takes M above this (when the GPU runs it); `tiled` below.
-pub const WGMMA_MIN_M: usize = 64;
+pub const WGMMA_MIN_M: usize = 32;
 
 /// Largest M for the small-M kernels (`decode*`, `small`): they read the weights once per 16
 /// rows, which `tiled` beats from here on.
@@ -242,8 +244,10 @@ impl MatMulNBitsParams {
             }
             Some(v) => v,
             None if p.m <= SMALL_MAX_M => Variant::Small,
-            // Measured on the H200 (K = N = 8192): `wgmma` 60 / 62 / 68 us at M = 32 / 64 / 128,
-            // `tiled` 40 / 54 / 88: `tiled` up to 64 rows, `wgmma` beyond.
+            // Measured on the H200 (2026-12-01; M = 32 / 64 at N = K = 8192, N = 28672,
+            // K = 28672): the first register-A `wgmma` (the landed one is 10-15% faster at
+            // M = 128) 50 / 52, 160 / 164, 142 / 147 us; `tiled` 41 / 55, 126 / 169, 106 / 144:
+            // `tiled` up to 32 rows, `wgmma` beyond.
             None if wgmma_ok && p.m > WGMMA_MIN_M => Variant::Wgmma,
             None if tiled_ok => Variant::Tiled,
             None => Variant::Large,

@@ -3,7 +3,8 @@
 //!
 //! A warpgroup is 4 consecutive warps starting at a warp index divisible by 4; every `wgmma`
 //! instruction here must be executed by all 128 of its threads. Operands come from shared
-//! memory through [`SharedMatrix`] descriptors; accumulators live in registers, in the layout
+//! memory through [`SharedMatrix`] descriptors (A from registers in the `_register_a` forms,
+//! in `mma.sync`'s A fragment layout per warp); accumulators live in registers, in the layout
 //! of `mma.sync`'s 16 x 8 C fragment repeated: warp `w` of the group owns rows `16 w..16 w + 16`,
 //! and register `4 j + c` of lane `l` holds row `16 w + l / 4 + 8 (c / 2)`, column
 //! `8 j + 2 (l % 4) + c % 2`.
@@ -151,30 +152,8 @@ macro_rules! with_acc64 {
     };
 }
 
-/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16` (PTX ISA §9.7.15.5.2): starts
-/// `acc += A * B^T` for a 64 x 16 f16 tile of A and a 128 x 16 f16 tile of B, both K-major in
-/// shared memory (no transposes, scale-d 1); f32 accumulators (layout in the module docs).
-///
-/// # Safety
-/// As [`mma_async_m64n256k32_s8`].
-#[inline(always)]
-pub unsafe fn mma_async_m64n128k16_f16(acc: &mut [f32; 64], a: SharedMatrix, b: SharedMatrix) {
-    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
-    unsafe { with_acc64!(mma_async!(acc, a.0, b.0, 1u32, "m64n128k16.f32.f16.f16", ", 1, 1, 0, 0")) };
-}
-
-/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16` (PTX ISA §9.7.15.5.2): as
-/// [`mma_async_m64n128k16_f16`] for bfloat16.
-///
-/// # Safety
-/// As [`mma_async_m64n256k32_s8`].
-#[inline(always)]
-pub unsafe fn mma_async_m64n128k16_bf16(acc: &mut [f32; 64], a: SharedMatrix, b: SharedMatrix) {
-    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
-    unsafe { with_acc64!(mma_async!(acc, a.0, b.0, 1u32, "m64n128k16.f32.bf16.bf16", ", 1, 1, 0, 0")) };
-}
-
-/// One register-A `wgmma.mma_async` of form `$form`: `D += A * B` with A the 4 registers `$a`.
+/// One register-A `wgmma.mma_async` of form `$form`: `D += A * B` with A the 4 registers `$a`
+/// (scale-d 1; A and B unscaled, B not transposed).
 macro_rules! mma_async_register_a {
     ($acc:ident, $a:expr, $b:expr, $form:literal; $($i:literal)+) => {
         asm!(
