@@ -121,9 +121,11 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
     let codes_base = base.offset((WGMMA_STAGES * WGMMA_A_STAGE_BYTES) as u32);
     let codes_s = |slot: u32| codes_base.offset(slot * WGMMA_CODES_STAGE_BYTES as u32);
 
-    // This lane's weight rows: g and g + 8 of its warp's 16. Rows past N (and rows of A past
-    // M) are read as the last row instead of being zero-filled: they only feed outputs that
-    // are never stored, and the copies need no per-piece bounds.
+    // This lane's weight rows: g and g + 8 of its warp's 16. Copies of rows past N (and of
+    // rows of A past M) are zero-filled from the last row's address: they read nothing (had
+    // they read the last row, every such piece of every block would hit the same L2 lines,
+    // which made M = 64 slower than M = 128); their scales and zero points come from the last
+    // row, and they only feed outputs that are never stored.
     let row0 = n0 + group * 64 + warp_in_group * 16 + g;
     let rows = [row0, row0 + 8];
     let clamped = |r: usize| r.min(n - 1);
@@ -134,6 +136,8 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
         // SAFETY: a row below M of the permuted copy (the launch contract sizes it).
         unsafe { a_perm.add((m0 + a_row + 16 * u).min(m - 1) * row_len + 8 * a_part).cast() }
     });
+    let a_bytes: [u32; 8] = core::array::from_fn(|u| if m0 + a_row + 16 * u < m { 16 } else { 0 });
+    let b_bytes: [u32; 2] = core::array::from_fn(|h| if rows[h] < n { 16 } else { 0 });
     // SAFETY: rows below N of `b`, `scales` and the zero points.
     let b_src: [*const u8; 2] = core::array::from_fn(|h| unsafe { b.add(clamped(rows[h]) * row_bytes) });
     let scale_src: [*const u16; 2] =
@@ -157,7 +161,8 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
             const { assert!(WGMMA_BM * 16 == 8 * WGMMA_THREADS) };
             let dst = a_s(slot).offset(a_dst);
             unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
-                cp_async_16_zfill(dst.offset((16 * U * 128) as u32), a_src[U].add(chunk as usize * CHUNK * 2), 16);
+                let src = a_src[U].add(chunk as usize * CHUNK * 2);
+                cp_async_16_zfill(dst.offset((16 * U * 128) as u32), src, a_bytes[U]);
             });
             // The last chunk may end inside a row (blocks below 128): a piece past the row is
             // read as the row's last 16 bytes (rows hold at least 16), whose codes then meet
@@ -165,7 +170,7 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
             let at = (chunk * B_CHUNK_BYTES as u32 + 16 * q as u32).min(p.row_bytes - 16) as usize;
             let dst = codes_s(slot).offset((tid * 16) as u32);
             unroll!(H in [0, 1] {
-                cp_async_16_zfill(dst.offset((H * WGMMA_THREADS * 16) as u32), b_src[H].add(at), 16);
+                cp_async_16_zfill(dst.offset((H * WGMMA_THREADS * 16) as u32), b_src[H].add(at), b_bytes[H]);
             });
         };
         // This lane's constants of local chunk `j` for both rows (its 32 codes of a chunk lie in
