@@ -108,25 +108,41 @@ macro_rules! operand_list {
 }
 
 /// One `wgmma.mma_async` of form `$form` (shape and types) on the accumulators `$acc[$i]`:
-/// `D = A * B (+ D when $scale_d != 0)`, then `$immediates` (the floating-point forms' scale and
-/// transpose immediates; none for integers).
+/// `D = A * B (+ D when $scale_d != 0)`, A given by `$a` (a descriptor, or the register list
+/// of the `_register_a` forms) with its operands `$a_name`, then `$immediates` (the
+/// floating-point forms' scale and transpose immediates; none for integers).
 macro_rules! mma_async {
-    ($acc:ident, $a:expr, $b:expr, $scale_d:expr, $form:literal, $immediates:literal; $($i:literal)+) => {
+    (
+        $acc:ident, $a:literal { $($a_name:ident: $a_class:ident = $a_value:expr),+ }, $b:expr, $scale_d:expr,
+        $form:literal, $immediates:literal; $($i:literal)+
+    ) => {
         asm!(
             concat!(
                 "{{ .reg .pred p; setp.ne.b32 p, {scale_d}, 0; wgmma.mma_async.sync.aligned.",
                 $form,
                 " {{",
                 operand_list!($($i)+),
-                "}}, {a}, {b}, p",
+                "}}, ",
+                $a,
+                ", {b}, p",
                 $immediates,
                 "; }}"
             ),
             $(inout(reg32) $acc[$i],)+
-            a = in(reg64) $a,
+            $($a_name = in($a_class) $a_value,)+
             b = in(reg64) $b,
             scale_d = in(reg32) $scale_d,
             options(nostack)
+        )
+    };
+}
+
+/// [`mma_async`] with A the 4 registers `$a` (scale-d 1; A and B unscaled, B not transposed).
+macro_rules! mma_async_register_a {
+    ($acc:ident, $a:expr, $b:expr, $form:literal; $($i:literal)+) => {
+        mma_async!(
+            $acc, "{{{a0}, {a1}, {a2}, {a3}}}" { a0: reg32 = $a[0], a1: reg32 = $a[1], a2: reg32 = $a[2], a3: reg32 = $a[3] },
+            $b, 1u32, $form, ", 1, 1, 0"; $($i)+
         )
     };
 }
@@ -149,30 +165,6 @@ macro_rules! with_acc64 {
         $mac!($($args)*;
             0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
             32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63)
-    };
-}
-
-/// One register-A `wgmma.mma_async` of form `$form`: `D += A * B` with A the 4 registers `$a`
-/// (scale-d 1; A and B unscaled, B not transposed).
-macro_rules! mma_async_register_a {
-    ($acc:ident, $a:expr, $b:expr, $form:literal; $($i:literal)+) => {
-        asm!(
-            concat!(
-                "{{ .reg .pred p; setp.ne.b32 p, {scale_d}, 0; wgmma.mma_async.sync.aligned.",
-                $form,
-                " {{",
-                operand_list!($($i)+),
-                "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, 0; }}"
-            ),
-            $(inout(reg32) $acc[$i],)+
-            a0 = in(reg32) $a[0],
-            a1 = in(reg32) $a[1],
-            a2 = in(reg32) $a[2],
-            a3 = in(reg32) $a[3],
-            b = in(reg64) $b,
-            scale_d = in(reg32) 1u32,
-            options(nostack)
-        )
     };
 }
 
@@ -237,5 +229,5 @@ pub fn pin_accumulators_f32x64(acc: &mut [f32; 64]) {
 pub unsafe fn mma_async_m64n256k32_s8(acc: &mut [i32; 128], a: SharedMatrix, b: SharedMatrix, accumulate: bool) {
     let accumulate = accumulate as u32;
     // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
-    unsafe { with_acc128!(mma_async!(acc, a.0, b.0, accumulate, "m64n256k32.s32.s8.s8", "")) };
+    unsafe { with_acc128!(mma_async!(acc, "{a}" {a: reg64 = a.0}, b.0, accumulate, "m64n256k32.s32.s8.s8", "")) };
 }
