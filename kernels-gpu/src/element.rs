@@ -119,17 +119,13 @@ pub trait TensorElement: Element {
     fn pack2(lo: f32, hi: f32) -> u32;
     /// `a * b + c` on packed pairs.
     fn fma2(a: u32, b: u32, c: u32) -> u32;
-    /// Eight 4-bit codes (code `j` in bits `4j..4j+4`) minus `zero` (an integer 0..=15),
-    /// exactly, as pairs `(0, 4)`, `(1, 5)`, `(2, 6)`, `(3, 7)`: the OR-into-the-mantissa
-    /// trick (a code ORed into the mantissa of 2^10 or 2^7 is that power plus the code).
-    fn codes_minus_zero(word: u32, zero: u32) -> [u32; 4] {
-        Self::codes_minus_bias::<false>(word, Self::code_bias(zero))
-    }
     /// The constants [`Self::codes_minus_bias`] subtracts for zero point `zero` (0..=15),
     /// built with integer arithmetic: once per block, not per word.
     fn code_bias(zero: u32) -> [u32; 2];
-    /// [`Self::codes_minus_zero`] with the zero point's [`Self::code_bias`]; `PINNED`: see
-    /// [`mask_or`].
+    /// Eight 4-bit codes (code `j` in bits `4j..4j+4`) minus the zero point whose
+    /// [`Self::code_bias`] is `bias`, exactly, as pairs `(0, 4)`, `(1, 5)`, `(2, 6)`, `(3, 7)`:
+    /// the OR-into-the-mantissa trick (a code ORed into the mantissa of 2^10 or 2^7 is that
+    /// power plus the code). `PINNED`: see [`mask_or`].
     fn codes_minus_bias<const PINNED: bool>(word: u32, bias: [u32; 2]) -> [u32; 4];
 }
 

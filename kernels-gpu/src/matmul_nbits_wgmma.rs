@@ -30,7 +30,7 @@ use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{BlockConsts, matmul_nbits_entry, split_chunks};
+use crate::matmul_nbits::{BlockConsts, dequantize_biased, matmul_nbits_entry, split_chunks};
 use crate::unroll;
 
 pub use crate::layout::matmul_nbits::*;
@@ -195,11 +195,9 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
             let hi = ld_shared_v4(codes.offset(((WGMMA_THREADS + tid) * 16) as u32));
             let (c_lo, c_hi) = (c[0].cook(), c[1].cook());
             let (bias_lo, bias_hi) = (T::code_bias(c_lo.zero), T::code_bias(c_hi.zero));
-            let neg_zero = 0x8000_8000; // -0.0 twice: x * s + (-0) == x * s
-            let scaled = |d: [u32; 4], s: u32| d.map(|x| T::fma2(x, s, neg_zero));
             unroll!(I in [0, 1, 2, 3] {
-                let d_lo = scaled(T::codes_minus_bias::<true>(lo[I], bias_lo), c_lo.scale2);
-                let d_hi = scaled(T::codes_minus_bias::<true>(hi[I], bias_hi), c_hi.scale2);
+                let d_lo = dequantize_biased::<T, true>(lo[I], bias_lo, c_lo.scale2);
+                let d_hi = dequantize_biased::<T, true>(hi[I], bias_hi, c_hi.scale2);
                 f[2 * I] = [d_lo[0], d_hi[0], d_lo[1], d_hi[1]];
                 f[2 * I + 1] = [d_lo[2], d_hi[2], d_lo[3], d_hi[3]];
             });
