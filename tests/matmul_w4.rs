@@ -418,7 +418,14 @@ mod gpu {
             (300, 260, 4104, 128),
         ] {
             let base = MatMulNBitsParams { variant: wgmma, ..params(DType::F16, m, n, k, block) };
-            check_zero_points_and_splits(base, &mut seed, |kernel| kernel.ends_with("_wgmma"));
+            check_zero_points_and_splits(base, &mut seed, |kernel| kernel.contains("_wgmma"));
+            // Two splits: the cluster pair.
+            let p = MatMulNBitsParams { splits: 2, bias: true, ..base };
+            if p.k.div_ceil(128) >= 2 {
+                assert_eq!(problem::<f16>(p, seed).check().kernel, "matmul_nbits_f16_wgmma_pair");
+                let p = MatMulNBitsParams { dtype: DType::BF16, zero_points: ZeroPointKind::PackedU8, ..p };
+                assert_eq!(problem::<bf16>(p, seed + 1).check().kernel, "matmul_nbits_bf16_wgmma_pair");
+            }
         }
         let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 1030, 4200, 320, 64) };
         assert_eq!(problem::<f16>(p, 9).check().kernel, "matmul_nbits_f16_wgmma");
@@ -586,22 +593,28 @@ fn gpu_plan_validates_and_splits() {
     // split while its 128 x 128 tiles leave SMs idle; `tiled` up to 32 rows; refused where it
     // cannot run.
     let hopper = |p: MatMulNBitsParams| p.plan(132, true).unwrap();
+    // Two splits run as clusters of the pair (no partial sums, no reduction); others through
+    // the workspace.
     let plan = hopper(MatMulNBitsParams { m: 128, ..ok });
     assert_eq!(
-        (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
-        (Variant::Wgmma, "matmul_nbits_f16_wgmma", (64, 1, 2), 2)
+        (plan.variant, plan.kernel, plan.dims.grid, plan.splits, plan.reduce),
+        (Variant::Wgmma, "matmul_nbits_f16_wgmma_pair", (64, 1, 2), 2, None)
     );
-    // It reads the permuted A, as `tiled`: the copy, then the partial sums.
+    // It reads the permuted A, as `tiled`.
     assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_f16"));
-    assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2 + 2 * 128 * 8192 * 4, (256, 1, 1)));
+    assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2, (256, 1, 1)));
+    let plan = hopper(MatMulNBitsParams { m: 128, splits: 3, ..ok });
+    assert_eq!((plan.kernel, plan.splits), ("matmul_nbits_f16_wgmma", 3));
+    assert_eq!(plan.reduce.map(|(name, _)| name), Some("matmul_nbits_reduce_f16"));
+    assert_eq!(plan.workspace_bytes, 128 * 8192 * 2 + 3 * 128 * 8192 * 4);
     assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..ok }).dims.grid, (64, 8, 1));
     assert_eq!(hopper(MatMulNBitsParams { m: 16, ..ok }).kernel, "matmul_nbits_f16_decode16");
     assert_eq!(hopper(MatMulNBitsParams { m: 32, ..ok }).kernel, "matmul_nbits_f16_tiled32x128");
-    assert_eq!(hopper(MatMulNBitsParams { m: 33, ..ok }).kernel, "matmul_nbits_f16_wgmma");
+    assert_eq!(hopper(MatMulNBitsParams { m: 33, ..ok }).kernel, "matmul_nbits_f16_wgmma_pair");
     assert_eq!(hopper(typed).kernel, "matmul_nbits_f16_large_zf");
     // The permutation takes any A: only B's rows must allow 16-byte copies.
     let unaligned_a = RowAlignment { a_vec16: false, b_vec16: true };
-    assert_eq!(params.plan_for(132, true, unaligned_a).unwrap().kernel, "matmul_nbits_f16_wgmma");
+    assert_eq!(params.plan_for(132, true, unaligned_a).unwrap().kernel, "matmul_nbits_f16_wgmma_pair");
     let unaligned_b = RowAlignment { a_vec16: true, b_vec16: false };
     assert_eq!(params.plan_for(132, true, unaligned_b).unwrap().kernel, "matmul_nbits_f16_large");
     assert!(err(MatMulNBitsParams { m: 128, variant: Some(Variant::Wgmma), ..ok }).contains("Hopper"));

@@ -104,6 +104,8 @@ const WGMMA_ENTRY_POINTS: &[&str] = &[
     "matmul_w8a8_wgmma_partial",
     "matmul_nbits_f16_wgmma",
     "matmul_nbits_bf16_wgmma",
+    "matmul_nbits_f16_wgmma_pair",
+    "matmul_nbits_bf16_wgmma_pair",
 ];
 
 /// The entries a module must have.
@@ -130,6 +132,19 @@ fn each_module_targets_its_architecture_and_has_every_entry_point() {
             assert!(!text.contains("wgmma"), "{target}: wgmma outside the arch-specific module");
         }
     }
+}
+
+/// The W4 `wgmma` pair entries run as clusters of two blocks: the build put the directive
+/// into their headers (and into no other entry).
+#[test]
+fn pair_entries_require_clusters_of_two() {
+    let module = ptx::modules().find(|m| m.arch_specific).expect("an sm_90a module");
+    for entry in ["matmul_nbits_f16_wgmma_pair", "matmul_nbits_bf16_wgmma_pair"] {
+        let at = module.text.find(&format!(".visible .entry {entry}(")).expect(entry);
+        let header = &module.text[at..at + module.text[at..].find("\n{").expect("a body")];
+        assert!(header.ends_with(")\n.reqnctapercluster 1, 1, 2"), "{entry}: {header}");
+    }
+    assert_eq!(module.text.matches("\n.reqnctapercluster").count(), 2);
 }
 
 #[test]
@@ -159,6 +174,9 @@ fn kernels_use_the_intended_instructions() {
         "wgmma.commit_group.sync.aligned",
         "wgmma.wait_group.sync.aligned",
         "fence.proxy.async.shared::cta",
+        "mapa.shared::cluster.u32",
+        "ld.shared::cluster.v4.u32",
+        "barrier.cluster.arrive.release.aligned",
     ];
     for module in ptx::modules() {
         let (sm, text) = (module.target(), module.text);

@@ -264,6 +264,7 @@ impl KernelBuilder {
         // the PTX ISA version that introduced it, which `ptxas` and the driver need before
         // they accept `wgmma`. PTX versions are supersets, so the body is valid either way.
         let ptx = if arch.is_specific() { retarget(&ptx, arch) } else { ptx };
+        let ptx = apply_entry_directives(&ptx).map_err(|reason| BuildError::BadPtx { arch, reason })?;
         check_ptx(&ptx, arch)?;
         let path = out_dir.join(format!("{file_stem}.{arch}.ptx"));
         write_if_changed(&path, &ptx)?;
@@ -352,6 +353,26 @@ fn retarget(ptx: &str, arch: Arch) -> String {
     out
 }
 
+/// The comment the kernel crate's `entry_directive!` emits: `// dlkern-entry-directive ENTRY
+/// DIRECTIVE`.
+const ENTRY_DIRECTIVE: &str = "// dlkern-entry-directive ";
+
+/// Moves each `entry_directive!` comment's directive into its entry's header (between the
+/// parameter list and the body, where PTX takes performance-tuning directives such as
+/// `.reqnctapercluster`); an entry the module does not have is an error.
+fn apply_entry_directives(ptx: &str) -> Result<String, String> {
+    let mut out = ptx.to_string();
+    for line in ptx.lines() {
+        let Some(spec) = line.trim().strip_prefix(ENTRY_DIRECTIVE) else { continue };
+        let (entry, directive) = spec.split_once(' ').ok_or_else(|| format!("malformed entry directive `{line}`"))?;
+        let header = format!(".entry {entry}(");
+        let at = out.find(&header).ok_or_else(|| format!("entry directive for `{entry}`, which the module lacks"))?;
+        let body = out[at..].find("\n{").ok_or_else(|| format!("entry `{entry}` has no body"))?;
+        out.insert_str(at + body, &format!("\n{directive}"));
+    }
+    Ok(out)
+}
+
 /// A PTX module for `arch` has the matching `.target` line and at least one kernel.
 fn check_ptx(ptx: &str, arch: Arch) -> Result<(), BuildError> {
     let target = format!(".target {arch}");
@@ -402,6 +423,17 @@ pub(crate) fn scrubbed_env() -> Vec<(OsString, OsString)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entry_directives_move_into_their_entry_header() {
+        let ptx = "// dlkern-entry-directive k2 .reqnctapercluster 1, 1, 2\n.visible .entry k1(\n.param .u64 a\n)\n{\nret;\n}\n.visible .entry k2(\n.param .u64 a\n)\n{\nret;\n}\n";
+        let out = apply_entry_directives(ptx).unwrap();
+        assert!(out.contains(".entry k2(\n.param .u64 a\n)\n.reqnctapercluster 1, 1, 2\n{"), "{out}");
+        assert!(out.contains(".entry k1(\n.param .u64 a\n)\n{"), "{out}");
+        assert_eq!(apply_entry_directives("no directives\n").unwrap(), "no directives\n");
+        let missing = apply_entry_directives("// dlkern-entry-directive k9 .maxnreg 128\n.entry k1(\n)\n{\n}\n");
+        assert!(missing.unwrap_err().contains("k9"));
+    }
 
     #[test]
     fn arch_specific_modules_get_their_target_and_at_least_ptx_8_0() {

@@ -57,6 +57,7 @@ struct KernelNames {
     decode8_packed: &'static str,
     decode16_packed: &'static str,
     wgmma: &'static str,
+    wgmma_pair: &'static str,
     small: &'static str,
     small_zf: &'static str,
     large: &'static str,
@@ -77,6 +78,7 @@ macro_rules! kernel_names {
             decode8_packed: concat!("matmul_nbits_", $t, "_decode8_packed"),
             decode16_packed: concat!("matmul_nbits_", $t, "_decode16_packed"),
             wgmma: concat!("matmul_nbits_", $t, "_wgmma"),
+            wgmma_pair: concat!("matmul_nbits_", $t, "_wgmma_pair"),
             small: concat!("matmul_nbits_", $t, "_small"),
             small_zf: concat!("matmul_nbits_", $t, "_small_zf"),
             large: concat!("matmul_nbits_", $t, "_large"),
@@ -323,10 +325,14 @@ impl MatMulNBitsParams {
         } else {
             kernel
         };
+        // Two splits of `wgmma` run as clusters of the pair, which sum through distributed
+        // shared memory: no partial sums in the workspace, no reduction kernel.
+        let pair = variant == Variant::Wgmma && splits == 2;
+        let kernel = if pair { names.wgmma_pair } else { kernel };
         // The permuted activations (rows padded to whole chunks), then the partial sums.
         let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma);
         let permuted_bytes = if permuted { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
-        let partials_bytes = if splits > 1 { splits * p.m * p.n * 4 } else { 0 };
+        let partials_bytes = if splits > 1 && !pair { splits * p.m * p.n * 4 } else { 0 };
         let workspace_bytes = permuted_bytes + partials_bytes;
         let mut flags = match p.zero_points {
             ZeroPointKind::Default => 0,
@@ -376,7 +382,7 @@ impl MatMulNBitsParams {
             };
             (names.permute, dims)
         });
-        let reduce = (splits > 1).then(|| {
+        let reduce = (splits > 1 && !pair).then(|| {
             let grid = ((p.m * p.n).div_ceil(REDUCE_THREADS) as u32, 1, 1);
             (names.reduce, LaunchDims { grid, block: (REDUCE_THREADS as u32, 1, 1), shared_bytes: 0 })
         });

@@ -23,10 +23,16 @@
 //! - split `z` covers K chunks (of 128) `[z * chunks_per_split, (z + 1) * chunks_per_split)`;
 //!   outputs as in [`crate::matmul_nbits`] (`y` (+ bias) unsplit, else f32 partial sums to
 //!   `workspace [splits, M, N]` for `matmul_nbits_reduce_*`).
+//!
+//! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma_pair`
+//! - as above with exactly two splits (grid z = 2): the entry requires clusters of `(1, 1, 2)`
+//!   blocks (`.reqnctapercluster`), so a plain launch pairs the two splits of each tile, which
+//!   sum through distributed shared memory; `y` (+ bias) is written, `workspace` is unused.
 
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
+use crate::device::cluster;
 use crate::device::memory::ld_global_nc_u16;
-use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
+use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
@@ -92,11 +98,12 @@ type Fragments = [[u32; 4]; 8];
 /// The launch contract in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
+unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
     a_perm: *const T,
     b: *const u8,
     scales: *const T,
     zeros_u8: *const u8,
+    _zeros_t: *const T,
     bias: *const T,
     y: *mut T,
     workspace: *mut f32,
@@ -265,8 +272,37 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
         wgmma::wait_group::<0>();
         pin_accumulators_f32x64(&mut acc);
 
+        // `PAIR`: the two splits of a tile are one cluster; block 1 hands its sums to block 0
+        // through shared memory (the ring is free once both warpgroups waited for their
+        // `wgmma`s), block 0 adds them and writes `y`. No workspace, no reduction kernel.
+        if PAIR {
+            let exchange = |i: usize| base.offset(((i * WGMMA_THREADS + tid) * 16) as u32);
+            let rank = cluster::cta_rank();
+            sync::sync_threads();
+            if rank == 1 {
+                unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    st_shared_v4(exchange(I), core::array::from_fn(|c| acc[4 * I + c].to_bits()));
+                });
+            }
+            cluster::sync();
+            if rank == 0 {
+                unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    let other = cluster::ld_shared_v4(cluster::map_shared(exchange(I), 1));
+                    unroll!(C in [0, 1, 2, 3] {
+                        acc[4 * I + C] += f32::from_bits(other[C]);
+                    });
+                });
+            }
+            // Block 1's shared memory must outlive block 0's reads of it.
+            cluster::sync();
+            if rank == 1 {
+                return;
+            }
+        }
+
         // Register 4 t + c: weight row `row0 + 8 (c / 2)`, row of A `8 t + 2 q + c % 2`.
         let (split, splits) = (index::block_idx_z() as usize, index::grid_dim_z() as usize);
+        let splits = if PAIR { 1 } else { splits };
         unroll!(H in [0, 1] {
             let col = rows[H];
             if col < n {
@@ -289,9 +325,12 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement>(
     }
 }
 
-matmul_nbits_entry!(matmul_nbits_f16_wgmma, F16, |a, b, s, z, _zt, bias, y, ws, d| {
-    matmul_nbits_wgmma::<F16>(a, b, s, z, bias, y, ws, d)
-});
-matmul_nbits_entry!(matmul_nbits_bf16_wgmma, Bf16, |a, b, s, z, _zt, bias, y, ws, d| {
-    matmul_nbits_wgmma::<Bf16>(a, b, s, z, bias, y, ws, d)
-});
+// The entries name the generic function itself (always inlined), not a closure around it: a
+// closure may stay a call, which costs a stack frame.
+matmul_nbits_entry!(matmul_nbits_f16_wgmma, F16, matmul_nbits_wgmma::<F16, false>);
+matmul_nbits_entry!(matmul_nbits_bf16_wgmma, Bf16, matmul_nbits_wgmma::<Bf16, false>);
+matmul_nbits_entry!(matmul_nbits_f16_wgmma_pair, F16, matmul_nbits_wgmma::<F16, true>);
+matmul_nbits_entry!(matmul_nbits_bf16_wgmma_pair, Bf16, matmul_nbits_wgmma::<Bf16, true>);
+// The pair entries run as clusters of the two splits of a tile (grid z = 2).
+crate::entry_directive!(matmul_nbits_f16_wgmma_pair, ".reqnctapercluster 1, 1, 2");
+crate::entry_directive!(matmul_nbits_bf16_wgmma_pair, ".reqnctapercluster 1, 1, 2");

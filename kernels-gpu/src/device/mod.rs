@@ -9,7 +9,10 @@
 
 pub mod async_copy;
 pub mod bits;
+#[cfg(dlkern_arch_specific)]
+pub mod cluster;
 pub mod convert;
+pub mod entry;
 pub mod index;
 pub mod ldmatrix;
 pub mod math;
