@@ -12,7 +12,8 @@
 //! operand of the warpgroup tensor cores. `large` (128 x 128 tiles, A staged per chunk) takes
 //! the rest. Any of them may split K over several blocks when the output tiles alone
 //! cannot fill the GPU; the partial sums then go through an f32 workspace and a reduction
-//! kernel.
+//! kernel, except for two splits of `wgmma`, which run as a cluster of two blocks that sum
+//! through distributed shared memory.
 
 use std::sync::Arc;
 
@@ -329,10 +330,12 @@ impl MatMulNBitsParams {
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
         let kernel = if pair { names.wgmma_pair } else { kernel };
+        // Other splits leave f32 partial sums in the workspace for the reduction kernel.
+        let reduced = splits > 1 && !pair;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
         let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma);
         let permuted_bytes = if permuted { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
-        let partials_bytes = if splits > 1 && !pair { splits * p.m * p.n * 4 } else { 0 };
+        let partials_bytes = if reduced { splits * p.m * p.n * 4 } else { 0 };
         let workspace_bytes = permuted_bytes + partials_bytes;
         let mut flags = match p.zero_points {
             ZeroPointKind::Default => 0,
@@ -382,7 +385,7 @@ impl MatMulNBitsParams {
             };
             (names.permute, dims)
         });
-        let reduce = (splits > 1 && !pair).then(|| {
+        let reduce = reduced.then(|| {
             let grid = ((p.m * p.n).div_ceil(REDUCE_THREADS) as u32, 1, 1);
             (names.reduce, LaunchDims { grid, block: (REDUCE_THREADS as u32, 1, 1), shared_bytes: 0 })
         });
