@@ -72,6 +72,7 @@ const ENTRY_POINTS: &[&str] = &[
     "matmul_nbits_permute_bf16",
     "matmul_nbits_reduce_f16",
     "matmul_nbits_reduce_bf16",
+    "matmul_nbits_pack_decode",
     "paged_attention_f16_d64",
     "paged_attention_combine_f16_d64",
     "paged_attention_f16_d80",

@@ -558,3 +558,118 @@ pub fn matmul_nbits<T: Element>(
     // mutably, so it cannot alias the inputs.
     unsafe { matmul_nbits_raw(device, stream.cu_stream(), params, &ptrs) }
 }
+
+/// Launch dimensions and scalar arguments of `matmul_nbits_pack_decode` for `params`' B, after
+/// checking that [`Variant::Packed`] can take it (integer zero points, blocks of at least 128).
+/// `params.m`, `bias`, `variant` and `splits` play no part.
+pub fn pack_for_decode_plan(params: &MatMulNBitsParams) -> Result<(LaunchDims, Dims)> {
+    let p = params;
+    let bad = |m: String| Error::invalid(KERNEL, m);
+    if !matches!(p.dtype, DType::F16 | DType::BF16) {
+        return Err(bad(format!("dtype {} not supported on the GPU (f16, bf16)", p.dtype)));
+    }
+    for (name, v) in [("N", p.n), ("K", p.k)] {
+        if v == 0 || v > i32::MAX as usize {
+            return Err(bad(format!("{name} = {v} (must be 1..=2^31-1)")));
+        }
+    }
+    if !valid_block_size(p.block_size) || p.block_size < CHUNK || p.block_size > 1 << 16 {
+        return Err(bad(format!(
+            "packing for decode needs a power-of-two block_size >= {CHUNK}, got {}",
+            p.block_size
+        )));
+    }
+    if p.zero_points == ZeroPointKind::Typed {
+        return Err(bad("packing for decode needs integer zero points (u8 or none)".into()));
+    }
+    let records = p.n.div_ceil(DECODE_COLUMNS) * p.k.div_ceil(CHUNK);
+    if records > i32::MAX as usize
+        || (p.n as u64) * (p.row_bytes() as u64) > i64::MAX as u64 / 2
+        || p.row_bytes() > u32::MAX as usize
+    {
+        return Err(bad("tensors too large".into()));
+    }
+    let dims = LaunchDims { grid: (records as u32, 1, 1), block: (layout::PACK_THREADS as u32, 1, 1), shared_bytes: 0 };
+    let args = Dims {
+        m: 0,
+        n: p.n as u32,
+        k: p.k as u32,
+        k_blocks: p.k_blocks() as u32,
+        block_shift: p.block_size.trailing_zeros(),
+        row_bytes: p.row_bytes() as u32,
+        chunks_per_split: 0,
+        flags: if p.zero_points == ZeroPointKind::PackedU8 { FLAG_ZERO_U8 } else { 0 },
+    };
+    Ok((dims, args))
+}
+
+/// Repacks B, its scales and zero points for [`Variant::Packed`] on the device: the
+/// [`MatMulNBitsParams::packed_bytes`] that
+/// [`W4Weights::pack_for_decode`](crate::quant::w4::W4Weights::pack_for_decode) builds on the
+/// host, byte for byte. `zero_points` is read only for [`ZeroPointKind::PackedU8`].
+///
+/// # Safety
+/// `b` (N x row_bytes), `scales` (N x k_blocks) and the zero points must be device addresses in
+/// `device`'s context valid until the kernel has run on `stream`, and `packed` must hold
+/// `params.packed_bytes()` writable bytes that overlap none of them.
+pub unsafe fn pack_for_decode_raw(
+    device: &Device,
+    stream: CUstream,
+    params: &MatMulNBitsParams,
+    b: u64,
+    scales: u64,
+    zero_points: u64,
+    packed: u64,
+) -> Result<()> {
+    let (dims, args) = pack_for_decode_plan(params)?;
+    check_pointer(KERNEL, "B", b, 16)?;
+    check_pointer(KERNEL, "scales", scales, 2)?;
+    if params.zero_points == ZeroPointKind::PackedU8 {
+        check_pointer(KERNEL, "zero_points", zero_points, 1)?;
+    }
+    check_pointer(KERNEL, "packed", packed, 16)?;
+    let zeros = if params.zero_points == ZeroPointKind::PackedU8 { zero_points } else { 0 };
+    let params = KernelParams::new().pointers(&[b, scales, zeros, packed]).value(args);
+    // SAFETY: four pointers and Dims, as the kernel declares; validity by the caller's contract.
+    unsafe { device.launch("matmul_nbits_pack_decode", dims, stream, params) }
+}
+
+/// [`pack_for_decode_raw`] over cudarc slices (safe: lengths are checked against the params):
+/// B in `MatMulNBits` layout in, a new allocation of the repacked records out, for
+/// [`matmul_nbits`] with [`Variant::Packed`].
+pub fn pack_for_decode<T: Element>(
+    device: &Device,
+    stream: &Arc<CudaStream>,
+    params: &MatMulNBitsParams,
+    w: &W4Device<T>,
+) -> Result<CudaSlice<u8>> {
+    let p = params;
+    if T::DTYPE != p.dtype {
+        return Err(Error::invalid(KERNEL, format!("slices hold {}, params say {}", T::DTYPE, p.dtype)));
+    }
+    pack_for_decode_plan(p)?;
+    check_same_device(KERNEL, device, stream)?;
+    check_slice(KERNEL, "B", device, w.b, p.n * p.row_bytes())?;
+    check_slice(KERNEL, "scales", device, w.scales, p.n * p.k_blocks())?;
+    let zp = match w.zero_points {
+        ZeroPoints::Default if p.zero_points == ZeroPointKind::Default => None,
+        ZeroPoints::PackedU8(z) if p.zero_points == ZeroPointKind::PackedU8 => {
+            check_slice(KERNEL, "zero_points", device, z, p.n * p.k_blocks().div_ceil(2))?;
+            Some(z.device_ptr(stream))
+        }
+        _ => return Err(Error::invalid(KERNEL, "params.zero_points must match the slices given (u8 or none)")),
+    };
+    // SAFETY: every byte is written by the kernel before anything reads it.
+    let mut packed = unsafe { stream.alloc::<u8>(p.packed_bytes()) }
+        .map_err(|source| Error::Driver { call: "cuMemAllocAsync", source })?;
+    {
+        let (b_ptr, _b) = w.b.device_ptr(stream);
+        let (s_ptr, _s) = w.scales.device_ptr(stream);
+        let (out_ptr, _out) = packed.device_ptr_mut(stream);
+        let z_ptr = zp.as_ref().map_or(0, |(z, _)| *z);
+        // SAFETY: the slices hold the extents the params describe (checked above); `packed` is a
+        // fresh allocation of `packed_bytes`, so it overlaps nothing.
+        unsafe { pack_for_decode_raw(device, stream.cu_stream(), p, b_ptr, s_ptr, z_ptr, out_ptr)? };
+    }
+    Ok(packed)
+}

@@ -62,6 +62,9 @@ pub const PACKED_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_CONSTS_BYTES;
 /// bytes of constants.
 pub const DECODE_PACKED_STAGE_BYTES: usize = DECODE_STAGE_BYTES + 32 * 16;
 pub const DECODE_PACKED_SHARED_BYTES: usize = DECODE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
+/// Threads per block of `matmul_nbits_pack_decode` (one block per record): one 16-byte piece
+/// of the record's codes each.
+pub const PACK_THREADS: usize = DECODE_STAGE_BYTES / 16;
 /// `large`: warp tile 64 x 32, 2 x 4 warps (block 128 x 128), A staged in shared memory.
 pub const LARGE: Tiling = Tiling { mt: 4, nt: 4, wm: 2, wn: 4, wk: 1 };
 /// Dynamic shared memory of the `large` variant: one K chunk of its A rows.
