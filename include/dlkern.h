@@ -146,6 +146,10 @@ int32_t dlkern_infer(const char* name, const DLTensor* inputs, int32_t num_input
                      DLTensor* outputs, int32_t num_outputs, const dlkern_attr* attrs,
                      int32_t num_attrs);
 
+/* Device memory dlkern keeps between calls, in bytes, over all devices: the copies of constant
+ * weights that dlkern.matmul_nbits repacks for ONNX nodes (freed with their sessions). */
+uint64_t dlkern_device_bytes_held(void);
+
 /* Host applications only: loads a plug-in library by path and runs its dlkern_plugin_init.
  * Nothing in dlkern (in particular no ONNX model or operator attribute) loads code by itself. */
 int32_t dlkern_load_plugin(const char* path);

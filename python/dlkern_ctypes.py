@@ -128,6 +128,8 @@ class Library:
         L.dlkern_list_kernels.restype = c_int64
         L.dlkern_load_plugin.argtypes = [c_char_p]
         L.dlkern_load_plugin.restype = c_int32
+        L.dlkern_device_bytes_held.argtypes = []
+        L.dlkern_device_bytes_held.restype = ctypes.c_uint64
         L.dlkern_unregister_kernel.argtypes = [c_char_p]
         L.dlkern_unregister_kernel.restype = c_int32
 
@@ -140,6 +142,10 @@ class Library:
         buf = ctypes.create_string_buffer(need)
         self.lib.dlkern_list_kernels(buf, need)
         return buf.value.decode().split("\n")
+
+    def device_bytes_held(self):
+        """Device memory dlkern keeps between calls (repacked weights of ONNX nodes), in bytes."""
+        return self.lib.dlkern_device_bytes_held()
 
     def load_plugin(self, path):
         self._check(self.lib.dlkern_load_plugin(str(path).encode()))

@@ -367,6 +367,63 @@ mod gpu {
         }
     }
 
+    /// The device packer writes what `W4Weights::pack_for_decode` writes, byte for byte: N off
+    /// the 32-column tile (33, 97, 100), K ending inside a chunk and inside a block (1000,
+    /// 1096, 4104), blocks 128 and 256, both integer zero-point kinds, both types.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_device_packing_matches_host_packing() {
+        let (device, stream) = gpu();
+        let mut seed = 1300;
+        for (n, k, block) in [(33, 128, 128), (97, 1000, 128), (100, 1096, 128), (64, 4104, 256), (40, 1000, 256)] {
+            for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
+                for dtype in [DType::F16, DType::BF16] {
+                    seed += 1;
+                    let p = MatMulNBitsParams { zero_points, ..params(dtype, 1, n, k, block) };
+                    let pr = problem::<f16>(p, seed);
+                    // The scales' bits are all the packer sees of the type.
+                    let bits: Vec<u16> = pr.w.scales.iter().map(|&s| f16::from_f32(s).to_bits()).collect();
+                    let want = pr.w.pack_for_decode(&bits).unwrap();
+                    let b = stream.clone_htod(&pr.w.b).unwrap();
+                    let zp = match &pr.w.zero_points {
+                        HostZeros::Packed(z) => Some(stream.clone_htod(z).unwrap()),
+                        _ => None,
+                    };
+                    let got = if dtype == DType::F16 {
+                        let scales = stream.clone_htod(bytemuck::cast_slice::<u16, f16>(&bits)).unwrap();
+                        let zero_points = zp.as_ref().map_or(ZeroPoints::Default, ZeroPoints::PackedU8);
+                        pack_for_decode(&device, &stream, &p, &W4Device { b: &b, scales: &scales, zero_points })
+                    } else {
+                        let scales = stream.clone_htod(bytemuck::cast_slice::<u16, bf16>(&bits)).unwrap();
+                        let zero_points = zp.as_ref().map_or(ZeroPoints::Default, ZeroPoints::PackedU8);
+                        pack_for_decode(&device, &stream, &p, &W4Device { b: &b, scales: &scales, zero_points })
+                    };
+                    let got = stream.clone_dtoh(&got.unwrap_or_else(|e| panic!("{p:?}: {e}"))).unwrap();
+                    assert_eq!(got.len(), p.packed_bytes(), "{p:?}");
+                    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+                        panic!("{p:?}: byte {i} of {} is {} on the device, {} on the host", got.len(), got[i], want[i]);
+                    }
+                }
+            }
+        }
+        // The safe wrapper refuses what the packed layout cannot hold, and mismatched slices.
+        let p = params(DType::F16, 1, 32, 256, 64);
+        let pr = problem::<f16>(p, 7);
+        let b = stream.clone_htod(&pr.w.b).unwrap();
+        let scales = stream.clone_htod(&vec![f16::ONE; 32 * 4]).unwrap();
+        let zp = stream.clone_htod(&vec![0x88u8; 32 * 2]).unwrap();
+        let w = W4Device { b: &b, scales: &scales, zero_points: ZeroPoints::PackedU8(&zp) };
+        let err = pack_for_decode(&device, &stream, &p, &w).unwrap_err().to_string();
+        assert!(err.contains("block_size >= 128, got 64"), "{err}");
+        let p = MatMulNBitsParams { block_size: 128, ..p };
+        let w = W4Device { zero_points: ZeroPoints::Default, ..w };
+        let err = pack_for_decode(&device, &stream, &p, &w).unwrap_err().to_string();
+        assert!(err.contains("must match the slices"), "{err}");
+        let p = MatMulNBitsParams { zero_points: ZeroPointKind::Default, n: 64, ..p };
+        let err = pack_for_decode(&device, &stream, &p, &w).unwrap_err().to_string();
+        assert!(err.contains("B holds"), "{err}");
+    }
+
     /// `tiled` (M > 16, integer zero points, blocks >= 32): both row tiles, M, N and K off
     /// their tiles (K ending inside a chunk and inside a block), forced splits, bias, both
     /// types; then the unaligned fallbacks through raw pointers.
@@ -508,6 +565,38 @@ mod gpu {
             if bf { problem::<bf16>(p, seed).check(); } else { problem::<f16>(p, seed).check(); }
         }
     }
+}
+
+/// The device packer's plan: one block of `PACK_THREADS` per 32-column tile and K chunk, and
+/// the same refusals as the host packer (checked without a GPU).
+#[test]
+fn device_packing_plan_covers_every_record_and_refuses_what_packed_cannot_hold() {
+    use dlkern::DType;
+    use dlkern::launch::matmul_nbits::*;
+    let p = MatMulNBitsParams {
+        dtype: DType::BF16,
+        m: 1,
+        n: 97,
+        k: 1000,
+        block_size: 256,
+        zero_points: ZeroPointKind::PackedU8,
+        bias: false,
+        variant: None,
+        splits: 0,
+    };
+    let (dims, args) = pack_for_decode_plan(&p).unwrap();
+    assert_eq!(dims.grid, (4 * 8, 1, 1)); // ceil(97 / 32) tiles x ceil(1000 / 128) chunks
+    assert_eq!(dims.block.0 as usize * 16 + 128, p.packed_bytes() / 32, "16 bytes of codes a thread");
+    assert_eq!((args.k_blocks, args.block_shift, args.row_bytes), (4, 8, 512));
+    let refuse = |q: MatMulNBitsParams, what: &str| {
+        let err = pack_for_decode_plan(&q).unwrap_err().to_string();
+        assert!(err.contains(what), "{q:?}: {err}");
+    };
+    refuse(MatMulNBitsParams { block_size: 64, ..p }, "block_size >= 128");
+    refuse(MatMulNBitsParams { block_size: 192, ..p }, "block_size >= 128");
+    refuse(MatMulNBitsParams { zero_points: ZeroPointKind::Typed, ..p }, "integer zero points");
+    refuse(MatMulNBitsParams { dtype: DType::F32, ..p }, "dtype f32");
+    refuse(MatMulNBitsParams { n: 0, ..p }, "N = 0");
 }
 
 #[test]
@@ -691,6 +780,112 @@ fn gpu_registry_kernel_runs_on_cuda_tensors() {
         let (g, w) = (g.to_f64(), w.to_f64());
         assert!((g - w).abs() <= 4e-3 * (1.0 + w.abs()), "y[{i}] = {g} on CUDA vs {w} on the CPU");
     }
+}
+
+/// At a call site that marks B, the scales and the zero points constant (what the ORT adapter
+/// does for a node's initializers), the GPU path repacks them once for `Variant::Packed`, keeps
+/// the copy in the site and reads it on later calls (proved by overwriting B afterwards, which
+/// a plain call then sees), only where `decode` would run, and frees it with the site.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_registry_kernel_repacks_constant_weights_at_a_call_site() {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    use half::f16;
+    use registry::CallSite;
+    let (k, n, block) = (1096, 100, 128);
+    let mut rng = Rng::new(23);
+    let w: Vec<f32> = (0..n * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+    let q = quantize(&w, n, k, block, false).unwrap();
+    let kb = q.k_blocks();
+    let ZeroPoints::Packed(zp) = &q.zero_points else { panic!("asymmetric quantization packs zero points") };
+    let halves = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<f16>>();
+    let max_m = 17;
+    let a = halves(&(0..max_m * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
+    let bias = halves(&(0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
+    let scales = halves(&q.scales);
+    let attrs = attrs(k, n, block);
+    let hosts = |m: usize| {
+        (
+            Host::new(a[..m * k].to_vec(), &[m as i64, k as i64]),
+            Host::new(q.b.clone(), &[n as i64, kb as i64, (block / 2) as i64]),
+            Host::new(scales.clone(), &[n as i64, kb as i64]),
+            Host::new(zp.clone(), &[n as i64, kb.div_ceil(2) as i64]),
+            Host::<i32>::new(vec![], &[0]),
+            Host::new(bias.clone(), &[n as i64]),
+            Host::new(vec![f16::ZERO; m * n], &[m as i64, n as i64]),
+        )
+    };
+    let want = |m: usize| {
+        let mut h = hosts(m);
+        let mut cpu = [h.0.dl(), h.1.dl(), h.2.dl(), h.3.dl(), h.4.dl(), h.5.dl(), h.6.dl()];
+        // SAFETY: host tensors alive for the call.
+        unsafe { registry::call("dlkern.matmul_nbits", &mut cpu, 6, std::ptr::null_mut(), &attrs) }.unwrap();
+        h.6.data
+    };
+
+    let (_device, stream) = common::gpu();
+    let a_d = stream.clone_htod(&a).unwrap();
+    let mut b_d = stream.clone_htod(&q.b).unwrap();
+    let (s_d, z_d, bias_d) =
+        (stream.clone_htod(&scales).unwrap(), stream.clone_htod(zp).unwrap(), stream.clone_htod(&bias).unwrap());
+    let mut y_d = stream.alloc_zeros::<f16>(max_m * n).unwrap();
+    let raw_stream = stream.cu_stream() as *mut std::ffi::c_void;
+    // Y for `m` rows from `site` (or a plain call), on the device's copies above.
+    let mut run = |m: usize, site: Option<&CallSite>, b_d: &cudarc::driver::CudaSlice<u8>| -> Vec<f16> {
+        let mut h = hosts(m);
+        {
+            let (ap, _a) = a_d.device_ptr(&stream);
+            let (bp, _b) = b_d.device_ptr(&stream);
+            let (sp, _s) = s_d.device_ptr(&stream);
+            let (zpp, _z) = z_d.device_ptr(&stream);
+            let (biasp, _bias) = bias_d.device_ptr(&stream);
+            let (yp, _y) = y_d.device_ptr_mut(&stream);
+            let mut gpu = [
+                on_cuda(h.0.dl(), ap),
+                on_cuda(h.1.dl(), bp),
+                on_cuda(h.2.dl(), sp),
+                on_cuda(h.3.dl(), zpp),
+                on_cuda(h.4.dl(), ap), // the absent g_idx: a 0-element tensor (never read)
+                on_cuda(h.5.dl(), biasp),
+                on_cuda(h.6.dl(), yp),
+            ];
+            // SAFETY: device buffers of the shapes described, alive until the stream is
+            // synchronized; the site's constant inputs are the same buffers on every call
+            // (overwriting B below breaks that on purpose: the copy must win).
+            unsafe {
+                match site {
+                    Some(site) => registry::call_at("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &attrs, site),
+                    None => registry::call("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &attrs),
+                }
+            }
+            .unwrap();
+            stream.synchronize().unwrap();
+        }
+        stream.clone_dtoh(&y_d).unwrap()[..m * n].to_vec()
+    };
+    let close = |got: &[f16], want: &[f16]| {
+        got.iter().zip(want).all(|(g, w)| (g.to_f64() - w.to_f64()).abs() <= 4e-3 * (1.0 + w.to_f64().abs()))
+    };
+    let (want5, want17) = (want(5), want(17));
+    let packed_bytes = n.div_ceil(32) * k.div_ceil(128) * 2176;
+    let held = dlkern::runtime::device_bytes_held();
+
+    let site = CallSite::new(0b1110); // B, scales, zero points
+    assert!(close(&run(5, Some(&site), &b_d), &want5), "first call at the site");
+    assert!(site.cache().is_some(), "M = 5 runs `decode`: the site keeps a repacked B");
+    assert_eq!(dlkern::runtime::device_bytes_held() - held, packed_bytes as u64);
+    let fresh = CallSite::new(0b1110);
+    assert!(close(&run(17, Some(&fresh), &b_d), &want17));
+    assert!(fresh.cache().is_none(), "M = 17 does not run `decode`: nothing to repack");
+    let not_constant = CallSite::new(0b0110);
+    assert!(close(&run(5, Some(&not_constant), &b_d), &want5));
+    assert!(not_constant.cache().is_none(), "B not constant: nothing kept");
+
+    stream.memset_zeros(&mut b_d).unwrap();
+    assert!(close(&run(5, Some(&site), &b_d), &want5), "the site reads its copy, not B");
+    assert!(!close(&run(5, None, &b_d), &want5), "a plain call reads the overwritten B");
+    drop(site);
+    assert_eq!(dlkern::runtime::device_bytes_held(), held, "the copy goes with its site");
 }
 
 /// A CPU tensor among CUDA ones is refused by validation, before any device is touched (so this

@@ -145,6 +145,43 @@ fn rust_kernels_register_run_and_follow_the_rules() {
     assert!(matches!(registry::unregister(name), Err(Error::UnknownKernel { .. })));
 }
 
+/// A Rust kernel called through `call_at` sees the site: which inputs are constant, and a slot
+/// it keeps across calls (here, a count of the calls made there); a plain call sees no site.
+#[test]
+fn a_call_site_tells_constant_inputs_and_keeps_the_kernels_state() {
+    let name = "test.counts_calls_at_its_site";
+    let kernel = |args: &registry::KernelArgs| -> dlkern::Result<()> {
+        let y = args.output(0, "y")?;
+        // SAFETY: a host tensor (the kernel only accepts CPU), distinct from the input.
+        let ys = unsafe { y.host_slice_mut::<f32>()? };
+        let Some(site) = args.site else {
+            ys[0] = -1.0;
+            return Ok(());
+        };
+        let mut slot = site.cache();
+        let calls = slot.get_or_insert_with(|| Box::new(0u32)).downcast_mut::<u32>().expect("this kernel's slot");
+        *calls += 1;
+        ys[0] = *calls as f32;
+        ys[1] = if site.is_constant(0) { 1.0 } else { 0.0 };
+        Ok(())
+    };
+    registry::register(KernelDef::rust(name, DEVICE_MASK_CPU, kernel), false).unwrap();
+    let mut x = Host::<f32>::new(vec![0.0], &[1]);
+    let mut y = Host::<f32>::new(vec![0.0; 2], &[2]);
+    let attrs = Attributes::new();
+    let (site, other) = (registry::CallSite::new(0b1), registry::CallSite::new(0));
+    assert!(site.is_constant(0) && !site.is_constant(1) && !site.is_constant(64) && !other.is_constant(0));
+    for (which, want) in [(&site, [1.0, 1.0]), (&site, [2.0, 1.0]), (&other, [1.0, 0.0]), (&site, [3.0, 1.0])] {
+        // SAFETY: host tensors alive for the call; input 0 is the same buffer on every call.
+        unsafe { registry::call_at(name, &mut [x.dl(), y.dl()], 1, std::ptr::null_mut(), &attrs, which) }.unwrap();
+        assert_eq!(y.data, want);
+    }
+    // SAFETY: as above.
+    unsafe { registry::call(name, &mut [x.dl(), y.dl()], 1, std::ptr::null_mut(), &attrs) }.unwrap();
+    assert_eq!(y.data[0], -1.0);
+    registry::unregister(name).unwrap();
+}
+
 #[test]
 fn a_panicking_kernel_becomes_an_error() {
     let name = "test.panics";

@@ -125,6 +125,13 @@ pub extern "C" fn dlkern_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
+/// `uint64_t dlkern_device_bytes_held(void)`: device memory dlkern keeps between calls (the
+/// weights `dlkern.matmul_nbits` repacks for ONNX nodes), in bytes, over all devices.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlkern_device_bytes_held() -> u64 {
+    crate::runtime::device_bytes_held()
+}
+
 /// `int32_t dlkern_register_kernel(const dlkern_kernel_def* def, int32_t replace)`
 ///
 /// # Safety

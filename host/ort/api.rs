@@ -102,6 +102,24 @@ impl Api {
         }
     }
 
+    /// The node's inputs that are constant initializers, as a bit mask (inputs past 63 and
+    /// any input ORT cannot answer for count as not constant).
+    pub fn constant_inputs(self, info: *const OrtKernelInfo) -> u64 {
+        let mut count = 0usize;
+        // SAFETY: a valid info; out-pointers to locals. The constant's OrtValue stays ORT's.
+        unsafe {
+            if self.check((self.0.KernelInfo_GetInputCount)(info, &mut count)).is_err() {
+                return 0;
+            }
+            (0..count.min(64)).fold(0, |mask, i| {
+                let (mut is_constant, mut value) = (0, std::ptr::null());
+                let known =
+                    self.check((self.0.KernelInfoGetConstantInput_tensor)(info, i, &mut is_constant, &mut value));
+                if known.is_ok() && is_constant != 0 { mask | 1 << i } else { mask }
+            })
+        }
+    }
+
     pub fn node_name(self, info: *const OrtKernelInfo) -> String {
         let mut size = 0usize;
         // SAFETY: size query, then a read into a buffer of that size.

@@ -10,7 +10,7 @@ use ort_sys::*;
 use super::api::{Api, ORT_API_VERSION_NEEDED, OrtResult};
 use crate::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
 use crate::dtype::DType;
-use crate::registry::{self, AttrValue, Attributes, TensorSpec};
+use crate::registry::{self, AttrValue, Attributes, CallSite, TensorSpec};
 
 /// Which ONNX Runtime execution provider an op instance serves.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -346,6 +346,9 @@ struct NodeKernel {
     function_name: String,
     attrs: Attributes,
     num_outputs: usize,
+    /// The node's initializer inputs, and what its kernel derives from them (`matmul_nbits`
+    /// keeps its repacked B there).
+    site: CallSite,
 }
 
 fn op_name(op: &DlkernOp) -> &'static str {
@@ -428,7 +431,8 @@ unsafe extern "system" fn create_kernel(
                 name
             }
         };
-        let state = Box::new(NodeKernel { op, label, function_name, attrs, num_outputs: n_out });
+        let site = CallSite::new(api.constant_inputs(info));
+        let state = Box::new(NodeKernel { op, label, function_name, attrs, num_outputs: n_out, site });
         // SAFETY: ORT passes a valid out-pointer; KernelDestroy frees the box.
         unsafe { *kernel = Box::into_raw(state).cast() };
         Ok(())
@@ -564,8 +568,9 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
     }
     debug_assert_eq!(kernel.num_outputs, n_out);
     // SAFETY: ORT's tensors are valid on their device for this call; `stream` is ORT's compute
-    // stream of the node's device (or null on the CPU provider).
-    unsafe { registry::call(&kernel.function_name, &mut tensors, n_in, stream, &kernel.attrs) }
+    // stream of the node's device (or null on the CPU provider); the inputs the site marks
+    // constant are the node's initializers, the same tensors on every call.
+    unsafe { registry::call_at(&kernel.function_name, &mut tensors, n_in, stream, &kernel.attrs, &kernel.site) }
         .map_err(|e| e.to_string())
 }
 

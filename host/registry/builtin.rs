@@ -19,6 +19,7 @@
 
 mod attention;
 mod int8;
+mod nbits;
 
 use half::{bf16, f16};
 
@@ -49,8 +50,8 @@ pub fn definitions() -> Vec<KernelDef> {
         KernelDef::rust(RMSNORM, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, rmsnorm_compute)
             .with_infer(same_as_first_input)
             .with_outputs(1),
-        KernelDef::rust(MATMUL_NBITS, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, matmul_nbits_compute)
-            .with_infer(matmul_nbits_infer)
+        KernelDef::rust(MATMUL_NBITS, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, nbits::compute)
+            .with_infer(nbits::infer)
             .with_outputs(1),
         KernelDef::rust(QUANTIZE_PER_TOKEN, DEVICE_MASK_CPU | DEVICE_MASK_CUDA, int8::quantize_compute)
             .with_infer(int8::quantize_infer)
@@ -70,49 +71,8 @@ pub fn definitions() -> Vec<KernelDef> {
     ]
 }
 
-/// `MatMulNBits` attributes, checked.
-struct NBitsAttrs {
-    k: usize,
-    n: usize,
-    block_size: usize,
-}
-
-fn nbits_attrs(args_name: &str, attrs: &super::Attributes) -> Result<NBitsAttrs> {
-    let fail = |message: String| Error::KernelFailed { name: args_name.to_string(), message };
-    let positive = |name: &str| -> Result<usize> {
-        let v = attrs.require_int(name)?;
-        usize::try_from(v)
-            .ok()
-            .filter(|&v| v > 0)
-            .ok_or_else(|| fail(format!("attribute '{name}' = {v} must be positive")))
-    };
-    let bits = attrs.require_int("bits")?;
-    if bits != 4 {
-        return Err(fail(format!("bits = {bits}: dlkern implements bits = 4")));
-    }
-    let block_size = positive("block_size")?;
-    if !crate::quant::w4::valid_block_size(block_size) {
-        return Err(fail(format!("block_size = {block_size} must be a power of two >= 16")));
-    }
-    Ok(NBitsAttrs { k: positive("K")?, n: positive("N")?, block_size })
-}
-
-fn matmul_nbits_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
-    let at = nbits_attrs(args.function_name, args.attrs)?;
-    let a = args
-        .inputs
-        .first()
-        .ok_or_else(|| Error::KernelFailed { name: args.function_name.to_string(), message: "needs input A".into() })?;
-    let mut shape = a.shape().to_vec();
-    match shape.last_mut() {
-        Some(last) => *last = at.n as i64,
-        None => shape.push(at.n as i64),
-    }
-    Ok(vec![TensorSpec { dtype: a.dtype(), shape }])
-}
-
 /// An optional input: `None` when absent (missing or 0 elements).
-fn optional<'a>(args: &'a KernelArgs, i: usize, name: &'a str) -> Result<Option<TensorView<'a>>> {
+pub(super) fn optional<'a>(args: &'a KernelArgs, i: usize, name: &'a str) -> Result<Option<TensorView<'a>>> {
     if i >= args.num_inputs() {
         return Ok(None);
     }
@@ -172,155 +132,6 @@ pub(super) unsafe fn store(t: &TensorView, values: &[f64]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn matmul_nbits_compute(args: &KernelArgs) -> Result<()> {
-    use crate::launch::matmul_nbits::ZeroPointKind;
-    use crate::quant::w4::{W4Weights, ZeroPoints, matmul_reference};
-    args.expect_count_ranges(3..=6, 1..=1)?;
-    let at = nbits_attrs(args.function_name, args.attrs)?;
-    let a = args.input(0, "A")?;
-    let b = args.input(1, "B")?;
-    let scales = args.input(2, "scales")?;
-    let zero_points = optional(args, 3, "zero_points")?;
-    let g_idx = optional(args, 4, "g_idx")?;
-    let bias = optional(args, 5, "bias")?;
-    let y = args.output(0, "Y")?;
-    let dtype = a.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
-    if g_idx.is_some() {
-        return Err(Error::invalid("matmul_nbits", "g_idx (deprecated in MatMulNBits) is not supported"));
-    }
-    let k_blocks = at.k.div_ceil(at.block_size);
-    if a.dim(-1) != Some(at.k) {
-        return Err(Error::InvalidTensor {
-            name: "A".into(),
-            message: format!("last dimension of {:?} is not K = {}", a.shape(), at.k),
-        });
-    }
-    b.expect_dtype(&[DType::U8])?;
-    b.expect_shape(&[at.n as i64, k_blocks as i64, (at.block_size / 2) as i64])?;
-    scales.expect_same_dtype(&a)?;
-    if scales.len() != at.n * k_blocks {
-        return Err(Error::InvalidTensor {
-            name: "scales".into(),
-            message: format!("shape {:?} (expected [{}, {k_blocks}])", scales.shape(), at.n),
-        });
-    }
-    let zero_kind = match &zero_points {
-        None => ZeroPointKind::Default,
-        Some(zp) if zp.dtype() == DType::U8 => {
-            if zp.len() != at.n * k_blocks.div_ceil(2) {
-                return Err(Error::InvalidTensor {
-                    name: "zero_points".into(),
-                    message: format!("{} packed bytes (expected [{}, {}])", zp.len(), at.n, k_blocks.div_ceil(2)),
-                });
-            }
-            ZeroPointKind::PackedU8
-        }
-        Some(zp) => {
-            zp.expect_same_dtype(&a)?;
-            if zp.len() != at.n * k_blocks {
-                return Err(Error::InvalidTensor {
-                    name: "zero_points".into(),
-                    message: format!("{} values (expected [{}, {k_blocks}])", zp.len(), at.n),
-                });
-            }
-            ZeroPointKind::Typed
-        }
-    };
-    if let Some(bias) = &bias {
-        bias.expect_same_dtype(&a)?;
-        bias.expect_shape(&[at.n as i64])?;
-    }
-    y.expect_shape(&with_last(a.shape(), at.n as i64))?;
-    y.expect_same_dtype(&a)?;
-    for t in [Some(&b), Some(&scales), zero_points.as_ref(), bias.as_ref(), Some(&y)].into_iter().flatten() {
-        t.expect_device(a.device())?;
-    }
-    if let DeviceKind::Cuda(ordinal) = a.device() {
-        let tensors = [&a, &b, &scales, &y];
-        return matmul_nbits_cuda(args, ordinal, dtype, &at, tensors, zero_kind, zero_points.as_ref(), bias.as_ref());
-    }
-    // SAFETY: CPU tensors (checked above), valid for the call by the registry's contract; Y
-    // does not alias the inputs (ORT allocates it; C callers are told outputs are distinct
-    // buffers).
-    unsafe {
-        let zero_points = match (&zero_points, zero_kind) {
-            (Some(zp), ZeroPointKind::PackedU8) => ZeroPoints::Packed(zp.host_slice::<u8>()?.to_vec()),
-            (Some(zp), ZeroPointKind::Typed) => ZeroPoints::Unpacked(floats(zp)?),
-            _ => ZeroPoints::Default,
-        };
-        let w = W4Weights {
-            n: at.n,
-            k: at.k,
-            block_size: at.block_size,
-            b: b.host_slice::<u8>()?.to_vec(),
-            scales: floats(&scales)?,
-            zero_points,
-        };
-        w.validate()?;
-        let bias = match &bias {
-            Some(bias) => Some(floats(bias)?.into_iter().map(f64::from).collect::<Vec<f64>>()),
-            None => None,
-        };
-        let a64: Vec<f64> = floats(&a)?.into_iter().map(f64::from).collect();
-        let m = a.len() / at.k;
-        store(&y, &matmul_reference(&a64, m, &w, bias.as_deref()))
-    }
-}
-
-/// The GPU path of `dlkern.matmul_nbits` (inputs already checked against the attributes).
-#[allow(clippy::too_many_arguments)]
-fn matmul_nbits_cuda(
-    args: &KernelArgs,
-    ordinal: i32,
-    dtype: DType,
-    at: &NBitsAttrs,
-    [a, b, scales, y]: [&TensorView; 4],
-    zero_kind: crate::launch::matmul_nbits::ZeroPointKind,
-    zero_points: Option<&TensorView>,
-    bias: Option<&TensorView>,
-) -> Result<()> {
-    use crate::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, RowAlignment, matmul_nbits_raw};
-    // The kernel reads every tensor as one dense row-major block.
-    for t in [Some(a), Some(b), Some(scales), zero_points, bias, Some(y)].into_iter().flatten() {
-        t.expect_contiguous()?;
-    }
-    let m = a.len() / at.k;
-    if m == 0 {
-        return Ok(());
-    }
-    let params = MatMulNBitsParams {
-        dtype,
-        m,
-        n: at.n,
-        k: at.k,
-        block_size: at.block_size,
-        zero_points: zero_kind,
-        bias: bias.is_some(),
-        variant: None,
-        splits: 0,
-    };
-    let device = Device::get(ordinal.max(0) as usize)?;
-    let rows = RowAlignment::of(&params, a.data_address(), b.data_address());
-    let plan = params.plan_for(device.multiprocessors(), device.has_wgmma(), rows)?;
-    let stream: cudarc::driver::sys::CUstream = args.stream.cast();
-    // SAFETY: the registry's caller hands over a live stream of the tensors' device for the
-    // duration of the call; the scratch is freed on it before the call returns.
-    let workspace = unsafe { crate::runtime::StreamScratch::new(&device, stream, plan.workspace_bytes)? };
-    let ptrs = MatMulNBitsPointers {
-        a: a.data_address(),
-        b: b.data_address(),
-        scales: scales.data_address(),
-        zero_points: zero_points.map_or(0, |z| z.data_address()),
-        bias: bias.map_or(0, |b| b.data_address()),
-        y: y.data_address(),
-        workspace: workspace.address(),
-    };
-    // SAFETY: the registry's caller guarantees the tensors' memory for their extents, which the
-    // shape checks relate to the parameters; Y is an output distinct from the inputs; the
-    // workspace lives until it is freed in stream order after the kernels.
-    unsafe { matmul_nbits_raw(&device, stream, &params, &ptrs) }.map(|_| ())
 }
 
 fn same_as_first_input(args: &InferArgs) -> Result<Vec<TensorSpec>> {

@@ -11,10 +11,11 @@ mod attributes;
 pub mod builtin;
 mod plugin;
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_void};
 use std::ops::RangeInclusive;
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, RwLock};
 
 pub(crate) use attributes::c_string;
 pub use attributes::{ATTR_FLOAT, ATTR_FLOATS, ATTR_INT, ATTR_INTS, ATTR_STRING, AttrValue, Attributes, CAttr};
@@ -37,6 +38,37 @@ pub struct KernelArgs<'a> {
     /// CUDA stream to launch on (for CUDA tensors).
     pub stream: StreamHandle,
     pub attrs: &'a Attributes,
+    /// The call site, when the caller keeps one across calls ([`call_at`]; ONNX Runtime's nodes).
+    pub site: Option<&'a CallSite>,
+}
+
+/// What a caller that calls one kernel again and again from the same place (an ONNX node)
+/// tells it, and lets it keep: which inputs stay the same for the site's whole life (the node's
+/// initializers), and one slot for what the kernel derives from them (a repacked weight), freed
+/// with the site. Kernels must check that what they cached still belongs to the inputs they get.
+#[derive(Default)]
+pub struct CallSite {
+    constant_inputs: u64,
+    cache: Mutex<Option<Box<dyn Any + Send + Sync>>>,
+}
+
+impl CallSite {
+    /// A site whose inputs `i` with bit `i` set in `constant_inputs` never change (same address,
+    /// same contents) while it lives.
+    pub fn new(constant_inputs: u64) -> Self {
+        CallSite { constant_inputs, cache: Mutex::new(None) }
+    }
+
+    /// Whether input `i` is the same tensor, with the same contents, on every call.
+    pub fn is_constant(&self, i: usize) -> bool {
+        i < 64 && self.constant_inputs & (1 << i) != 0
+    }
+
+    /// The kernel's slot (a poisoned lock is taken over: a slot is replaced whole, never left
+    /// half written).
+    pub fn cache(&self) -> MutexGuard<'_, Option<Box<dyn Any + Send + Sync>>> {
+        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl<'a> KernelArgs<'a> {
@@ -347,6 +379,36 @@ pub unsafe fn call(
     stream: StreamHandle,
     attrs: &Attributes,
 ) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { call_with(name, tensors, num_inputs, stream, attrs, None) }
+}
+
+/// [`call`] from a call site the caller keeps across calls: a Rust kernel may keep what it
+/// derives from the site's constant inputs there (C kernels do not see it).
+///
+/// # Safety
+/// As [`call`], and the inputs `site` marks constant must be the same tensors, with the same
+/// contents, on every call at this site.
+pub unsafe fn call_at(
+    name: &str,
+    tensors: &mut [DLTensor],
+    num_inputs: usize,
+    stream: StreamHandle,
+    attrs: &Attributes,
+    site: &CallSite,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { call_with(name, tensors, num_inputs, stream, attrs, Some(site)) }
+}
+
+unsafe fn call_with(
+    name: &str,
+    tensors: &mut [DLTensor],
+    num_inputs: usize,
+    stream: StreamHandle,
+    attrs: &Attributes,
+    site: Option<&CallSite>,
+) -> Result<()> {
     let def = get(name)?;
     let fail = |message: String| Error::KernelFailed { name: name.to_string(), message };
     if num_inputs > tensors.len() {
@@ -368,7 +430,7 @@ pub unsafe fn call(
     }
     match &def.compute {
         Compute::Rust(f) => {
-            let args = KernelArgs { function_name: name, tensors, num_inputs, stream, attrs };
+            let args = KernelArgs { function_name: name, tensors, num_inputs, stream, attrs, site };
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args))) {
                 Ok(result) => result,
                 Err(payload) => Err(fail(format!("panicked: {}", panic_message(payload)))),

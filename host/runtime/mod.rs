@@ -10,6 +10,7 @@ mod params;
 pub mod ptx;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction, CUfunction_attribute, CUstream};
@@ -305,4 +306,75 @@ impl Drop for StreamScratch {
             let _ = unsafe { cudarc::driver::result::free_async(self.ptr, self.stream) };
         }
     }
+}
+
+/// Device memory that outlives calls (what a kernel keeps for an ONNX node): allocated with
+/// `cuMemAlloc` and freed with `cuMemFree`, which waits for the device's work in flight, so no
+/// launch still queued can read the block after it is gone.
+pub struct DeviceBuffer {
+    ptr: u64,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceBuffer {
+    /// `bytes` (at least 1) of uninitialized device memory in `device`'s primary context.
+    pub fn new(device: &Device, bytes: usize) -> Result<Self> {
+        let ctx = device.context().clone();
+        let ptr = guarded("allocate device buffer", || {
+            ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+            // SAFETY: a plain allocation in this context.
+            unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }.during("cuMemAlloc")
+        })?;
+        HELD_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(DeviceBuffer { ptr, bytes, ctx })
+    }
+
+    /// The device address.
+    pub fn address(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Its size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({} bytes at {:#x} on device {})", self.bytes, self.ptr, self.ctx.ordinal())
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by cuMemAlloc above and freed once. A failure here cannot be
+            // reported from drop and at worst leaks the block.
+            let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
+        }
+        HELD_BYTES.fetch_sub(self.bytes as u64, Ordering::Relaxed);
+    }
+}
+
+static HELD_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of device memory in live [`DeviceBuffer`]s: what dlkern keeps between calls (the
+/// repacked weights of ONNX nodes), over all devices.
+pub fn device_bytes_held() -> u64 {
+    HELD_BYTES.load(Ordering::Relaxed)
+}
+
+/// Waits for the work queued on `stream` (a raw handle, as the registry gets it).
+///
+/// # Safety
+/// `stream` must be a live stream of `device`'s primary context (or null, the legacy default
+/// stream).
+pub unsafe fn synchronize_stream(device: &Device, stream: CUstream) -> Result<()> {
+    guarded("synchronize stream", || {
+        device.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        // SAFETY: the caller's contract.
+        unsafe { cudarc::driver::result::stream::synchronize(stream) }.during("cuStreamSynchronize")
+    })
 }

@@ -79,6 +79,7 @@ static DLTensor cpu_f32(float* data, int64_t* shape, int32_t ndim) {
 int main(int argc, char** argv) {
   CHECK(argc == 2);
   CHECK(dlkern_abi_version() == DLKERN_ABI_VERSION);
+  CHECK(dlkern_device_bytes_held() == 0); /* nothing repacked: no ONNX node has run */
 
   char names[4096];
   int64_t need = dlkern_list_kernels(NULL, 0);

@@ -3,6 +3,7 @@ EP, with I/O binding on device memory, and DLPackKernel calling a CUDA kernel re
 through the C ABI (the nvcc-built plug-in). Skipped where the CUDA EP is unavailable."""
 
 import collections
+import gc
 import json
 import os
 import shutil
@@ -111,11 +112,22 @@ def test_matmulnbits_on_cuda_ep_matches_ort(block_size, symmetric, m):
     (expected,) = run(model).run(None, {"A": a})
     model.graph.node[0].domain = "dlkern"
     model.opset_import.append(helper.make_opsetid("dlkern", 1))
+    gc.collect()
+    held = LIB.device_bytes_held()
     sess = dx.session(LIB_PATH, model.SerializeToString(), CUDA, profile=True)
     got = run_bound(sess, {"A": a}, "cuda")
     assert providers_of(sess)["MatMulNBits"] == {CUDA}
     # Both dequantize to f16 and accumulate in f32; they differ in summation order.
     np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64), rtol=4e-3, atol=4e-3)
+    # B, scales and zero points are initializers: where `decode` runs (M <= 16, blocks >= 128)
+    # the node repacked them once, one 2176-byte record per 32 columns and 128 of K...
+    repacked = (n + 31) // 32 * ((k + 127) // 128) * 2176 if m <= 16 and block_size >= 128 else 0
+    assert LIB.device_bytes_held() - held == repacked
+    # ...reads its copy on the next run (same result) and frees it with the session.
+    np.testing.assert_array_equal(run_bound(sess, {"A": a}, "cuda"), got)
+    del sess
+    gc.collect()
+    assert LIB.device_bytes_held() == held
 
 
 @pytest.mark.parametrize("np_dtype,elem", [(np.float16, TensorProto.FLOAT16)])
