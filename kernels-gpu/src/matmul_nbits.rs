@@ -615,7 +615,12 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
             c
         };
         let mut acc = [[[0.0f32; 4]; R]; TILES];
-        let compute = |stage: u32, a: &[[[u32; 4]; 4]; R], c: &DecodeConsts, acc: &mut [[[f32; 4]; R]; TILES]| {
+        // The `mma` B fragments of a chunk's activations: built first thing in a step, so that
+        // the next activations can load into the slot they came from (see the loop).
+        let fragments = |a: &[[[u32; 4]; 4]; R]| -> [[[[u32; 2]; 2]; 4]; R] {
+            core::array::from_fn(|rr| core::array::from_fn(|i| [frag_pairs(a[rr][i], 0), frag_pairs(a[rr][i], 1)]))
+        };
+        let compute = |stage: u32, a: &[[[[u32; 2]; 2]; 4]; R], c: &DecodeConsts, acc: &mut [[[f32; 4]; R]; TILES]| {
             unroll!(TT in [0, 1] {
                 let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
                 let bias = [T::code_bias(c.zeros[TT][0]), T::code_bias(c.zeros[TT][1])];
@@ -627,7 +632,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
                         let af = [d0[2 * H], d1[2 * H], d0[2 * H + 1], d1[2 * H + 1]];
                         unroll!(RR in [0, 1] {
                             if RR < R {
-                                part[RR] = T::mma(part[RR], af, frag_pairs(a[RR][I], H));
+                                part[RR] = T::mma(part[RR], af, a[RR][I][H]);
                             }
                         });
                     });
@@ -684,14 +689,30 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
                         }
                     }
                     async_copy::commit_group();
+                    async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
+                    // ptxas tracks all of a warp's activation loads on one scoreboard, so the
+                    // first use of chunk j's waits for every activation load in flight: the
+                    // next chunk's loads go out only after that use, a whole step before the
+                    // next wait, not just before this one.
+                    let mut frags = fragments(&a_ring[S % (A_AHEAD + 1)]);
+                    // LLVM would otherwise sink the fragments to their `mma`s and hoist the
+                    // loads above them.
+                    unroll!(RR in [0, 1] {
+                        if RR < R {
+                            unroll!(I in [0, 1, 2, 3] {
+                                unroll!(H in [0, 1] {
+                                    sync::order_point(&mut frags[RR][I][H]);
+                                });
+                            });
+                        }
+                    });
                     if j + ((S + A_AHEAD) as u32) < count {
                         a_ring[(S + A_AHEAD) % (A_AHEAD + 1)] = activations(chunk_of(j + (S + A_AHEAD) as u32));
                     }
-                    async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
                     if PACKED {
-                        compute(S as u32, &a_ring[S % (A_AHEAD + 1)], &packed_consts(S as u32), &mut acc);
+                        compute(S as u32, &frags, &packed_consts(S as u32), &mut acc);
                     } else {
-                        compute(S as u32, &a_ring[S % (A_AHEAD + 1)], &ring_consts[S], &mut acc);
+                        compute(S as u32, &frags, &ring_consts[S], &mut acc);
                     }
                 }
             });

@@ -43,3 +43,14 @@ pub unsafe fn sync_threads_or(flag: bool) -> bool {
     };
     out != 0
 }
+
+/// An empty `asm` (no instruction) that the compiler must treat as reading and writing memory:
+/// `values` are computed before it, and no memory access moves across it. Orders the code LLVM
+/// emits, not what ptxas schedules.
+#[inline(always)]
+pub fn order_point<const N: usize>(values: &mut [u32; N]) {
+    for v in values.iter_mut() {
+        // SAFETY: an empty template; it only pins `v` and the memory order.
+        unsafe { asm!("/* order point {0} */", inout(reg32) * v, options(nostack, preserves_flags)) };
+    }
+}
