@@ -44,9 +44,9 @@ pub unsafe fn sync_threads_or(flag: bool) -> bool {
     out != 0
 }
 
-/// An empty `asm` (no instruction) that the compiler must treat as reading and writing memory:
-/// `values` are computed before it, and no memory access moves across it. Orders the code LLVM
-/// emits, not what ptxas schedules.
+/// No instruction: an empty `asm` (a PTX comment) that LLVM must treat as reading and writing
+/// memory, so `values` are computed before it and no memory access moves across it. It orders
+/// the PTX LLVM emits, not what ptxas schedules (check the SASS when it matters).
 #[inline(always)]
 pub fn order_point<const N: usize>(values: &mut [u32; N]) {
     for v in values.iter_mut() {
