@@ -714,132 +714,97 @@ fn gpu_plan_validates_and_splits() {
     assert_eq!((one_chunk.splits, one_chunk.reduce), (1, None));
 }
 
-/// The registry kernel on CUDA tensors (what ONNX Runtime's CUDA EP and C callers reach) agrees
-/// with its CPU path on the same inputs, and refuses a CPU tensor among CUDA ones.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn gpu_registry_kernel_runs_on_cuda_tensors() {
-    use cudarc::driver::{DevicePtr, DevicePtrMut};
-    use half::f16;
-    let (m, k, n, block) = (5, 200, 48, 32);
-    let mut rng = Rng::new(21);
-    let w: Vec<f32> = (0..n * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
-    let q = quantize(&w, n, k, block, false).unwrap();
-    let kb = q.k_blocks();
-    let ZeroPoints::Packed(zp) = &q.zero_points else { panic!("asymmetric quantization packs zero points") };
-    let halves = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<f16>>();
-    let a = halves(&(0..m * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
-    let bias = halves(&(0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
-    let scales = halves(&q.scales);
-    let mut hosts = (
-        Host::new(a.clone(), &[m as i64, k as i64]),
-        Host::new(q.b.clone(), &[n as i64, kb as i64, (block / 2) as i64]),
-        Host::new(scales.clone(), &[n as i64, kb as i64]),
-        Host::new(zp.clone(), &[n as i64, kb.div_ceil(2) as i64]),
-        Host::<i32>::new(vec![], &[0]),
-        Host::new(bias.clone(), &[n as i64]),
-        Host::new(vec![f16::ZERO; m * n], &[m as i64, n as i64]),
-    );
-    let attrs = attrs(k, n, block);
-    let mut cpu = [hosts.0.dl(), hosts.1.dl(), hosts.2.dl(), hosts.3.dl(), hosts.4.dl(), hosts.5.dl(), hosts.6.dl()];
-    // SAFETY: host tensors alive for the call.
-    unsafe { registry::call("dlkern.matmul_nbits", &mut cpu, 6, std::ptr::null_mut(), &attrs) }.unwrap();
-    let want = hosts.6.data.clone();
+/// An f16 `dlkern.matmul_nbits` problem for the registry (asymmetric, so with packed zero
+/// points, and a bias) with up to `max_m` rows of A, and its device copies.
+struct RegistryProblem {
+    k: usize,
+    n: usize,
+    block: usize,
+    a: Vec<half::f16>,
+    q: W4Weights,
+    zp: Vec<u8>,
+    scales: Vec<half::f16>,
+    bias: Vec<half::f16>,
+    attrs: Attributes,
+}
 
-    let (_device, stream) = common::gpu();
-    let (a_d, b_d, s_d, z_d, bias_d) = (
-        stream.clone_htod(&a).unwrap(),
-        stream.clone_htod(&q.b).unwrap(),
-        stream.clone_htod(&scales).unwrap(),
-        stream.clone_htod(zp).unwrap(),
-        stream.clone_htod(&bias).unwrap(),
-    );
-    let mut y_d = stream.alloc_zeros::<f16>(m * n).unwrap();
-    let (ap, _a) = a_d.device_ptr(&stream);
-    let (bp, _b) = b_d.device_ptr(&stream);
-    let (sp, _s) = s_d.device_ptr(&stream);
-    let (zpp, _z) = z_d.device_ptr(&stream);
-    let (biasp, _bias) = bias_d.device_ptr(&stream);
-    let (yp, _y) = y_d.device_ptr_mut(&stream);
-    let mut gpu = [
-        on_cuda(hosts.0.dl(), ap),
-        on_cuda(hosts.1.dl(), bp),
-        on_cuda(hosts.2.dl(), sp),
-        on_cuda(hosts.3.dl(), zpp),
-        on_cuda(hosts.4.dl(), ap), // the absent g_idx: a 0-element tensor (never read)
-        on_cuda(hosts.5.dl(), biasp),
-        on_cuda(hosts.6.dl(), yp),
-    ];
-    let raw_stream = stream.cu_stream() as *mut std::ffi::c_void;
-    // SAFETY: device buffers of the shapes described, alive until the stream is synchronized.
-    unsafe { registry::call("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &attrs) }.unwrap();
-    stream.synchronize().unwrap();
-    drop((_a, _b, _s, _z, _bias, _y));
-    let got = stream.clone_dtoh(&y_d).unwrap();
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        let (g, w) = (g.to_f64(), w.to_f64());
-        assert!((g - w).abs() <= 4e-3 * (1.0 + w.abs()), "y[{i}] = {g} on CUDA vs {w} on the CPU");
+/// A, B, scales, zero points, the absent g_idx, bias and Y as host tensors.
+type NBitsHosts = (Host<half::f16>, Host<u8>, Host<half::f16>, Host<u8>, Host<i32>, Host<half::f16>, Host<half::f16>);
+
+impl RegistryProblem {
+    fn new(max_m: usize, k: usize, n: usize, block: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let w: Vec<f32> = (0..n * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+        let q = quantize(&w, n, k, block, false).unwrap();
+        let ZeroPoints::Packed(zp) = q.zero_points.clone() else { panic!("asymmetric quantization packs zero points") };
+        let halves = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>();
+        let a = halves(&(0..max_m * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
+        let bias = halves(&(0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
+        let scales = halves(&q.scales);
+        RegistryProblem { k, n, block, a, q, zp, scales, bias, attrs: attrs(k, n, block) }
+    }
+
+    fn hosts(&self, m: usize) -> NBitsHosts {
+        let (k, n, kb) = (self.k as i64, self.n as i64, self.q.k_blocks() as i64);
+        (
+            Host::new(self.a[..m * self.k].to_vec(), &[m as i64, k]),
+            Host::new(self.q.b.clone(), &[n, kb, (self.block / 2) as i64]),
+            Host::new(self.scales.clone(), &[n, kb]),
+            Host::new(self.zp.clone(), &[n, (kb + 1) / 2]),
+            Host::new(vec![], &[0]),
+            Host::new(self.bias.clone(), &[n]),
+            Host::new(vec![half::f16::ZERO; m * self.n], &[m as i64, n]),
+        )
+    }
+
+    /// Y for the first `m` rows from the registry kernel's CPU path.
+    fn on_cpu(&self, m: usize) -> Vec<half::f16> {
+        let mut h = self.hosts(m);
+        let mut cpu = [h.0.dl(), h.1.dl(), h.2.dl(), h.3.dl(), h.4.dl(), h.5.dl(), h.6.dl()];
+        // SAFETY: host tensors alive for the call.
+        unsafe { registry::call("dlkern.matmul_nbits", &mut cpu, 6, std::ptr::null_mut(), &self.attrs) }.unwrap();
+        h.6.data
     }
 }
 
-/// At a call site that marks B, the scales and the zero points constant (what the ORT adapter
-/// does for a node's initializers), the GPU path repacks them once for `Variant::Packed`, keeps
-/// the copy in the site and reads it on later calls (proved by overwriting B afterwards, which
-/// a plain call then sees), only where `decode` would run, and frees it with the site.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn gpu_registry_kernel_repacks_constant_weights_at_a_call_site() {
-    use cudarc::driver::{DevicePtr, DevicePtrMut};
-    use half::f16;
-    use registry::CallSite;
-    let (k, n, block) = (1096, 100, 128);
-    let mut rng = Rng::new(23);
-    let w: Vec<f32> = (0..n * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
-    let q = quantize(&w, n, k, block, false).unwrap();
-    let kb = q.k_blocks();
-    let ZeroPoints::Packed(zp) = &q.zero_points else { panic!("asymmetric quantization packs zero points") };
-    let halves = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<f16>>();
-    let max_m = 17;
-    let a = halves(&(0..max_m * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
-    let bias = halves(&(0..n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect::<Vec<_>>());
-    let scales = halves(&q.scales);
-    let attrs = attrs(k, n, block);
-    let hosts = |m: usize| {
-        (
-            Host::new(a[..m * k].to_vec(), &[m as i64, k as i64]),
-            Host::new(q.b.clone(), &[n as i64, kb as i64, (block / 2) as i64]),
-            Host::new(scales.clone(), &[n as i64, kb as i64]),
-            Host::new(zp.clone(), &[n as i64, kb.div_ceil(2) as i64]),
-            Host::<i32>::new(vec![], &[0]),
-            Host::new(bias.clone(), &[n as i64]),
-            Host::new(vec![f16::ZERO; m * n], &[m as i64, n as i64]),
-        )
-    };
-    let want = |m: usize| {
-        let mut h = hosts(m);
-        let mut cpu = [h.0.dl(), h.1.dl(), h.2.dl(), h.3.dl(), h.4.dl(), h.5.dl(), h.6.dl()];
-        // SAFETY: host tensors alive for the call.
-        unsafe { registry::call("dlkern.matmul_nbits", &mut cpu, 6, std::ptr::null_mut(), &attrs) }.unwrap();
-        h.6.data
-    };
+/// A [`RegistryProblem`]'s tensors on the device.
+struct OnCuda {
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    a: cudarc::driver::CudaSlice<half::f16>,
+    b: cudarc::driver::CudaSlice<u8>,
+    scales: cudarc::driver::CudaSlice<half::f16>,
+    zp: cudarc::driver::CudaSlice<u8>,
+    bias: cudarc::driver::CudaSlice<half::f16>,
+    y: cudarc::driver::CudaSlice<half::f16>,
+}
 
-    let (_device, stream) = common::gpu();
-    let a_d = stream.clone_htod(&a).unwrap();
-    let mut b_d = stream.clone_htod(&q.b).unwrap();
-    let (s_d, z_d, bias_d) =
-        (stream.clone_htod(&scales).unwrap(), stream.clone_htod(zp).unwrap(), stream.clone_htod(&bias).unwrap());
-    let mut y_d = stream.alloc_zeros::<f16>(max_m * n).unwrap();
-    let raw_stream = stream.cu_stream() as *mut std::ffi::c_void;
-    // Y for `m` rows from `site` (or a plain call), on the device's copies above.
-    let mut run = |m: usize, site: Option<&CallSite>, b_d: &cudarc::driver::CudaSlice<u8>| -> Vec<f16> {
-        let mut h = hosts(m);
+impl OnCuda {
+    fn new(p: &RegistryProblem) -> Self {
+        let (_device, stream) = common::gpu();
+        OnCuda {
+            a: stream.clone_htod(&p.a).unwrap(),
+            b: stream.clone_htod(&p.q.b).unwrap(),
+            scales: stream.clone_htod(&p.scales).unwrap(),
+            zp: stream.clone_htod(&p.zp).unwrap(),
+            bias: stream.clone_htod(&p.bias).unwrap(),
+            y: stream.alloc_zeros(p.a.len() / p.k * p.n).unwrap(),
+            stream,
+        }
+    }
+
+    /// Y for the first `m` rows from the registry kernel on these buffers, at `site` or by a
+    /// plain call.
+    fn run(&mut self, p: &RegistryProblem, m: usize, site: Option<&registry::CallSite>) -> Vec<half::f16> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let mut h = p.hosts(m);
+        let stream = self.stream.clone();
         {
-            let (ap, _a) = a_d.device_ptr(&stream);
-            let (bp, _b) = b_d.device_ptr(&stream);
-            let (sp, _s) = s_d.device_ptr(&stream);
-            let (zpp, _z) = z_d.device_ptr(&stream);
-            let (biasp, _bias) = bias_d.device_ptr(&stream);
-            let (yp, _y) = y_d.device_ptr_mut(&stream);
+            let (ap, _a) = self.a.device_ptr(&stream);
+            let (bp, _b) = self.b.device_ptr(&stream);
+            let (sp, _s) = self.scales.device_ptr(&stream);
+            let (zpp, _z) = self.zp.device_ptr(&stream);
+            let (biasp, _bias) = self.bias.device_ptr(&stream);
+            let (yp, _y) = self.y.device_ptr_mut(&stream);
             let mut gpu = [
                 on_cuda(h.0.dl(), ap),
                 on_cuda(h.1.dl(), bp),
@@ -849,41 +814,67 @@ fn gpu_registry_kernel_repacks_constant_weights_at_a_call_site() {
                 on_cuda(h.5.dl(), biasp),
                 on_cuda(h.6.dl(), yp),
             ];
+            let raw_stream = stream.cu_stream() as *mut std::ffi::c_void;
             // SAFETY: device buffers of the shapes described, alive until the stream is
-            // synchronized; the site's constant inputs are the same buffers on every call
-            // (overwriting B below breaks that on purpose: the copy must win).
+            // synchronized; a site's constant inputs are these same buffers on every call (a
+            // test that overwrites B breaks that on purpose).
             unsafe {
                 match site {
-                    Some(site) => registry::call_at("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &attrs, site),
-                    None => registry::call("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &attrs),
+                    Some(site) => registry::call_at("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &p.attrs, site),
+                    None => registry::call("dlkern.matmul_nbits", &mut gpu, 6, raw_stream, &p.attrs),
                 }
             }
             .unwrap();
             stream.synchronize().unwrap();
         }
-        stream.clone_dtoh(&y_d).unwrap()[..m * n].to_vec()
-    };
-    let close = |got: &[f16], want: &[f16]| {
-        got.iter().zip(want).all(|(g, w)| (g.to_f64() - w.to_f64()).abs() <= 4e-3 * (1.0 + w.to_f64().abs()))
-    };
-    let (want5, want17) = (want(5), want(17));
+        stream.clone_dtoh(&self.y).unwrap()[..m * p.n].to_vec()
+    }
+}
+
+/// Whether two f16 outputs agree within the tolerance of f32 sums in another order.
+fn close(got: &[half::f16], want: &[half::f16]) -> bool {
+    got.len() == want.len()
+        && got.iter().zip(want).all(|(g, w)| (g.to_f64() - w.to_f64()).abs() <= 4e-3 * (1.0 + w.to_f64().abs()))
+}
+
+/// The registry kernel on CUDA tensors (what ONNX Runtime's CUDA EP and C callers reach) agrees
+/// with its CPU path on the same inputs.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_registry_kernel_runs_on_cuda_tensors() {
+    let p = RegistryProblem::new(5, 200, 48, 32, 21);
+    assert!(close(&OnCuda::new(&p).run(&p, 5, None), &p.on_cpu(5)));
+}
+
+/// At a call site that marks B, the scales and the zero points constant (what the ORT adapter
+/// does for a node's initializers), the GPU path repacks them once for `Variant::Packed`, keeps
+/// the copy in the site and reads it on later calls (proved by overwriting B afterwards, which
+/// a plain call then sees), only where `decode` would run, and frees it with the site.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_registry_kernel_repacks_constant_weights_at_a_call_site() {
+    use registry::CallSite;
+    let (k, n) = (1096, 100);
+    let p = RegistryProblem::new(17, k, n, 128, 23);
+    let mut gpu = OnCuda::new(&p);
+    let (want5, want17) = (p.on_cpu(5), p.on_cpu(17));
     let packed_bytes = n.div_ceil(32) * k.div_ceil(128) * 2176;
     let held = dlkern::runtime::device_bytes_held();
 
     let site = CallSite::new(0b1110); // B, scales, zero points
-    assert!(close(&run(5, Some(&site), &b_d), &want5), "first call at the site");
+    assert!(close(&gpu.run(&p, 5, Some(&site)), &want5), "first call at the site");
     assert!(site.cache().is_some(), "M = 5 runs `decode`: the site keeps a repacked B");
     assert_eq!(dlkern::runtime::device_bytes_held() - held, packed_bytes as u64);
     let fresh = CallSite::new(0b1110);
-    assert!(close(&run(17, Some(&fresh), &b_d), &want17));
+    assert!(close(&gpu.run(&p, 17, Some(&fresh)), &want17));
     assert!(fresh.cache().is_none(), "M = 17 does not run `decode`: nothing to repack");
     let not_constant = CallSite::new(0b0110);
-    assert!(close(&run(5, Some(&not_constant), &b_d), &want5));
+    assert!(close(&gpu.run(&p, 5, Some(&not_constant)), &want5));
     assert!(not_constant.cache().is_none(), "B not constant: nothing kept");
 
-    stream.memset_zeros(&mut b_d).unwrap();
-    assert!(close(&run(5, Some(&site), &b_d), &want5), "the site reads its copy, not B");
-    assert!(!close(&run(5, None, &b_d), &want5), "a plain call reads the overwritten B");
+    gpu.stream.clone().memset_zeros(&mut gpu.b).unwrap();
+    assert!(close(&gpu.run(&p, 5, Some(&site)), &want5), "the site reads its copy, not B");
+    assert!(!close(&gpu.run(&p, 5, None), &want5), "a plain call reads the overwritten B");
     drop(site);
     assert_eq!(dlkern::runtime::device_bytes_held(), held, "the copy goes with its site");
 }
