@@ -3,9 +3,11 @@
 //! the rate reported is the bytes dlkern moves (4-bit weights, scales, A, Y) per second; the
 //! cuBLAS row counts its 16-bit weights. Weights rotate through several copies where one copy
 //! would fit in L2. For M <= 16 also `Variant::Packed` (`dlkern_packed_f16`: B repacked once,
-//! `W4Weights::pack_for_decode`; filled with the same byte pattern, timing only).
-//! `DLKERN_W4_VARIANT=small|large|tiled|packed|wgmma` forces a kernel variant (to compare them at
-//! one M; the ids stay the same).
+//! `W4Weights::pack_for_decode`; filled with the same byte pattern, timing only), and on Hopper,
+//! where that runs `PackedWgmma`, also `PackedMma` (`dlkern_packed_mma_f16`) over the same bytes.
+//! `DLKERN_W4_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma` forces a kernel
+//! variant (to compare them at one M; the ids stay the same), `DLKERN_W4_SPLITS=N` the K splits of
+//! the `dlkern_f16` rows.
 
 mod common;
 
@@ -35,14 +37,24 @@ fn forced_variant() -> Option<Variant> {
         "large" => Some(Variant::Large),
         "tiled" => Some(Variant::Tiled),
         "packed" => Some(Variant::Packed),
+        "packed_mma" => Some(Variant::PackedMma),
+        "packed_wgmma" => Some(Variant::PackedWgmma),
         "wgmma" => Some(Variant::Wgmma),
-        other => panic!("DLKERN_W4_VARIANT={other}: expected small, large, tiled, packed or wgmma"),
+        other => {
+            panic!("DLKERN_W4_VARIANT={other}: expected small, large, tiled, packed, packed_mma, packed_wgmma or wgmma")
+        }
     }
+}
+
+/// The K splits `DLKERN_W4_SPLITS` forces, or 0 (the planner's choice).
+fn forced_splits() -> usize {
+    std::env::var("DLKERN_W4_SPLITS").map_or(0, |s| s.parse().expect("DLKERN_W4_SPLITS: a number"))
 }
 
 fn benches(c: &mut Criterion) {
     let Some(gpu) = common::gpu() else { return };
     let variant = forced_variant();
+    let splits = forced_splits();
     let blas = CudaBlas::new(gpu.stream.clone()).expect("cuBLAS");
     let mut group = c.benchmark_group("matmul_nbits");
     group.warm_up_time(Duration::from_millis(200)).measurement_time(Duration::from_millis(600)).sample_size(10);
@@ -64,7 +76,8 @@ fn benches(c: &mut Criterion) {
             splits: 0,
         }
         .packed_bytes();
-        let b_bytes = if variant == Some(Variant::Packed) { packed_bytes } else { n * kb * BLOCK / 2 };
+        let forced_packed = variant.is_some_and(Variant::reads_packed_b);
+        let b_bytes = if forced_packed { packed_bytes } else { n * kb * BLOCK / 2 };
         let upload = |bytes: usize| -> Vec<_> {
             (0..copies)
                 .map(|c| s.clone_htod(&pattern(bytes, |i| ((i * 131 + c) % 251) as u8)).expect("alloc"))
@@ -85,7 +98,7 @@ fn benches(c: &mut Criterion) {
             })
             .collect();
         for &m in ROWS {
-            if variant == Some(Variant::Packed) && m > 16 {
+            if forced_packed && m > 16 {
                 continue;
             }
             let a =
@@ -100,7 +113,7 @@ fn benches(c: &mut Criterion) {
                 zero_points: ZeroPointKind::Default,
                 bias: false,
                 variant,
-                splits: 0,
+                splits,
             };
             let shape = format!("M{m} N{n} K{k}");
             let io = ((m * k + m * n) * 2) as u64;
@@ -108,7 +121,7 @@ fn benches(c: &mut Criterion) {
             bench_dlkern(&mut group, &gpu, ("dlkern_f16", "dlkern"), &shape, params, w4_bytes as u64 + io, rotation);
             if !b_packed.is_empty() && m <= 16 {
                 // The records carry the scales; `scales` only has to be a valid pointer.
-                let packed_params = MatMulNBitsParams { variant: Some(Variant::Packed), ..params };
+                let packed_params = MatMulNBitsParams { variant: Some(Variant::Packed), splits: 0, ..params };
                 let rotation = Rotation { a: &a, b: &b_packed, scales: &scales, y: &mut y };
                 let bytes = packed_bytes as u64 + io;
                 bench_dlkern(
@@ -120,6 +133,20 @@ fn benches(c: &mut Criterion) {
                     bytes,
                     rotation,
                 );
+                if gpu.device.has_wgmma() {
+                    // `Packed` ran `PackedWgmma`: the `mma.sync` decode kernels on the same bytes.
+                    let mma_params = MatMulNBitsParams { variant: Some(Variant::PackedMma), splits: 0, ..params };
+                    let rotation = Rotation { a: &a, b: &b_packed, scales: &scales, y: &mut y };
+                    bench_dlkern(
+                        &mut group,
+                        &gpu,
+                        ("dlkern_packed_mma_f16", "dlkern packed B, mma.sync"),
+                        &shape,
+                        mma_params,
+                        bytes,
+                        rotation,
+                    );
+                }
             }
 
             // cuBLAS: row-major Y[m, n] = A[m, k] W^T, W [n, k] (column-major: Y^T = W A^T).

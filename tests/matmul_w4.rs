@@ -223,7 +223,7 @@ mod gpu {
             let (device, stream) = gpu();
             let a = stream.clone_htod(&self.a).unwrap();
             let scales: Vec<T> = self.w.scales.iter().map(|&s| T::from_f64(s as f64)).collect();
-            let b = if self.p.variant == Some(Variant::Packed) {
+            let b = if self.p.variant.is_some_and(Variant::reads_packed_b) {
                 let bits: &[u16] = bytemuck::cast_slice(&scales);
                 stream.clone_htod(&self.w.pack_for_decode(bits).unwrap()).unwrap()
             } else {
@@ -353,7 +353,7 @@ mod gpu {
         }
     }
 
-    /// `Packed`: B, scales and zero points repacked per 32-column tile and K chunk; both row
+    /// `PackedMma`: B, scales and zero points repacked per 32-column tile and K chunk; both row
     /// builds, N off the tile, K ending inside a chunk and a block, forced splits, both types.
     #[test]
     #[ignore = "needs a CUDA device"]
@@ -361,10 +361,54 @@ mod gpu {
         let mut seed = 900;
         for m in [1, 5, 8, 9, 16] {
             for (n, k, block) in [(100, 1096, 128), (64, 4104, 256), (33, 128, 128)] {
-                let base = MatMulNBitsParams { variant: Some(Variant::Packed), ..params(DType::F16, m, n, k, block) };
+                let base =
+                    MatMulNBitsParams { variant: Some(Variant::PackedMma), ..params(DType::F16, m, n, k, block) };
                 check_zero_points_and_splits(base, &mut seed, |kernel| kernel.ends_with("_packed"));
             }
         }
+    }
+
+    /// `PackedWgmma` (Hopper; the planner's `Packed` there) over the same records: both token
+    /// builds (M <= 8, <= 16), N off the 128-column block and off the 32-column tile (tiles
+    /// past N in a block), K ending inside a chunk and a block, odd chunk counts per split,
+    /// splits with no chunk (3 rounded up to 4 over one and
+    /// nine chunks), every cluster size, both types; `Packed` runs it where N fills the GPU.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_packed_decode_wgmma_matches_reference() {
+        let (device, _) = gpu();
+        if !device.has_wgmma() {
+            eprintln!("skipped: PackedWgmma needs a Hopper GPU");
+            return;
+        }
+        let mut seed = 1700u64;
+        for m in [1, 5, 8, 9, 16] {
+            for (n, k, block) in [(100, 1096, 128), (300, 4104, 256), (33, 128, 128), (160, 2048, 128)] {
+                let base =
+                    MatMulNBitsParams { variant: Some(Variant::PackedWgmma), ..params(DType::F16, m, n, k, block) };
+                for (zero_points, splits) in [
+                    (ZeroPointKind::Default, 0),
+                    (ZeroPointKind::PackedU8, 1),
+                    (ZeroPointKind::PackedU8, 2),
+                    (ZeroPointKind::Default, 3),
+                ] {
+                    seed += 1;
+                    let p = MatMulNBitsParams { zero_points, splits, bias: seed.is_multiple_of(2), ..base };
+                    let plan = problem::<f16>(p, seed).check();
+                    assert!(plan.kernel.contains("_packed_wgmma") && plan.reduce.is_none(), "{p:?}: {}", plan.kernel);
+                    let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                    assert!(problem::<bf16>(p, seed + 1000).check().kernel.contains("bf16_packed_wgmma"), "{p:?}");
+                }
+            }
+        }
+        // `Packed` runs it where M > 8 and N alone fills the GPU: no split.
+        let n = 128 * device.multiprocessors() as usize + 40;
+        let p = MatMulNBitsParams { variant: Some(Variant::Packed), bias: true, ..params(DType::F16, 16, n, 256, 128) };
+        let plan = problem::<f16>(p, 77).check();
+        assert_eq!(
+            (plan.variant, plan.kernel, plan.splits),
+            (Variant::PackedWgmma, "matmul_nbits_f16_packed_wgmma16", 1)
+        );
     }
 
     /// The device packer writes what `W4Weights::pack_for_decode` writes, byte for byte: N off
@@ -624,11 +668,59 @@ fn gpu_plan_validates_and_splits() {
     let plan = MatMulNBitsParams { n: 28672, ..ok }.plan(132, false).unwrap();
     assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_f16_decode8", (896, 1, 1)));
     assert_eq!((plan.reduce, plan.workspace_bytes, plan.permute), (None, 0, None));
-    // `Packed` reads its own B layout: never a non-packed build, whatever the grid.
+    // `Packed` reads its own B layout: never a non-packed build, whatever the grid; without
+    // `wgmma`, the `mma.sync` decode kernels.
     for (m, n, expect) in [(1, 8192, "decode8_packed"), (1, 28672, "decode8_packed"), (9, 8192, "decode16_packed")] {
         let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132, false).unwrap();
         assert_eq!(plan.kernel, format!("matmul_nbits_f16_{expect}"), "M = {m}, N = {n}");
+        assert_eq!(plan.variant, Variant::PackedMma);
     }
+    // With `wgmma`, `Packed` runs `PackedWgmma` where M > 8 and N alone fills the GPU (no K
+    // split), the `mma.sync` kernels elsewhere.
+    for (m, n, expect) in [
+        (1, 28672, "decode8_packed"),
+        (8, 28672, "decode8_packed"),
+        (16, 8192, "decode16_packed"),
+        (16, 16768, "decode16_packed"),
+        (9, 28672, "packed_wgmma16"),
+        (16, 16896, "packed_wgmma16"),
+    ] {
+        let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132, true).unwrap();
+        let variant = if expect.starts_with("packed_wgmma") { Variant::PackedWgmma } else { Variant::PackedMma };
+        assert_eq!((plan.variant, plan.kernel), (variant, &*format!("matmul_nbits_f16_{expect}")), "M = {m}, N = {n}");
+    }
+    // `PackedWgmma`: 128 columns per block, K split into a cluster of up to 4 while the grid
+    // fits one wave (3 blocks per SM of the 8-row build, 2 of the 16-row one, less a
+    // sixteenth), one chunk per split at least; no workspace.
+    for (m, n, k, expect, grid) in [
+        (1, 8192, 8192, "packed_wgmma8_x4", (64, 1, 4)),
+        (8, 8192, 28672, "packed_wgmma8_x4", (64, 1, 4)),
+        (16, 8192, 8192, "packed_wgmma16_x2", (64, 1, 2)),
+        (9, 28672, 8192, "packed_wgmma16", (224, 1, 1)),
+        (16, 16384, 8192, "packed_wgmma16", (128, 1, 1)),
+        (16, 100, 256, "packed_wgmma16_x2", (1, 1, 2)),
+        (16, 100, 1000, "packed_wgmma16_x4", (1, 1, 4)),
+    ] {
+        let plan = MatMulNBitsParams { m, n, k, variant: Some(Variant::PackedWgmma), ..ok }.plan(132, true).unwrap();
+        let what = format!("M = {m}, N = {n}, K = {k}");
+        assert_eq!(
+            (plan.variant, plan.kernel, plan.dims.grid),
+            (Variant::PackedWgmma, &*format!("matmul_nbits_f16_{expect}"), grid),
+            "{what}"
+        );
+        assert_eq!(
+            (plan.dims.block, plan.workspace_bytes, plan.reduce, plan.permute),
+            ((256, 1, 1), 0, None, None),
+            "{what}"
+        );
+        // The `mma.sync` kernels stay available on Hopper.
+        let mma = MatMulNBitsParams { m, n, k, variant: Some(Variant::PackedMma), ..ok }.plan(132, true).unwrap();
+        assert!(mma.kernel.ends_with("_packed"), "{what}: {}", mma.kernel);
+    }
+    // Forced splits round up to a cluster size (3 -> 4: a split may hold no chunk).
+    let plan = MatMulNBitsParams { m: 4, k: 256, splits: 3, variant: Some(Variant::PackedWgmma), ..ok };
+    let plan = plan.plan(132, true).unwrap();
+    assert_eq!((plan.kernel, plan.splits, plan.dims.grid.2), ("matmul_nbits_f16_packed_wgmma8_x4", 4, 4));
     let unaligned = ok.plan_for(132, false, RowAlignment::UNALIGNED).unwrap();
     assert_eq!(unaligned.kernel, "matmul_nbits_f16_small");
     // K % 8 != 0: rows of A are not 16-byte multiples even in an aligned tensor.
@@ -673,6 +765,14 @@ fn gpu_plan_validates_and_splits() {
         "matmul_nbits_f16_large"
     );
     let err = |p: MatMulNBitsParams| p.plan(132, false).unwrap_err().to_string();
+    let packed_wgmma = MatMulNBitsParams { variant: Some(Variant::PackedWgmma), ..ok };
+    assert!(err(packed_wgmma).contains("needs a Hopper GPU"));
+    let e = MatMulNBitsParams { splits: 5, ..packed_wgmma }.plan(132, true).unwrap_err().to_string();
+    assert!(e.contains("at most 4 ways, 5 asked"), "{e}");
+    let e = MatMulNBitsParams { m: 17, ..packed_wgmma }.plan(132, true).unwrap_err().to_string();
+    assert!(e.contains("PackedWgmma needs M <= 16"), "{e}");
+    let e = MatMulNBitsParams { block_size: 64, variant: Some(Variant::Packed), ..ok }.plan(132, true).unwrap_err();
+    assert!(e.to_string().contains("block_size >= 128"), "{e}");
     assert!(err(MatMulNBitsParams { dtype: DType::F32, ..ok }).contains("not supported on the GPU"));
     assert!(err(MatMulNBitsParams { block_size: 24, ..ok }).contains("block_size 24"));
     assert!(err(MatMulNBitsParams { k: 0, ..ok }).contains("K = 0"));

@@ -33,10 +33,15 @@ const KERNEL: &str = "matmul_nbits";
 pub(crate) mod layout;
 use layout::{
     CHUNK, DECODE, DECODE_COLUMNS, DECODE_PACKED_SHARED_BYTES, DECODE_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16,
-    FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, PERMUTE_THREADS, REDUCE_THREADS,
-    SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES,
-    WGMMA_THREADS, tiled_shared_bytes,
+    FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, PACKED_WGMMA_COLUMNS,
+    PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK,
+    TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_THREADS,
+    tiled_shared_bytes,
 };
+
+/// `PackedWgmma` plans with this tiling: 8 warps, 128 columns, 16 rows (`block_m` is unused).
+const PACKED_WGMMA: Tiling = Tiling { mt: 1, nt: PACKED_WGMMA_COLUMNS / 8, wm: 1, wn: 1, wk: 8 };
+const _: () = assert!(PACKED_WGMMA.threads() == PACKED_WGMMA_THREADS && PACKED_WGMMA.block_n() == PACKED_WGMMA_COLUMNS);
 
 // `Variant::Wgmma` plans with `tiled128x128`'s tiling: the same block tile and threads.
 const _: () = assert!(
@@ -57,6 +62,9 @@ struct KernelNames {
     decode16: &'static str,
     decode8_packed: &'static str,
     decode16_packed: &'static str,
+    /// `packed_wgmma8` / `packed_wgmma16` for 1, 2 and 4 K splits (clusters).
+    packed_wgmma8: [&'static str; 3],
+    packed_wgmma16: [&'static str; 3],
     wgmma: &'static str,
     wgmma_pair: &'static str,
     small: &'static str,
@@ -78,6 +86,16 @@ macro_rules! kernel_names {
             decode16: concat!("matmul_nbits_", $t, "_decode16"),
             decode8_packed: concat!("matmul_nbits_", $t, "_decode8_packed"),
             decode16_packed: concat!("matmul_nbits_", $t, "_decode16_packed"),
+            packed_wgmma8: [
+                concat!("matmul_nbits_", $t, "_packed_wgmma8"),
+                concat!("matmul_nbits_", $t, "_packed_wgmma8_x2"),
+                concat!("matmul_nbits_", $t, "_packed_wgmma8_x4"),
+            ],
+            packed_wgmma16: [
+                concat!("matmul_nbits_", $t, "_packed_wgmma16"),
+                concat!("matmul_nbits_", $t, "_packed_wgmma16_x2"),
+                concat!("matmul_nbits_", $t, "_packed_wgmma16_x4"),
+            ],
             wgmma: concat!("matmul_nbits_", $t, "_wgmma"),
             wgmma_pair: concat!("matmul_nbits_", $t, "_wgmma_pair"),
             small: concat!("matmul_nbits_", $t, "_small"),
@@ -118,16 +136,36 @@ pub enum Variant {
     /// weights: large M with integer zero points and blocks of at least 32. Runs `Large` when
     /// the rows of B are not 16-byte aligned.
     Tiled,
-    /// `decode` over B repacked by [`crate::quant::w4::W4Weights::pack_for_decode`] (then
-    /// passed as `b`; the scales and zero points are read from it): M <= 16, integer zero
-    /// points, blocks of at least 128, 16-byte aligned A and B.
+    /// B repacked by [`crate::quant::w4::W4Weights::pack_for_decode`] (then passed as `b`; the
+    /// scales and zero points are read from it): M <= 16, integer zero points, blocks of at
+    /// least 128, 16-byte aligned A and B. The planner runs [`Variant::PackedWgmma`] where the
+    /// GPU has `wgmma`, M > 8 and `ceil(N / 128)` is at least the SM count (measured faster
+    /// there), else [`Variant::PackedMma`]; the plan names the one it runs.
     Packed,
+    /// [`Variant::Packed`] on the `mma.sync` decode kernels (`decode*_packed`: 4 warps per
+    /// 32 columns splitting K), on any GPU.
+    PackedMma,
+    /// [`Variant::Packed`] on Hopper's warpgroup tensor cores (the sm_90a module only,
+    /// `packed_wgmma*`): 128 columns per block, each chunk's activations staged once per block
+    /// for the tensor cores to read from shared memory; K splits as clusters of up to
+    /// [`PACKED_WGMMA_MAX_SPLITS`] blocks.
+    PackedWgmma,
     /// Hopper's warpgroup tensor cores (the sm_90a module only): block tile 128 x 128, the
     /// weights dequantized straight into `wgmma`'s register operand, the permuted A (as
     /// `Tiled`) its shared-memory operand: the planner's choice for M > [`WGMMA_MIN_M`] with
     /// integer zero points, blocks of at least 32 and 16-byte aligned rows of B.
     Wgmma,
 }
+
+impl Variant {
+    /// Whether the kernel reads B in the repacked layout
+    /// ([`MatMulNBitsParams::packed_bytes`]) rather than `MatMulNBits`'s.
+    pub fn reads_packed_b(self) -> bool {
+        matches!(self, Variant::Packed | Variant::PackedMma | Variant::PackedWgmma)
+    }
+}
+
+pub use layout::PACKED_WGMMA_MAX_SPLITS;
 
 /// Shapes and options of one call.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -236,6 +274,21 @@ impl MatMulNBitsParams {
         let tiled_ok = !typed && p.block_size >= TILED_MIN_BLOCK;
         let wgmma_ok = wgmma && tiled_ok && rows.b_vec16;
         let variant = match p.variant {
+            Some(Variant::PackedWgmma) if !wgmma => {
+                return Err(bad(format!("variant PackedWgmma needs a Hopper GPU (sm_90a module: {wgmma})")));
+            }
+            // Measured on the H200 (2026-12-01, docs/perf-notes/matmul_nbits.md, v19):
+            // `PackedWgmma` wins where M > 8 and N alone fills the GPU without a K split (M = 16,
+            // N = 28672: 55.3 against 69.2 us); with fewer columns, where it needs clusters of
+            // K splits, and for M <= 8 the `mma.sync` kernels stay faster.
+            Some(Variant::Packed)
+                if wgmma
+                    && p.m > DECODE8_ROWS
+                    && p.n.div_ceil(PACKED_WGMMA_COLUMNS) >= multiprocessors.max(1) as usize =>
+            {
+                Variant::PackedWgmma
+            }
+            Some(Variant::Packed) => Variant::PackedMma,
             Some(Variant::Tiled) if !tiled_ok => {
                 return Err(bad("variant Tiled needs integer zero points and block_size >= 32".into()));
             }
@@ -261,13 +314,12 @@ impl MatMulNBitsParams {
         // 16-byte rows.
         let decode_ok = !typed && p.block_size >= CHUNK && rows.a_vec16 && rows.b_vec16;
         let decode = variant == Variant::Small && decode_ok;
-        // `Packed` is `decode` over another layout of B: the same needs, and M <= 16.
-        let packed = variant == Variant::Packed;
+        // The packed kernels are `decode` over another layout of B: the same needs, and M <= 16.
+        let packed = variant.reads_packed_b();
         if packed && !(decode_ok && p.m <= SMALL_MAX_M) {
-            return Err(bad(
-                "variant Packed needs M <= 16, integer zero points, block_size >= 128 and 16-byte aligned A and B"
-                    .into(),
-            ));
+            return Err(bad(format!(
+                "variant {variant:?} needs M <= 16, integer zero points, block_size >= 128 and 16-byte aligned A and B"
+            )));
         }
         let rows8 = (decode || packed) && p.m <= DECODE8_ROWS;
         // `tiled`: as few rows as M needs up to 64, then 128 x 128 (measured faster than
@@ -285,12 +337,21 @@ impl MatMulNBitsParams {
             Variant::Small => (if typed { names.small_zf } else { names.small }, SMALL),
             Variant::Large => (if typed { names.large_zf } else { names.large }, LARGE),
             Variant::Tiled => (tiled_kernel, tiled),
-            Variant::Packed => (if rows8 { names.decode8_packed } else { names.decode16_packed }, DECODE),
+            // (`Packed` was resolved to one of the two above.)
+            Variant::Packed | Variant::PackedMma => {
+                (if rows8 { names.decode8_packed } else { names.decode16_packed }, DECODE)
+            }
+            // The cluster size picks the entry once the splits are known.
+            Variant::PackedWgmma => {
+                (if rows8 { names.packed_wgmma8[0] } else { names.packed_wgmma16[0] }, PACKED_WGMMA)
+            }
             // The same block tile and threads as `tiled128x128` (two warpgroups of 64 x 128).
             Variant::Wgmma => (names.wgmma, TILED128X128),
         };
-        let (bm, bn, threads) =
-            (if rows8 { DECODE8_ROWS } else { tiling.block_m() }, tiling.block_n(), tiling.threads());
+        let (bm, bn, threads) = match variant {
+            Variant::PackedWgmma => (SMALL_MAX_M, tiling.block_n(), tiling.threads()),
+            _ => (if rows8 { DECODE8_ROWS } else { tiling.block_m() }, tiling.block_n(), tiling.threads()),
+        };
         let tiles_m = p.m.div_ceil(bm);
         let tiles_n = p.n.div_ceil(bn);
         if tiles_m > 65535 || tiles_n > i32::MAX as usize {
@@ -312,8 +373,30 @@ impl MatMulNBitsParams {
                 target.div_ceil(tiles_m * tiles_n).clamp(1, 16)
             }
         };
-        let chunks_per_split = chunks.div_ceil(wanted.clamp(1, chunks));
-        let splits = chunks.div_ceil(chunks_per_split);
+        let (chunks_per_split, splits) = if variant == Variant::PackedWgmma {
+            // A cluster per tile: 1, 2 or 4 splits (forced ones rounded up; a split may then
+            // hold no chunk), as many as fit one wave, one chunk each at least. Registers allow 3
+            // blocks per SM of the 8-row build, 2 of the 16-row one; clusters fill the SMs of
+            // each GPC unevenly (ncu: at most 62 active clusters of 4 at 2 blocks per SM, not 66),
+            // so a sixteenth is left over.
+            let wanted = if p.splits > 0 {
+                p.splits
+            } else {
+                let per_sm = if rows8 { 3 } else { 2 };
+                let target = per_sm * multiprocessors.max(1) as usize * 15 / 16;
+                [4, 2, 1].into_iter().find(|&s| tiles_m * tiles_n * s <= target && s <= chunks).unwrap_or(1)
+            };
+            if wanted > PACKED_WGMMA_MAX_SPLITS {
+                return Err(bad(format!(
+                    "variant PackedWgmma splits K at most {PACKED_WGMMA_MAX_SPLITS} ways, {wanted} asked"
+                )));
+            }
+            let splits = wanted.next_power_of_two();
+            (chunks.div_ceil(splits), splits)
+        } else {
+            let chunks_per_split = chunks.div_ceil(wanted.clamp(1, chunks));
+            (chunks_per_split, chunks.div_ceil(chunks_per_split))
+        };
         if splits > 65535 {
             return Err(bad(format!("K = {} needs {splits} splits (at most 65535)", p.k)));
         }
@@ -330,8 +413,16 @@ impl MatMulNBitsParams {
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
         let kernel = if pair { names.wgmma_pair } else { kernel };
+        // `packed_wgmma`'s splits are a cluster too, of the entry for their count.
+        let clustered = variant == Variant::PackedWgmma;
+        let kernel = if clustered {
+            let entries = if rows8 { &names.packed_wgmma8 } else { &names.packed_wgmma16 };
+            entries[splits.trailing_zeros() as usize]
+        } else {
+            kernel
+        };
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
-        let reduced = splits > 1 && !pair;
+        let reduced = splits > 1 && !pair && !clustered;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
         let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma);
         let permuted_bytes = if permuted { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
@@ -369,7 +460,8 @@ impl MatMulNBitsParams {
                 Variant::Small => 0,
                 Variant::Large => LARGE_SHARED_BYTES as u32,
                 Variant::Tiled => tiled_shared_bytes(tiling) as u32,
-                Variant::Packed => DECODE_PACKED_SHARED_BYTES as u32,
+                Variant::Packed | Variant::PackedMma => DECODE_PACKED_SHARED_BYTES as u32,
+                Variant::PackedWgmma => PACKED_WGMMA_SHARED_BYTES as u32,
                 Variant::Wgmma => WGMMA_SHARED_BYTES as u32,
             },
         };
@@ -518,7 +610,7 @@ pub fn matmul_nbits<T: Element>(
     }
     check_same_device(KERNEL, device, stream)?;
     check_slice(KERNEL, "A", device, a, p.m * p.k)?;
-    let b_len = if p.variant == Some(Variant::Packed) { p.packed_bytes() } else { p.n * p.row_bytes() };
+    let b_len = if p.variant.is_some_and(Variant::reads_packed_b) { p.packed_bytes() } else { p.n * p.row_bytes() };
     check_slice(KERNEL, "B", device, w.b, b_len)?;
     check_slice(KERNEL, "scales", device, w.scales, p.n * p.k_blocks())?;
     check_slice(KERNEL, "Y", device, y, p.m * p.n)?;

@@ -108,13 +108,15 @@ macro_rules! operand_list {
 }
 
 /// One `wgmma.mma_async` of form `$form` (shape and types) on the accumulators `$acc[$i]`:
-/// `D = A * B (+ D when $scale_d != 0)`, A given by `$a` (a descriptor, or the register list
-/// of the `_register_a` forms) with its operands `$a_name`, then `$immediates` (the
-/// floating-point forms' scale and transpose immediates; none for integers).
+/// `D = A * B (+ D when scale-d != 0)`, A given by `$a` (a descriptor, or the register list
+/// of the `_register_a` forms) with its operands `$a_name`, scale-d the operand `[$scale_d]`
+/// (`in(reg32) x`, or `const X`: an immediate, so that no instruction between two `wgmma`s
+/// defines a register they read, which makes ptxas serialize them, C7513), then `$immediates`
+/// (the floating-point forms' scale and transpose immediates; none for integers).
 macro_rules! mma_async {
     (
-        $acc:ident, $a:literal { $($a_name:ident: $a_class:ident = $a_value:expr),+ }, $b:expr, $scale_d:expr,
-        $form:literal, $immediates:literal; $($i:literal)+
+        $acc:ident, $a:literal { $($a_name:ident: $a_class:ident = $a_value:expr),+ }, $b:expr,
+        [$($scale_d:tt)+], $form:literal, $immediates:literal; $($i:literal)+
     ) => {
         asm!(
             concat!(
@@ -131,18 +133,19 @@ macro_rules! mma_async {
             $(inout(reg32) $acc[$i],)+
             $($a_name = in($a_class) $a_value,)+
             b = in(reg64) $b,
-            scale_d = in(reg32) $scale_d,
+            scale_d = $($scale_d)+,
             options(nostack)
         )
     };
 }
 
-/// [`mma_async`] with A the 4 registers `$a` (scale-d 1; A and B unscaled, B not transposed).
+/// [`mma_async`] with A the 4 registers `$a` (A and B unscaled, B not transposed; D kept when
+/// the immediate `$scale_d` is not 0).
 macro_rules! mma_async_register_a {
-    ($acc:ident, $a:expr, $b:expr, $form:literal; $($i:literal)+) => {
+    ($acc:ident, $a:expr, $b:expr, $scale_d:expr, $form:literal; $($i:literal)+) => {
         mma_async!(
             $acc, "{{{a0}, {a1}, {a2}, {a3}}}" { a0: reg32 = $a[0], a1: reg32 = $a[1], a2: reg32 = $a[2], a3: reg32 = $a[3] },
-            $b, 1u32, $form, ", 1, 1, 0"; $($i)+
+            $b, [const $scale_d], $form, ", 1, 1, 0"; $($i)+
         )
     };
 }
@@ -180,7 +183,7 @@ macro_rules! with_acc64 {
 #[inline(always)]
 pub unsafe fn mma_async_m64n128k16_f16_register_a(acc: &mut [f32; 64], a: [u32; 4], b: SharedMatrix) {
     // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
-    unsafe { with_acc64!(mma_async_register_a!(acc, a, b.0, "m64n128k16.f32.f16.f16")) };
+    unsafe { with_acc64!(mma_async_register_a!(acc, a, b.0, 1, "m64n128k16.f32.f16.f16")) };
 }
 
 /// As [`mma_async_m64n128k16_f16_register_a`] for bfloat16.
@@ -190,7 +193,67 @@ pub unsafe fn mma_async_m64n128k16_f16_register_a(acc: &mut [f32; 64], a: [u32; 
 #[inline(always)]
 pub unsafe fn mma_async_m64n128k16_bf16_register_a(acc: &mut [f32; 64], a: [u32; 4], b: SharedMatrix) {
     // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
-    unsafe { with_acc64!(mma_async_register_a!(acc, a, b.0, "m64n128k16.f32.bf16.bf16")) };
+    unsafe { with_acc64!(mma_async_register_a!(acc, a, b.0, 1, "m64n128k16.f32.bf16.bf16")) };
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16` with A in registers: as
+/// [`mma_async_m64n128k16_f16_register_a`] for a B tile of 8 rows (4 accumulators per thread,
+/// columns `2 (l % 4) (+ 1)`), and `acc = A * B^T` (the old value ignored) unless `ACCUMULATE`.
+///
+/// # Safety
+/// As [`mma_async_m64n128k16_f16_register_a`].
+#[inline(always)]
+pub unsafe fn mma_async_m64n8k16_f16_register_a<const ACCUMULATE: bool>(
+    acc: &mut [f32; 4],
+    a: [u32; 4],
+    b: SharedMatrix,
+) {
+    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+    unsafe { mma_async_register_a!(acc, a, b.0, ACCUMULATE as u32, "m64n8k16.f32.f16.f16"; 0 1 2 3) };
+}
+
+/// As [`mma_async_m64n8k16_f16_register_a`] for bfloat16.
+///
+/// # Safety
+/// As [`mma_async_m64n128k16_f16_register_a`].
+#[inline(always)]
+pub unsafe fn mma_async_m64n8k16_bf16_register_a<const ACCUMULATE: bool>(
+    acc: &mut [f32; 4],
+    a: [u32; 4],
+    b: SharedMatrix,
+) {
+    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+    unsafe { mma_async_register_a!(acc, a, b.0, ACCUMULATE as u32, "m64n8k16.f32.bf16.bf16"; 0 1 2 3) };
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16` with A in registers: as
+/// [`mma_async_m64n8k16_f16_register_a`] for a B tile of 16 rows (8 accumulators per thread:
+/// register `4 j + c` is column `8 j + 2 (l % 4) + c % 2`).
+///
+/// # Safety
+/// As [`mma_async_m64n128k16_f16_register_a`].
+#[inline(always)]
+pub unsafe fn mma_async_m64n16k16_f16_register_a<const ACCUMULATE: bool>(
+    acc: &mut [f32; 8],
+    a: [u32; 4],
+    b: SharedMatrix,
+) {
+    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+    unsafe { mma_async_register_a!(acc, a, b.0, ACCUMULATE as u32, "m64n16k16.f32.f16.f16"; 0 1 2 3 4 5 6 7) };
+}
+
+/// As [`mma_async_m64n16k16_f16_register_a`] for bfloat16.
+///
+/// # Safety
+/// As [`mma_async_m64n128k16_f16_register_a`].
+#[inline(always)]
+pub unsafe fn mma_async_m64n16k16_bf16_register_a<const ACCUMULATE: bool>(
+    acc: &mut [f32; 8],
+    a: [u32; 4],
+    b: SharedMatrix,
+) {
+    // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+    unsafe { mma_async_register_a!(acc, a, b.0, ACCUMULATE as u32, "m64n16k16.f32.bf16.bf16"; 0 1 2 3 4 5 6 7) };
 }
 
 macro_rules! touch_registers {
@@ -216,6 +279,15 @@ pub fn pin_accumulators_f32x64(acc: &mut [f32; 64]) {
     unsafe { with_acc64!(touch_registers!(acc)) };
 }
 
+/// As [`pin_accumulators`], for the 4 f32 accumulators of each 64 x 8 tile in `acc`.
+#[inline(always)]
+pub fn pin_accumulators_f32x4<const G: usize>(acc: &mut [[f32; 4]; G]) {
+    for tile in acc.iter_mut() {
+        // SAFETY: an instruction-free `asm`; it only constrains the compiler's scheduling.
+        unsafe { touch_registers!(tile; 0 1 2 3) };
+    }
+}
+
 /// `wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8` (PTX ISA §9.7.15.5.2): starts
 /// `acc += A * B^T` (or `acc = A * B^T` when `accumulate` is false) for a 64 x 32 int8 tile of A
 /// and a 256 x 32 int8 tile of B, both K-major in shared memory; int32 accumulation, wrapping.
@@ -229,5 +301,7 @@ pub fn pin_accumulators_f32x64(acc: &mut [f32; 64]) {
 pub unsafe fn mma_async_m64n256k32_s8(acc: &mut [i32; 128], a: SharedMatrix, b: SharedMatrix, accumulate: bool) {
     let accumulate = accumulate as u32;
     // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
-    unsafe { with_acc128!(mma_async!(acc, "{a}" {a: reg64 = a.0}, b.0, accumulate, "m64n256k32.s32.s8.s8", "")) };
+    unsafe {
+        with_acc128!(mma_async!(acc, "{a}" {a: reg64 = a.0}, b.0, [in(reg32) accumulate], "m64n256k32.s32.s8.s8", ""))
+    };
 }

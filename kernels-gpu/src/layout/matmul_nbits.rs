@@ -62,6 +62,32 @@ pub const PACKED_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_CONSTS_BYTES;
 /// bytes of constants.
 pub const DECODE_PACKED_STAGE_BYTES: usize = DECODE_STAGE_BYTES + 32 * 16;
 pub const DECODE_PACKED_SHARED_BYTES: usize = DECODE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
+/// `packed_wgmma` (Hopper, sm_90a module only; M <= 16 over the `decode*_packed` records): block
+/// tile 128 weight columns (the records of [`PACKED_WGMMA_TILES`] 32-column tiles; two
+/// warpgroups of 64, `wgmma`'s register operand) x 8 or 16 tokens (its shared-memory operand),
+/// all of the block's threads on the same K chunks so that each chunk's activations are staged
+/// once per block. K splits of a tile run as one thread-block cluster.
+pub const PACKED_WGMMA_TILES: usize = 4;
+pub const PACKED_WGMMA_COLUMNS: usize = PACKED_WGMMA_TILES * DECODE_COLUMNS;
+pub const PACKED_WGMMA_THREADS: usize = 256;
+/// Chunks of records in the ring: one being read, three loading.
+pub const PACKED_WGMMA_STAGES: usize = 4;
+/// Chunks of activations in their ring (a stage is rewritten only once the `wgmma`s of both
+/// warpgroups that read it are known complete: see the kernel's docs).
+pub const PACKED_WGMMA_ACT_STAGES: usize = 4;
+/// A stage's activations: the chunk's 128 permuted K of up to 16 tokens as two 64-K halves,
+/// each a 128-byte-swizzle tile of 16 rows of 128 bytes.
+pub const PACKED_WGMMA_ACT_HALF_BYTES: usize = 16 * 128;
+pub const PACKED_WGMMA_ACT_STAGE_BYTES: usize = 2 * PACKED_WGMMA_ACT_HALF_BYTES;
+/// A stage's weights: the block's records of the chunk as they are in memory.
+pub const PACKED_WGMMA_CODES_STAGE_BYTES: usize = PACKED_WGMMA_TILES * PACKED_RECORD_BYTES;
+/// Dynamic shared memory of `packed_wgmma`: both rings, plus 1 KiB to align them to the swizzle
+/// atom.
+pub const PACKED_WGMMA_SHARED_BYTES: usize = PACKED_WGMMA_ACT_STAGES * PACKED_WGMMA_ACT_STAGE_BYTES
+    + PACKED_WGMMA_STAGES * PACKED_WGMMA_CODES_STAGE_BYTES
+    + 1024;
+/// Largest cluster (K splits of one tile) `packed_wgmma` has an entry for.
+pub const PACKED_WGMMA_MAX_SPLITS: usize = 4;
 /// Threads per block of `matmul_nbits_pack_decode` (one block per record): one 16-byte piece
 /// of the record's codes each.
 pub const PACK_THREADS: usize = DECODE_STAGE_BYTES / 16;
