@@ -10,7 +10,9 @@
 //! weights' K order (`permute`, in the workspace). On Hopper, `wgmma` (the same needs) takes
 //! M > 32 from the same permuted copy, the weights dequantized straight into the register
 //! operand of the warpgroup tensor cores. `large` (128 x 128 tiles, A staged per chunk) takes
-//! the rest. Any of them may split K over several blocks when the output tiles alone
+//! the rest. Over B repacked once ([`Variant::Packed`]), the `decode*_packed` kernels, or on
+//! Hopper for M > 8 with N wide enough to fill the GPU, `packed_wgmma*` (each chunk's
+//! activations staged once per block as the tensor cores' shared-memory operand). Any of them may split K over several blocks when the output tiles alone
 //! cannot fill the GPU; the partial sums then go through an f32 workspace and a reduction
 //! kernel, except for two splits of `wgmma`, which run as a cluster of two blocks that sum
 //! through distributed shared memory.
