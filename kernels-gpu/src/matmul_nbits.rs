@@ -341,6 +341,15 @@ pub(crate) fn split_chunks(p: &Dims) -> (usize, usize) {
     (first, (first + p.chunks_per_split as usize).min(chunks))
 }
 
+/// [`split_chunks`] as the first chunk and the count (0 for a split past K), in 32 bits: 64-bit
+/// compares and shifts cost twice the instructions in a loop (K < 2^31, so chunks < 2^24).
+#[cfg(dlkern_arch_specific)]
+#[inline(always)]
+pub(crate) fn split_chunk_range(p: &Dims) -> (u32, u32) {
+    let (first, last) = split_chunks(p);
+    (first as u32, last.saturating_sub(first) as u32)
+}
+
 /// `small`: 16 rows of A per block, `NT` column tiles, `WK` warps splitting the
 /// block's K chunks (warp `w` takes chunks `first + w`, `+ WK`, ...), two chunks in flight per
 /// warp; the warps' partial tiles are summed through shared memory at the end. Each lane

@@ -46,7 +46,7 @@ use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32, st
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x4};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{matmul_nbits_entry, split_chunks};
+use crate::matmul_nbits::{matmul_nbits_entry, split_chunk_range};
 use crate::unroll;
 
 pub use crate::layout::matmul_nbits::*;
@@ -123,9 +123,7 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
     let chunks_total = k.div_ceil(CHUNK as u32) as usize;
     let tiles_total = n.div_ceil(DECODE_COLUMNS as u32);
     let tile0 = index::block_idx_x() * PACKED_WGMMA_TILES as u32;
-    // 32-bit chunk indices: K < 2^31.
-    let (first, last) = split_chunks(&p);
-    let (first, count) = (first as u32, last.saturating_sub(first) as u32);
+    let (first, count) = split_chunk_range(&p);
 
     let base = SharedMatrix::atom_aligned(dynamic_shared_base());
     let act_s = |slot: u32| base.offset(slot * PACKED_WGMMA_ACT_STAGE_BYTES as u32);

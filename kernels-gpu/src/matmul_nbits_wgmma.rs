@@ -36,7 +36,7 @@ use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{BlockConsts, dequantize_biased, matmul_nbits_entry, split_chunks};
+use crate::matmul_nbits::{BlockConsts, dequantize_biased, matmul_nbits_entry, split_chunk_range};
 use crate::unroll;
 
 pub use crate::layout::matmul_nbits::*;
@@ -118,10 +118,7 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
     let k_blocks = p.k_blocks as usize;
     let m0 = index::block_idx_y() as usize * WGMMA_BM;
     let n0 = index::block_idx_x() as usize * WGMMA_BN;
-    // Chunk indices in 32 bits: 64-bit compares and shifts cost twice the instructions in
-    // the loop (K < 2^31, so chunks < 2^24).
-    let (first, last) = split_chunks(&p);
-    let (first, chunks) = (first as u32, last.saturating_sub(first) as u32);
+    let (first, chunks) = split_chunk_range(&p);
 
     let base = SharedMatrix::atom_aligned(dynamic_shared_base());
     let a_s = |slot: u32| base.offset(slot * WGMMA_A_STAGE_BYTES as u32);
