@@ -40,9 +40,11 @@ fn forced_variant() -> Option<Variant> {
         "packed_mma" => Some(Variant::PackedMma),
         "packed_wgmma" => Some(Variant::PackedWgmma),
         "wgmma" => Some(Variant::Wgmma),
-        other => {
-            panic!("DLKERN_W4_VARIANT={other}: expected small, large, tiled, packed, packed_mma, packed_wgmma or wgmma")
-        }
+        "wgmma_streamk" => Some(Variant::WgmmaStreamK),
+        other => panic!(
+            "DLKERN_W4_VARIANT={other}: expected small, large, tiled, packed, packed_mma, packed_wgmma, wgmma \
+             or wgmma_streamk"
+        ),
     }
 }
 
@@ -119,6 +121,14 @@ fn benches(c: &mut Criterion) {
             let io = ((m * k + m * n) * 2) as u64;
             let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
             bench_dlkern(&mut group, &gpu, ("dlkern_f16", "dlkern"), &shape, params, w4_bytes as u64 + io, rotation);
+            let chosen = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).map(|plan| plan.variant);
+            if variant.is_none() && chosen.is_ok_and(|v| v == Variant::WgmmaStreamK) {
+                // The planner took the stream-K partition: the same kernel over whole tiles.
+                let tiles = MatMulNBitsParams { variant: Some(Variant::Wgmma), ..params };
+                let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
+                let names = ("dlkern_tiles_f16", "dlkern whole tiles");
+                bench_dlkern(&mut group, &gpu, names, &shape, tiles, w4_bytes as u64 + io, rotation);
+            }
             if !b_packed.is_empty() && m <= 16 {
                 // The records carry the scales; `scales` only has to be a valid pointer.
                 let packed_params = MatMulNBitsParams { variant: Some(Variant::Packed), splits: 0, ..params };

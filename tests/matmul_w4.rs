@@ -528,8 +528,45 @@ mod gpu {
                 assert_eq!(problem::<bf16>(p, seed + 1).check().kernel, "matmul_nbits_bf16_wgmma_pair");
             }
         }
+        // The planner's choice: 297 tiles, which fill 3 waves of 132 SMs to 75%, run stream-K.
         let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 1030, 4200, 320, 64) };
-        assert_eq!(problem::<f16>(p, 9).check().kernel, "matmul_nbits_f16_wgmma");
+        let plan = problem::<f16>(p, 9).check();
+        let expect = if device.multiprocessors() == 132 { "matmul_nbits_f16_wgmma_streamk" } else { plan.kernel };
+        assert_eq!(plan.kernel, expect);
+        assert!(plan.kernel.starts_with("matmul_nbits_f16_wgmma"), "{}", plan.kernel);
+    }
+
+    /// Runs `pr` through [`matmul_nbits_raw`] with A and B starting `a_off` elements and `b_off`
+    /// bytes into their buffers (so off alignment) and a workspace whose every byte is `fill`
+    /// (what the kernels may not rely on: a caller's workspace holds anything).
+    fn run_raw(pr: &Problem<f16>, a_off: usize, b_off: usize, fill: u8) -> (Vec<f16>, MatMulNBitsPlan) {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let (device, stream) = gpu();
+        let (m, n) = (pr.p.m, pr.p.n);
+        let a = stream.clone_htod(&[vec![f16::ZERO; a_off], pr.a.clone()].concat()).unwrap();
+        let b = stream.clone_htod(&[vec![0u8; b_off], pr.w.b.clone()].concat()).unwrap();
+        let scales: Vec<f16> = pr.w.scales.iter().map(|&s| f16::from_f32(s)).collect();
+        let scales = stream.clone_htod(&scales).unwrap();
+        let HostZeros::Packed(z) = &pr.w.zero_points else { panic!("packed zero points") };
+        let z = stream.clone_htod(z).unwrap();
+        let bias = stream.clone_htod(pr.bias.as_ref().unwrap()).unwrap();
+        let mut y = stream.alloc_zeros::<f16>(m * n).unwrap();
+        let rows =
+            RowAlignment::of(&pr.p, a.device_ptr(&stream).0 + 2 * a_off as u64, b.device_ptr(&stream).0 + b_off as u64);
+        let plan = pr.p.plan_for(device.multiprocessors(), device.has_wgmma(), rows).unwrap();
+        let ws = stream.clone_htod(&vec![fill; plan.workspace_bytes.max(16)]).unwrap();
+        let ptrs = MatMulNBitsPointers {
+            a: a.device_ptr(&stream).0 + 2 * a_off as u64,
+            b: b.device_ptr(&stream).0 + b_off as u64,
+            scales: scales.device_ptr(&stream).0,
+            zero_points: z.device_ptr(&stream).0,
+            bias: bias.device_ptr(&stream).0,
+            y: y.device_ptr_mut(&stream).0,
+            workspace: ws.device_ptr(&stream).0,
+        };
+        // SAFETY: every buffer holds the extent the params describe past its offset.
+        let plan = unsafe { matmul_nbits_raw(&device, stream.cu_stream(), &pr.p, &ptrs) }.unwrap();
+        (stream.clone_dtoh(&y).unwrap(), plan)
     }
 
     /// Rows of B off 16-byte alignment run `large`, rows of A off it still run `tiled` or, on
@@ -538,42 +575,67 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_tiled_falls_back_on_unaligned_rows() {
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        let (device, stream) = gpu();
+        let (device, _) = gpu();
         let pr = problem::<f16>(MatMulNBitsParams { bias: true, ..params(DType::F16, 40, 72, 520, 32) }, 77);
-        let (m, n) = (pr.p.m, pr.p.n);
         // Hopper runs `wgmma` for M = 40 (from the same permuted copy of A), elsewhere `tiled`.
         let aligned_b = if device.has_wgmma() { "f16_wgmma" } else { "tiled64x128" };
         for (a_off, b_off, expect) in [(1usize, 0usize, aligned_b), (0, 4, "large"), (3, 4, "large")] {
-            // Each buffer with `off` leading elements, so its data starts off alignment.
-            let a = stream.clone_htod(&[vec![f16::ZERO; a_off], pr.a.clone()].concat()).unwrap();
-            let b = stream.clone_htod(&[vec![0u8; b_off], pr.w.b.clone()].concat()).unwrap();
-            let scales: Vec<f16> = pr.w.scales.iter().map(|&s| f16::from_f32(s)).collect();
-            let scales = stream.clone_htod(&scales).unwrap();
-            let HostZeros::Packed(z) = &pr.w.zero_points else { panic!("packed zero points") };
-            let z = stream.clone_htod(z).unwrap();
-            let bias = stream.clone_htod(pr.bias.as_ref().unwrap()).unwrap();
-            let mut y = stream.alloc_zeros::<f16>(m * n).unwrap();
-            let rows = RowAlignment::of(
-                &pr.p,
-                a.device_ptr(&stream).0 + 2 * a_off as u64,
-                b.device_ptr(&stream).0 + b_off as u64,
-            );
-            let plan = pr.p.plan_for(device.multiprocessors(), device.has_wgmma(), rows).unwrap();
-            let ws = stream.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).unwrap();
-            let ptrs = MatMulNBitsPointers {
-                a: a.device_ptr(&stream).0 + 2 * a_off as u64,
-                b: b.device_ptr(&stream).0 + b_off as u64,
-                scales: scales.device_ptr(&stream).0,
-                zero_points: z.device_ptr(&stream).0,
-                bias: bias.device_ptr(&stream).0,
-                y: y.device_ptr_mut(&stream).0,
-                workspace: ws.device_ptr(&stream).0,
-            };
-            // SAFETY: every buffer holds the extent the params describe past its offset.
-            let plan = unsafe { matmul_nbits_raw(&device, stream.cu_stream(), &pr.p, &ptrs) }.unwrap();
+            let (y, plan) = run_raw(&pr, a_off, b_off, 0);
             assert_eq!(&plan.kernel[plan.kernel.len() - expect.len()..], expect);
-            pr.check_values(&stream.clone_dtoh(&y).unwrap(), plan.kernel);
+            pr.check_values(&y, plan.kernel);
+        }
+    }
+
+    /// `wgmma_streamk` (Hopper), forced: grids of one block per chunk (every tile summed from
+    /// up to 16 blocks' parts), of fewer blocks than chunks with tiles split unevenly, and of
+    /// blocks spanning two or three tiles (266 tiles of 2 chunks on the SMs); K off the chunk
+    /// and the block, M and N off the tile, both types and zero-point kinds, bias; the planner's
+    /// own choice where whole tiles fill the last wave poorly (150 tiles); and a workspace of
+    /// 0xff bytes, twice (its flags must be cleared for each launch).
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_wgmma_streamk_matches_reference() {
+        let (device, _) = gpu();
+        let streamk = Some(Variant::WgmmaStreamK);
+        if !device.has_wgmma() {
+            let p = MatMulNBitsParams { variant: streamk, ..params(DType::F16, 64, 64, 256, 32) };
+            let err = p.plan(device.multiprocessors(), false).unwrap_err().to_string();
+            assert!(err.contains("Hopper"), "{err}");
+            eprintln!("{}: no sm_90a module, wgmma_streamk not run", device.name());
+            return;
+        }
+        let mut seed = 900;
+        for &(m, n, k, block) in &[
+            (1, 8, 16, 32),
+            (33, 130, 1000, 32),
+            (97, 80, 1032, 64),
+            (200, 136, 776, 256),
+            (300, 260, 4104, 128),
+            (130, 17024, 256, 128),
+        ] {
+            for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
+                seed += 1;
+                let p = MatMulNBitsParams {
+                    zero_points,
+                    bias: seed % 2 == 0,
+                    variant: streamk,
+                    ..params(DType::F16, m, n, k, block)
+                };
+                assert_eq!(problem::<f16>(p, seed).check().kernel, "matmul_nbits_f16_wgmma_streamk");
+                let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                assert_eq!(problem::<bf16>(p, seed + 1000).check().kernel, "matmul_nbits_bf16_wgmma_streamk");
+            }
+        }
+        let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 128, 150 * 128, 256, 128) };
+        let pr = problem::<f16>(p, 990);
+        let plan = pr.check();
+        if device.multiprocessors() == 132 {
+            assert_eq!(plan.kernel, "matmul_nbits_f16_wgmma_streamk");
+        }
+        let pr = problem::<f16>(MatMulNBitsParams { variant: streamk, ..p }, 991);
+        for _ in 0..2 {
+            let (y, plan) = run_raw(&pr, 0, 0, 0xff);
+            pr.check_values(&y, plan.kernel);
         }
     }
 
@@ -806,6 +868,27 @@ fn gpu_plan_validates_and_splits() {
     assert_eq!(params.plan_for(132, true, unaligned_a).unwrap().kernel, "matmul_nbits_f16_wgmma_pair");
     let unaligned_b = RowAlignment { a_vec16: true, b_vec16: false };
     assert_eq!(params.plan_for(132, true, unaligned_b).unwrap().kernel, "matmul_nbits_f16_large");
+    // Stream-K where whole tiles would leave over a tenth of the last wave idle: M = 128,
+    // N = 28672 is 224 tiles on 132 SMs (85% of two waves).
+    let wide = MatMulNBitsParams { m: 128, n: 28672, ..ok };
+    let plan = hopper(wide);
+    assert_eq!(
+        (plan.variant, plan.kernel, plan.dims.grid, plan.splits, plan.reduce),
+        (Variant::WgmmaStreamK, "matmul_nbits_f16_wgmma_streamk", (132, 1, 1), 1, None)
+    );
+    assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_f16"));
+    assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2 + 132 * (128 * 128 * 4 + 4), (256, 1, 1)));
+    assert_eq!(hopper(MatMulNBitsParams { m: 256, ..wide }).kernel, "matmul_nbits_f16_wgmma_streamk");
+    // Nearly full waves keep whole tiles: 1792 tiles are 97% of 14 waves.
+    assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..wide }).kernel, "matmul_nbits_f16_wgmma");
+    // Forced `Wgmma` keeps whole tiles; forced stream-K takes a block per chunk when there are
+    // fewer chunks than SMs, splits no further and needs Hopper.
+    assert_eq!(hopper(MatMulNBitsParams { variant: Some(Variant::Wgmma), ..wide }).dims.grid, (224, 1, 1));
+    let forced = MatMulNBitsParams { m: 64, n: 64, k: 256, variant: Some(Variant::WgmmaStreamK), ..ok };
+    assert_eq!(hopper(forced).dims.grid, (2, 1, 1));
+    let e = MatMulNBitsParams { splits: 3, ..forced }.plan(132, true).unwrap_err().to_string();
+    assert!(e.contains("does not split K"), "{e}");
+    assert!(err(forced).contains("variant WgmmaStreamK needs a Hopper GPU"), "{}", err(forced));
     assert!(err(MatMulNBitsParams { m: 128, variant: Some(Variant::Wgmma), ..ok }).contains("Hopper"));
     let e = MatMulNBitsParams { m: 128, block_size: 16, variant: Some(Variant::Wgmma), ..ok }.plan(132, true);
     assert!(e.unwrap_err().to_string().contains("block_size >= 32"));

@@ -107,6 +107,8 @@ const WGMMA_ENTRY_POINTS: &[&str] = &[
     "matmul_nbits_bf16_wgmma",
     "matmul_nbits_f16_wgmma_pair",
     "matmul_nbits_bf16_wgmma_pair",
+    "matmul_nbits_f16_wgmma_streamk",
+    "matmul_nbits_bf16_wgmma_streamk",
     "matmul_nbits_f16_packed_wgmma8",
     "matmul_nbits_f16_packed_wgmma16",
     "matmul_nbits_bf16_packed_wgmma8",
@@ -201,12 +203,22 @@ fn kernels_use_the_intended_instructions() {
         "mapa.shared::cluster.u32",
         "ld.shared::cluster.v4.u32",
         "barrier.cluster.arrive.release.aligned",
+        "st.release.gpu.global.u32",
+        "ld.acquire.gpu.global.u32",
+        "nanosleep.u32",
+        "ld.global.cg.v4.u32",
+        "griddepcontrol.launch_dependents",
+        "griddepcontrol.wait",
     ];
     for module in ptx::modules() {
         let (sm, text) = (module.target(), module.text);
         let extra: &[&str] = if module.arch_specific { &hopper } else { &[] };
         for instruction in expected.iter().chain(extra) {
             assert!(text.contains(instruction), "{sm}: no `{instruction}` in the PTX");
+        }
+        // Grid dependency control is sm_90's: the portable module has none.
+        if !module.arch_specific {
+            assert!(!text.contains("griddepcontrol"), "{sm}: griddepcontrol in the portable module");
         }
         // A panic path compiled into a kernel would show up as a trap: the kernels have none.
         assert!(!text.contains("trap;"), "{sm}: a kernel contains a panic path (trap)");

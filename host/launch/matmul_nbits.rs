@@ -15,7 +15,9 @@
 //! activations staged once per block as the tensor cores' shared-memory operand). Any of them may split K over several blocks when the output tiles alone
 //! cannot fill the GPU; the partial sums then go through an f32 workspace and a reduction
 //! kernel, except for two splits of `wgmma`, which run as a cluster of two blocks that sum
-//! through distributed shared memory.
+//! through distributed shared memory. Where `wgmma`'s whole tiles would leave much of the
+//! last wave idle, `wgmma_streamk` gives each SM an equal share of all tiles' K chunks instead
+//! ([`Variant::WgmmaStreamK`]).
 
 use std::sync::Arc;
 
@@ -37,8 +39,8 @@ use layout::{
     CHUNK, DECODE, DECODE_COLUMNS, DECODE_PACKED_SHARED_BYTES, DECODE_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16,
     FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, PACKED_WGMMA_COLUMNS,
     PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK,
-    TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_THREADS,
-    tiled_shared_bytes,
+    TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES,
+    WGMMA_THREADS, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
 
 /// `PackedWgmma` plans with this tiling: 8 warps, 128 columns, 16 rows (`block_m` is unused).
@@ -69,6 +71,7 @@ struct KernelNames {
     packed_wgmma16: [&'static str; 3],
     wgmma: &'static str,
     wgmma_pair: &'static str,
+    wgmma_streamk: &'static str,
     small: &'static str,
     small_zf: &'static str,
     large: &'static str,
@@ -100,6 +103,7 @@ macro_rules! kernel_names {
             ],
             wgmma: concat!("matmul_nbits_", $t, "_wgmma"),
             wgmma_pair: concat!("matmul_nbits_", $t, "_wgmma_pair"),
+            wgmma_streamk: concat!("matmul_nbits_", $t, "_wgmma_streamk"),
             small: concat!("matmul_nbits_", $t, "_small"),
             small_zf: concat!("matmul_nbits_", $t, "_small_zf"),
             large: concat!("matmul_nbits_", $t, "_large"),
@@ -155,8 +159,16 @@ pub enum Variant {
     /// Hopper's warpgroup tensor cores (the sm_90a module only): block tile 128 x 128, the
     /// weights dequantized straight into `wgmma`'s register operand, the permuted A (as
     /// `Tiled`) its shared-memory operand: the planner's choice for M > [`WGMMA_MIN_M`] with
-    /// integer zero points, blocks of at least 32 and 16-byte aligned rows of B.
+    /// integer zero points, blocks of at least 32 and 16-byte aligned rows of B, unless its
+    /// tiles fill the SMs' last wave poorly ([`Variant::WgmmaStreamK`]). Forced, it splits K
+    /// (`splits`) rather than take the stream-K partition.
     Wgmma,
+    /// [`Variant::Wgmma`]'s kernel over a stream-K partition: one block per SM, each taking an
+    /// equal share of all tiles' K chunks, a tile split between blocks summed by the block
+    /// holding its last chunk (f32 partial sums through the workspace). The planner's choice
+    /// where whole tiles would leave more than a tenth of the last wave idle (M = 128,
+    /// N = 28672: 224 tiles on 132 SMs, 85%).
+    WgmmaStreamK,
 }
 
 impl Variant {
@@ -201,6 +213,9 @@ pub struct MatMulNBitsPlan {
     pub workspace_bytes: usize,
     /// Offset of the f32 partial sums in the workspace.
     partials_offset: usize,
+    /// Bytes of the workspace (offset, length) that must be zero when the kernel starts (the
+    /// stream-K flags): [`matmul_nbits_raw`] clears them on the stream first.
+    zeroed: Option<(usize, usize)>,
     args: Dims,
 }
 
@@ -294,9 +309,9 @@ impl MatMulNBitsParams {
             Some(Variant::Tiled) if !tiled_ok => {
                 return Err(bad("variant Tiled needs integer zero points and block_size >= 32".into()));
             }
-            Some(Variant::Wgmma) if !wgmma_ok => {
+            Some(v @ (Variant::Wgmma | Variant::WgmmaStreamK)) if !wgmma_ok => {
                 return Err(bad(format!(
-                    "variant Wgmma needs a Hopper GPU (sm_90a module: {wgmma}), integer zero points, \
+                    "variant {v:?} needs a Hopper GPU (sm_90a module: {wgmma}), integer zero points, \
                      block_size >= 32 and 16-byte aligned rows of B"
                 )));
             }
@@ -349,6 +364,7 @@ impl MatMulNBitsParams {
             }
             // The same block tile and threads as `tiled128x128` (two warpgroups of 64 x 128).
             Variant::Wgmma => (names.wgmma, TILED128X128),
+            Variant::WgmmaStreamK => (names.wgmma_streamk, TILED128X128),
         };
         let (bm, bn, threads) = match variant {
             Variant::PackedWgmma => (SMALL_MAX_M, tiling.block_n(), tiling.threads()),
@@ -360,10 +376,37 @@ impl MatMulNBitsParams {
             return Err(bad(format!("M = {} needs {tiles_m} row tiles (at most 65535)", p.m)));
         }
         let chunks = p.k.div_ceil(CHUNK);
+        let sms = multiprocessors.max(1) as usize;
+        // `wgmma` runs one block per SM (its ring fills the shared memory). Whole tiles leave
+        // part of the last wave idle unless their count is near a multiple of the SMs; the
+        // stream-K partition gives every SM the same share of chunks instead, for the price of
+        // a partial tile per block through the workspace (and a flag wait, normally long
+        // satisfied). Below one wave the splits fill the SMs well enough (64 tiles x 2 on 132).
+        // Not yet measured on the GPU: this rule is the wave arithmetic alone.
+        let tiles = tiles_m * tiles_n;
+        let streamk_fits = (tiles * chunks) as u64 <= u32::MAX as u64;
+        let variant = if p.variant.is_none() && variant == Variant::Wgmma && tiles >= sms && streamk_fits {
+            let waves = tiles.div_ceil(sms);
+            if tiles * 10 < waves * sms * 9 { Variant::WgmmaStreamK } else { variant }
+        } else {
+            variant
+        };
+        if variant == Variant::WgmmaStreamK && !streamk_fits {
+            return Err(bad(format!(
+                "variant WgmmaStreamK needs fewer than 2^32 chunks over all tiles, got {}",
+                tiles * chunks
+            )));
+        }
+        if variant == Variant::WgmmaStreamK && p.splits > 1 {
+            return Err(bad(format!("variant WgmmaStreamK does not split K by `splits` ({} asked)", p.splits)));
+        }
+        let kernel = if variant == Variant::WgmmaStreamK { names.wgmma_streamk } else { kernel };
         // Split K until there are about four blocks per SM (`large`; one for `small`, whose
         // warps already split K four ways, and for `tiled`, whose ring fills the SM's shared
         // memory), or one chunk per split.
-        let wanted = if p.splits > 0 {
+        let wanted = if variant == Variant::WgmmaStreamK {
+            1
+        } else if p.splits > 0 {
             p.splits
         } else {
             let per_sm = if variant == Variant::Large { 4 } else { 1 };
@@ -426,9 +469,17 @@ impl MatMulNBitsParams {
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
         let reduced = splits > 1 && !pair && !clustered;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
-        let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma);
+        let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma | Variant::WgmmaStreamK);
         let permuted_bytes = if permuted { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
-        let partials_bytes = if reduced { splits * p.m * p.n * 4 } else { 0 };
+        // Stream-K: one block per SM (fewer when there are fewer chunks), a slot of partial sums
+        // and a flag each.
+        let streamk_blocks = (variant == Variant::WgmmaStreamK).then(|| sms.min(tiles * chunks));
+        let partials_bytes = match streamk_blocks {
+            Some(blocks) => wgmma_streamk_workspace_bytes(blocks),
+            None if reduced => splits * p.m * p.n * 4,
+            None => 0,
+        };
+        let zeroed = streamk_blocks.map(|blocks| (permuted_bytes + blocks * WGMMA_STREAMK_SLOT_BYTES, blocks * 4));
         let workspace_bytes = permuted_bytes + partials_bytes;
         let mut flags = match p.zero_points {
             ZeroPointKind::Default => 0,
@@ -455,7 +506,10 @@ impl MatMulNBitsParams {
             flags,
         };
         let dims = LaunchDims {
-            grid: (tiles_n as u32, tiles_m as u32, splits as u32),
+            grid: match streamk_blocks {
+                Some(blocks) => (blocks as u32, 1, 1),
+                None => (tiles_n as u32, tiles_m as u32, splits as u32),
+            },
             block: (threads as u32, 1, 1),
             shared_bytes: match variant {
                 Variant::Small if decode => DECODE_SHARED_BYTES as u32,
@@ -464,7 +518,7 @@ impl MatMulNBitsParams {
                 Variant::Tiled => tiled_shared_bytes(tiling) as u32,
                 Variant::Packed | Variant::PackedMma => DECODE_PACKED_SHARED_BYTES as u32,
                 Variant::PackedWgmma => PACKED_WGMMA_SHARED_BYTES as u32,
-                Variant::Wgmma => WGMMA_SHARED_BYTES as u32,
+                Variant::Wgmma | Variant::WgmmaStreamK => WGMMA_SHARED_BYTES as u32,
             },
         };
         let permute_blocks = (p.m * chunks * CHUNK / 8).div_ceil(PERMUTE_THREADS);
@@ -495,6 +549,7 @@ impl MatMulNBitsParams {
             reduce,
             workspace_bytes,
             partials_offset: permuted_bytes,
+            zeroed,
             args,
         })
     }
@@ -551,6 +606,11 @@ pub unsafe fn matmul_nbits_raw(
         ZeroPointKind::Typed => (0, ptrs.zero_points),
     };
     let bias = if params.bias { ptrs.bias } else { 0 };
+    if let Some((offset, bytes)) = plan.zeroed {
+        // SAFETY: inside the workspace, which the caller's contract sizes for the plan. Before
+        // the permutation, so that the main kernel follows the permutation directly.
+        unsafe { device.zero_async(ptrs.workspace + offset as u64, bytes, stream)? };
+    }
     // `tiled` and `wgmma` read A from its permuted copy at the start of the workspace.
     let mut a = ptrs.a;
     if let Some((permute, permute_dims)) = plan.permute {
@@ -564,7 +624,13 @@ pub unsafe fn matmul_nbits_raw(
         .pointers(&[a, ptrs.b, ptrs.scales, zeros_u8, zeros_t, bias, ptrs.y, partials])
         .value(plan.args);
     // SAFETY: eight pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
+    // The `wgmma` kernels wait for the permutation (`griddepcontrol.wait`) before they read its
+    // copy and write anything, so they may start during it.
+    if plan.permute.is_some() && matches!(plan.variant, Variant::Wgmma | Variant::WgmmaStreamK) {
+        unsafe { device.launch_overlapping(plan.kernel, plan.dims, stream, args)? };
+    } else {
+        unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
+    }
     if let Some((reduce, reduce_dims)) = plan.reduce {
         let args = KernelParams::new().pointers(&[bias, ptrs.y, partials]).value(plan.args).value(plan.splits as u32);
         // SAFETY: three pointers, Dims and a u32, as the reduction kernel declares.
@@ -766,4 +832,99 @@ pub fn pack_for_decode<T: Element>(
         unsafe { pack_for_decode_raw(device, stream.cu_stream(), p, b_ptr, s_ptr, z_ptr, out_ptr)? };
     }
     Ok(packed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layout::{StreamKBlock, StreamKPartition, StreamKSegment};
+    use proptest::prelude::*;
+
+    /// Every block's segments, as the `wgmma_streamk` kernel walks them.
+    fn segments(tiles_n: u32, tiles_m: u32, chunks: u32, blocks: u32) -> Vec<Vec<StreamKSegment>> {
+        let partition = StreamKPartition::new(tiles_n * tiles_m * chunks, blocks);
+        (0..blocks)
+            .map(|b| {
+                let block = StreamKBlock::new(partition, b, chunks, tiles_n);
+                (0..block.segments()).map(|i| block.segment(i)).collect()
+            })
+            .collect()
+    }
+
+    /// The stream-K partition covers every chunk of every tile once; each tile is written by
+    /// exactly one block, the one holding its last chunk, after adding the parts of exactly the
+    /// lower blocks that hold its other chunks (the kernel's walk down from `block - 1`); a
+    /// block publishes at most one part, in its first segment, and waits only in its last,
+    /// only for lower blocks; the blocks' shares differ by one chunk at most.
+    fn check_partition(tiles_n: u32, tiles_m: u32, chunks: u32, blocks: u32) {
+        let (tiles, total) = ((tiles_n * tiles_m) as usize, tiles_n * tiles_m * chunks);
+        let partition = StreamKPartition::new(total, blocks);
+        let mut covered = vec![0u8; total as usize];
+        // Per tile: the blocks that write it, that publish a part of it, and whose parts its
+        // writer adds.
+        let (mut writers, mut published, mut added) = (vec![vec![]; tiles], vec![vec![]; tiles], vec![vec![]; tiles]);
+        for (b, segs) in segments(tiles_n, tiles_m, chunks, blocks).iter().enumerate() {
+            let b = b as u32;
+            let share: u32 = segs.iter().map(|s| s.chunks).sum();
+            assert_eq!(share, partition.begin(b + 1) - partition.begin(b));
+            assert!(share == total / blocks || share == total / blocks + 1, "block {b}: {share} of {total}");
+            for (i, s) in segs.iter().enumerate() {
+                let t = s.tile as usize;
+                assert!(s.chunks > 0 && s.first + s.chunks <= chunks, "{s:?}");
+                assert_eq!((s.tile_n, s.tile_m), (s.tile % tiles_n, s.tile / tiles_n));
+                assert!(i == 0 || s.tile < segs[i - 1].tile, "block {b}: tiles not descending");
+                assert_eq!(s.starts, s.first == 0);
+                for c in s.first..s.first + s.chunks {
+                    covered[(s.tile * chunks + c) as usize] += 1;
+                }
+                if !s.finalizes {
+                    assert_eq!(i, 0, "block {b} publishes in a later segment");
+                    published[t].push(b);
+                    continue;
+                }
+                assert_eq!(s.first + s.chunks, chunks);
+                writers[t].push(b);
+                if !s.starts {
+                    assert_eq!(i, segs.len() - 1, "block {b} waits before its last segment");
+                    // The kernel's walk: `block - 1` down to the block holding chunk 0.
+                    let mut other = b;
+                    loop {
+                        other = other.checked_sub(1).expect("a walk below block 0");
+                        added[t].push(other);
+                        if partition.begin(other) <= s.tile * chunks {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1), "chunks not covered exactly once");
+        for t in 0..tiles {
+            assert_eq!(writers[t].len(), 1, "tile {t}: writers {:?}", writers[t]);
+            added[t].sort_unstable();
+            published[t].sort_unstable();
+            assert_eq!(added[t], published[t], "tile {t}");
+            assert!(published[t].iter().all(|&p| p < writers[t][0]), "tile {t}");
+        }
+    }
+
+    #[test]
+    fn streamk_partition_of_the_bench_shapes() {
+        // M = 128 and 256 at N = 28672 (K = 8192) on 132 SMs; K = 28672; N = K = 8192 (blocks
+        // of half a tile); tiles of one chunk; as many blocks as chunks.
+        for (tiles_n, tiles_m, chunks, blocks) in
+            [(224, 1, 64, 132), (224, 2, 64, 132), (64, 1, 224, 132), (64, 1, 64, 132), (200, 1, 1, 132), (3, 1, 5, 15)]
+        {
+            check_partition(tiles_n, tiles_m, chunks, blocks);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn streamk_partition_covers_and_orders(
+            tiles_n in 1u32..40, tiles_m in 1u32..4, chunks in 1u32..70, blocks in 1u32..140,
+        ) {
+            let blocks = blocks.min(tiles_n * tiles_m * chunks);
+            check_partition(tiles_n, tiles_m, chunks, blocks);
+        }
+    }
 }

@@ -225,6 +225,24 @@ impl Device {
         Ok(())
     }
 
+    /// Sets `bytes` of device memory at `address` to zero, in `stream` order
+    /// (`cuMemsetD8Async`).
+    ///
+    /// # Safety
+    /// `address .. address + bytes` must be device memory of this device's primary context
+    /// that stays allocated until the stream has run the memset, and that nothing else
+    /// accesses meanwhile; `stream` as for [`Device::launch`].
+    pub unsafe fn zero_async(&self, address: u64, bytes: usize, stream: CUstream) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        guarded("zero device memory", || {
+            self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+            // SAFETY: the caller guarantees the extent and the stream.
+            unsafe { cudarc::driver::result::memset_d8_async(address, 0, bytes, stream) }.during("cuMemsetD8Async")
+        })
+    }
+
     /// Launches kernel `name` on `stream` with the given parameters.
     ///
     /// # Safety
@@ -237,7 +255,42 @@ impl Device {
         name: &'static str,
         dims: LaunchDims,
         stream: CUstream,
+        params: KernelParams,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_with(name, dims, stream, params, false) }
+    }
+
+    /// [`Device::launch`] as a programmatic dependent launch on Hopper and newer: the kernel's
+    /// blocks may start while the previous kernel in `stream` still runs (once that one's blocks
+    /// executed `griddepcontrol.launch_dependents` or exited), which hides the launch latency
+    /// and lets the kernel's prologue overlap the previous kernel's tail. Elsewhere a plain
+    /// launch.
+    ///
+    /// # Safety
+    /// As [`Device::launch`], and the kernel must execute `griddepcontrol.wait` before it reads
+    /// anything the previous kernel in the stream writes, or writes anything that one reads.
+    pub unsafe fn launch_overlapping(
+        &self,
+        name: &'static str,
+        dims: LaunchDims,
+        stream: CUstream,
+        params: KernelParams,
+    ) -> Result<()> {
+        let overlap = self.compute_capability.0 >= 9;
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_with(name, dims, stream, params, overlap) }
+    }
+
+    /// # Safety
+    /// As [`Device::launch_overlapping`] when `overlap`, else as [`Device::launch`].
+    unsafe fn launch_with(
+        &self,
+        name: &'static str,
+        dims: LaunchDims,
+        stream: CUstream,
         mut params: KernelParams,
+        overlap: bool,
     ) -> Result<()> {
         if params.overflowed() {
             return Err(Error::invalid(name, "more kernel parameters than a launch list holds"));
@@ -248,19 +301,45 @@ impl Device {
         let mut pointers = params.raw();
         guarded("launch", || {
             self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-            // SAFETY: the caller guarantees the parameters and the stream; dims were checked.
-            // `pointers` points into `params`, which lives until this returns.
-            unsafe {
-                cudarc::driver::result::launch_kernel(
-                    raw,
-                    dims.grid,
-                    dims.block,
-                    dims.shared_bytes,
-                    stream,
-                    &mut pointers[..params.len()],
-                )
+            if !overlap {
+                // SAFETY: the caller guarantees the parameters and the stream; dims were
+                // checked. `pointers` points into `params`, which lives until this returns.
+                return unsafe {
+                    cudarc::driver::result::launch_kernel(
+                        raw,
+                        dims.grid,
+                        dims.block,
+                        dims.shared_bytes,
+                        stream,
+                        &mut pointers[..params.len()],
+                    )
+                }
+                .during("cuLaunchKernel");
             }
-            .during("cuLaunchKernel")
+            use cudarc::driver::sys::{
+                CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig, cuLaunchKernelEx,
+            };
+            let mut attribute = CUlaunchAttribute {
+                id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+            };
+            let config = CUlaunchConfig {
+                gridDimX: dims.grid.0,
+                gridDimY: dims.grid.1,
+                gridDimZ: dims.grid.2,
+                blockDimX: dims.block.0,
+                blockDimY: dims.block.1,
+                blockDimZ: dims.block.2,
+                sharedMemBytes: dims.shared_bytes,
+                hStream: stream,
+                attrs: &mut attribute,
+                numAttrs: 1,
+            };
+            // SAFETY: as above; `config` and `attribute` live until the call returns.
+            unsafe { cuLaunchKernelEx(&config, raw, pointers.as_mut_ptr(), std::ptr::null_mut()) }
+                .result()
+                .during("cuLaunchKernelEx")
         })
     }
 }

@@ -938,6 +938,9 @@ unsafe fn matmul_nbits_large<
 /// The launch contract (`matmul_nbits_permute_*` in the module docs).
 #[inline(always)]
 unsafe fn permute<T: TensorElement>(a: *const T, a_perm: *mut T, p: Dims) {
+    // The kernel reading the copy (Hopper's `wgmma` ones) may start its prologue already: it
+    // waits for this grid to complete before it reads the copy.
+    sync::allow_dependent_launch();
     let (m, k) = (p.m as usize, p.k as usize);
     let row_len = k.div_ceil(CHUNK) * CHUNK;
     // One thread per 8 consecutive elements of a padded row. K > 0, so a row has at least

@@ -20,9 +20,22 @@
 //!   weight rows), dynamic shared memory [`WGMMA_SHARED_BYTES`].
 //! - zero points none or u8 (`zeros_t` unused), `block_size >= 32`; `b` 16-byte aligned with
 //!   `row_bytes % 16 == 0`.
+//! - may be launched as a programmatic dependent of the `permute` grid writing `a`: every
+//!   thread waits for it (`griddepcontrol.wait`) after issuing the first chunks' code copies,
+//!   before it reads `a` or writes anything.
 //! - split `z` covers K chunks (of 128) `[z * chunks_per_split, (z + 1) * chunks_per_split)`;
 //!   outputs as in [`crate::matmul_nbits`] (`y` (+ bias) unsplit, else f32 partial sums to
 //!   `workspace [splits, M, N]` for `matmul_nbits_reduce_*`).
+//!
+//! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma_streamk`
+//! - as `matmul_nbits_{f16,bf16}_wgmma`, but over a stream-K partition
+//!   ([`StreamKBlock`]): grid `(blocks, 1, 1)` with `blocks` at most the tiles' total chunk
+//!   count and at most one resident block per SM (the shared memory allows no more), block
+//!   `(256, 1, 1)`, dynamic shared memory [`WGMMA_SHARED_BYTES`]; `chunks_per_split` unused.
+//! - `workspace` holds [`wgmma_streamk_workspace_bytes`]`(blocks)`, its flags zeroed before
+//!   the launch; `y` (+ bias) is written.
+//! - A block waits for lower blocks only; that ends as long as blocks that cannot all be
+//!   resident at once start in index order (as CUDA schedules them).
 //!
 //! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma_pair`
 //! - as above with exactly two splits (grid z = 2): the entry requires clusters of `(1, 1, 2)`
@@ -31,7 +44,7 @@
 
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::cluster;
-use crate::device::memory::ld_global_nc_u16;
+use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, st_global_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
 use crate::device::{index, sync};
@@ -94,31 +107,48 @@ impl RawConsts {
 /// 8 (K + 8)]` as the register operand wants them.
 type Fragments = [[u32; 4]; 8];
 
+/// Where a block's tile lies: its first row of A and its first weight row.
+#[derive(Clone, Copy)]
+struct TileOrigin {
+    m0: usize,
+    n0: usize,
+}
+
+/// This thread's weight rows of the tile at `n0`: `g` and `g + 8` of its warp's 16.
+#[inline(always)]
+fn lane_rows(n0: usize) -> [usize; 2] {
+    let tid = index::thread_idx_x() as usize;
+    let (group, warp_in_group, g) = (tid / 128, (tid / 32) % 4, index::lane_id() as usize / 4);
+    let row0 = n0 + group * 64 + warp_in_group * 16 + g;
+    [row0, row0 + 8]
+}
+
+/// This thread's sums of K chunks `[first, first + chunks)` of the tile at `origin`: register
+/// `4 t + c` holds weight row `lane_rows(n0)[c / 2]`, row of A `m0 + 8 t + 2 q + c % 2`.
+///
 /// # Safety
-/// The launch contract in the module docs.
+/// The launch contract in the module docs; every thread of the block calls it with the same
+/// arguments. It returns once this thread's `wgmma`s are complete, while the other
+/// warpgroup's may still read the ring: a block barrier must come before the ring is reused.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
+unsafe fn tile_sums<T: WgmmaElement>(
     a_perm: *const T,
     b: *const u8,
     scales: *const T,
     zeros_u8: *const u8,
-    _zeros_t: *const T,
-    bias: *const T,
-    y: *mut T,
-    workspace: *mut f32,
-    p: Dims,
-) {
+    p: &Dims,
+    origin: TileOrigin,
+    first: u32,
+    chunks: u32,
+) -> [f32; 64] {
     let tid = index::thread_idx_x() as usize;
-    let (group, warp_in_group, lane) = (tid / 128, (tid / 32) % 4, index::lane_id() as usize);
-    let (g, q) = (lane / 4, lane % 4);
+    let q = index::lane_id() as usize % 4;
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
     let row_len = k.div_ceil(CHUNK) * CHUNK;
     let row_bytes = p.row_bytes as usize;
     let k_blocks = p.k_blocks as usize;
-    let m0 = index::block_idx_y() as usize * WGMMA_BM;
-    let n0 = index::block_idx_x() as usize * WGMMA_BN;
-    let (first, chunks) = split_chunk_range(&p);
+    let TileOrigin { m0, n0 } = origin;
 
     let base = SharedMatrix::atom_aligned(dynamic_shared_base());
     let a_s = |slot: u32| base.offset(slot * WGMMA_A_STAGE_BYTES as u32);
@@ -130,8 +160,7 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
     // they read the last row, every such piece of every block would hit the same L2 lines,
     // which made M = 64 slower than M = 128); their scales and zero points come from the last
     // row, and they only feed outputs that are never stored.
-    let row0 = n0 + group * 64 + warp_in_group * 16 + g;
-    let rows = [row0, row0 + 8];
+    let rows = lane_rows(n0);
     let clamped = |r: usize| r.min(n - 1);
     // Its activation pieces: 16 bytes at `16 part` of rows `tid / 16 + 16 u` of each chunk.
     let (a_row, a_part) = (tid / 16, tid % 16);
@@ -160,7 +189,7 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
     // depends on the block alone).
     unsafe {
         // Local chunk `j` (global `first + j`) into ring slot `j % WGMMA_STAGES`.
-        let load = |j: u32| {
+        let load_activations = |j: u32| {
             let (slot, chunk) = (j % WGMMA_STAGES as u32, first + j);
             const { assert!(WGMMA_BM * 16 == 8 * WGMMA_THREADS) };
             let dst = a_s(slot).offset(a_dst);
@@ -168,6 +197,9 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
                 let src = a_src[U].add(chunk as usize * CHUNK * 2);
                 cp_async_16_zfill(dst.offset((16 * U * 128) as u32), src, a_bytes[U]);
             });
+        };
+        let load_codes = |j: u32| {
+            let (slot, chunk) = (j % WGMMA_STAGES as u32, first + j);
             // The last chunk may end inside a row (blocks below 128): a piece past the row is
             // read as the row's last 16 bytes (rows hold at least 16), whose codes then meet
             // only zero activations (the permuted copy is zero past K).
@@ -176,6 +208,10 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
             unroll!(H in [0, 1] {
                 cp_async_16_zfill(dst.offset((H * WGMMA_THREADS * 16) as u32), b_src[H].add(at), b_bytes[H]);
             });
+        };
+        let load = |j: u32| {
+            load_activations(j);
+            load_codes(j);
         };
         // This lane's constants of local chunk `j` for both rows (its 32 codes of a chunk lie in
         // one block: blocks >= 32; blocks past K, met only by zero activations, read the last
@@ -209,10 +245,19 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
 
         // Copies run two chunks ahead of the dequantization, three of the tensor cores.
         const AHEAD: u32 = WGMMA_STAGES as u32 - 1;
+        // The first chunks' codes go before the wait for the grid writing the permuted copy of
+        // A (`permute`, which this grid may overlap on Hopper: `launch_overlapping`); they join
+        // the first copy group, so each group still holds all of its chunk.
+        unroll!(S in [0, 1, 2] {
+            if (S as u32) < chunks {
+                load_codes(S as u32);
+            }
+        });
+        sync::wait_for_prerequisite_grids();
         unroll!(S in [0, 1, 2] {
             const { assert!(AHEAD == 3) };
             if (S as u32) < chunks {
-                load(S as u32);
+                load_activations(S as u32);
             }
             commit_group();
         });
@@ -268,7 +313,77 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
         }
         wgmma::wait_group::<0>();
         pin_accumulators_f32x64(&mut acc);
+    }
+    acc
+}
 
+/// Writes a tile's sums: `y` (+ bias) when `partial` is `None`, else the f32 partial sums of
+/// split `partial` to `workspace [splits, M, N]`.
+///
+/// # Safety
+/// `acc` is [`tile_sums`]' of the tile at `origin`; the buffers are as the launch contract
+/// sizes them.
+#[inline(always)]
+unsafe fn store_tile<T: WgmmaElement>(
+    acc: &[f32; 64],
+    origin: TileOrigin,
+    bias: *const T,
+    y: *mut T,
+    workspace: *mut f32,
+    p: &Dims,
+    partial: Option<usize>,
+) {
+    let (m, n) = (p.m as usize, p.n as usize);
+    let q = index::lane_id() as usize % 4;
+    let rows = lane_rows(origin.n0);
+    // SAFETY: every store is to a row below M and a column below N (checked).
+    unsafe {
+        unroll!(H in [0, 1] {
+            let col = rows[H];
+            if col < n {
+                let bias_v = if partial.is_none() && p.flags & FLAG_BIAS != 0 { bias.add(col).read().to_f32() } else { 0.0 };
+                unroll!(T8 in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    unroll!(C in [0, 1] {
+                        let row = origin.m0 + 8 * T8 + 2 * q + C;
+                        if row < m {
+                            let v = acc[4 * T8 + 2 * H + C];
+                            match partial {
+                                None => y.add(row * n + col).write(T::from_f32(v + bias_v)),
+                                Some(split) => workspace.add((split * m + row) * n + col).write(v),
+                            }
+                        }
+                    });
+                });
+            }
+        });
+    }
+}
+
+/// # Safety
+/// The launch contract in the module docs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
+    a_perm: *const T,
+    b: *const u8,
+    scales: *const T,
+    zeros_u8: *const u8,
+    _zeros_t: *const T,
+    bias: *const T,
+    y: *mut T,
+    workspace: *mut f32,
+    p: Dims,
+) {
+    let tid = index::thread_idx_x() as usize;
+    let origin =
+        TileOrigin { m0: index::block_idx_y() as usize * WGMMA_BM, n0: index::block_idx_x() as usize * WGMMA_BN };
+    let (first, chunks) = split_chunk_range(&p);
+    // SAFETY: forwarded launch contract; every thread calls it with the block's arguments.
+    let mut acc = unsafe { tile_sums(a_perm, b, scales, zeros_u8, &p, origin, first, chunks) };
+    let base = SharedMatrix::atom_aligned(dynamic_shared_base());
+    // SAFETY: the cluster's blocks all reach the barriers (`PAIR` is the entry's); the exchange
+    // stays inside block 1's ring.
+    unsafe {
         // `PAIR`: the two splits of a tile are one cluster; block 1 hands its sums to block 0
         // through shared memory (the ring is free once both warpgroups waited for their
         // `wgmma`s), block 0 adds them and writes `y`. No workspace, no reduction kernel.
@@ -297,28 +412,96 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
             }
         }
 
-        // Register 4 t + c: weight row `row0 + 8 (c / 2)`, row of A `8 t + 2 q + c % 2`.
-        let (split, splits) = (index::block_idx_z() as usize, index::grid_dim_z() as usize);
-        let splits = if PAIR { 1 } else { splits };
-        unroll!(H in [0, 1] {
-            let col = rows[H];
-            if col < n {
-                let bias_v = if splits == 1 && p.flags & FLAG_BIAS != 0 { bias.add(col).read().to_f32() } else { 0.0 };
-                unroll!(T8 in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    unroll!(C in [0, 1] {
-                        let row = m0 + 8 * T8 + 2 * q + C;
-                        if row < m {
-                            let v = acc[4 * T8 + 2 * H + C];
-                            if splits == 1 {
-                                y.add(row * n + col).write(T::from_f32(v + bias_v));
-                            } else {
-                                workspace.add((split * m + row) * n + col).write(v);
-                            }
-                        }
-                    });
-                });
+        let splits = if PAIR { 1 } else { index::grid_dim_z() as usize };
+        let partial = (splits > 1).then(|| index::block_idx_z() as usize);
+        store_tile(&acc, origin, bias, y, workspace, &p, partial);
+    }
+}
+
+/// # Safety
+/// The launch contract of `matmul_nbits_{f16,bf16}_wgmma_streamk` in the module docs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement>(
+    a_perm: *const T,
+    b: *const u8,
+    scales: *const T,
+    zeros_u8: *const u8,
+    _zeros_t: *const T,
+    bias: *const T,
+    y: *mut T,
+    workspace: *mut f32,
+    p: Dims,
+) {
+    let tid = index::thread_idx_x() as usize;
+    let (block, blocks) = (index::block_idx_x(), index::grid_dim_x());
+    let tiles_n = p.n.div_ceil(WGMMA_BN as u32);
+    let chunks_per_tile = p.k.div_ceil(CHUNK as u32);
+    // (The launcher keeps `tiles x chunks_per_tile` below 2^32.)
+    let total = tiles_n * p.m.div_ceil(WGMMA_BM as u32) * chunks_per_tile;
+    let partition = StreamKPartition::new(total, blocks);
+    // Block `b`'s slot: 16 vectors of 4 sums per thread, vector `i` of the block's threads
+    // side by side (each warp's store is 512 contiguous bytes).
+    const SLOT_VECTORS: usize = WGMMA_STREAMK_SLOT_BYTES / 16;
+    const { assert!(SLOT_VECTORS == 16 * WGMMA_THREADS) };
+    let slot = |b: u32, i: usize| -> *mut [u32; 4] {
+        // SAFETY: inside the workspace's `blocks` slots (the launch contract sizes it).
+        unsafe { workspace.cast::<[u32; 4]>().add(b as usize * SLOT_VECTORS + i * WGMMA_THREADS + tid) }
+    };
+    // SAFETY: the flags follow the slots (the launch contract).
+    let flag = |b: u32| unsafe {
+        workspace.cast::<u8>().add(blocks as usize * WGMMA_STREAMK_SLOT_BYTES).cast::<u32>().add(b as usize)
+    };
+    let mine = StreamKBlock::new(partition, block, chunks_per_tile, tiles_n);
+    // SAFETY (whole loop): every bound depends on the block alone, so all threads reach every
+    // barrier; slots and flags are the workspace's; see `StreamKBlock` for why the waits end.
+    for i in 0..mine.segments() {
+        let segment = mine.segment(i);
+        unsafe {
+            if i > 0 {
+                // The other warpgroup's last `wgmma`s of the previous segment may still read the
+                // ring the next copies overwrite.
+                sync::sync_threads();
             }
-        });
+            let origin = TileOrigin { m0: segment.tile_m as usize * WGMMA_BM, n0: segment.tile_n as usize * WGMMA_BN };
+            let mut acc = tile_sums(a_perm, b, scales, zeros_u8, &p, origin, segment.first, segment.chunks);
+            if !segment.finalizes {
+                // The lower part of a tile that the next block finishes: publish the sums.
+                unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    st_global_v4(slot(block, I), core::array::from_fn(|c| acc[4 * I + c].to_bits()));
+                });
+                sync::sync_threads();
+                if tid == 0 {
+                    sync::st_release_gpu_u32(flag(block), 1);
+                }
+                continue;
+            }
+            if !segment.starts {
+                // Add the parts of the lower blocks that hold the tile's other chunks, down to
+                // the one holding its first.
+                let tile_begin = segment.tile * chunks_per_tile;
+                let mut other = block;
+                loop {
+                    other -= 1;
+                    if tid == 0 {
+                        while sync::ld_acquire_gpu_u32(flag(other)) == 0 {
+                            sync::nanosleep::<128>();
+                        }
+                    }
+                    sync::sync_threads();
+                    unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                        let part = ld_global_cg_v4(slot(other, I));
+                        unroll!(C in [0, 1, 2, 3] {
+                            acc[4 * I + C] += f32::from_bits(part[C]);
+                        });
+                    });
+                    if partition.begin(other) <= tile_begin {
+                        break;
+                    }
+                }
+            }
+            store_tile(&acc, origin, bias, y, workspace, &p, None);
+        }
     }
 }
 
@@ -331,3 +514,5 @@ matmul_nbits_entry!(matmul_nbits_bf16_wgmma_pair, Bf16, matmul_nbits_wgmma::<Bf1
 // The pair entries run as clusters of the two splits of a tile (grid z = 2).
 crate::entry_directive!(matmul_nbits_f16_wgmma_pair, ".reqnctapercluster 1, 1, 2");
 crate::entry_directive!(matmul_nbits_bf16_wgmma_pair, ".reqnctapercluster 1, 1, 2");
+matmul_nbits_entry!(matmul_nbits_f16_wgmma_streamk, F16, matmul_nbits_wgmma_streamk::<F16>);
+matmul_nbits_entry!(matmul_nbits_bf16_wgmma_streamk, Bf16, matmul_nbits_wgmma_streamk::<Bf16>);

@@ -18,6 +18,25 @@ pub unsafe fn ld_global_v4(ptr: *const [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `ld.global.cg.v4.u32` (PTX ISA §9.7.9.8): one 16-byte load cached in L2 only, never in this
+/// SM's L1 (which is not coherent with other SMs' writes): for data another block of the grid
+/// wrote while the kernel runs, after an acquire ([`crate::device::sync::ld_acquire_gpu_u32`])
+/// that orders it.
+///
+/// # Safety
+/// As [`ld_global_v4`].
+#[inline(always)]
+pub unsafe fn ld_global_cg_v4(ptr: *const [u32; 4]) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees a valid, aligned global address.
+    unsafe {
+        asm!("ld.global.cg.v4.u32 {{{}, {}, {}, {}}}, [{}];",
+             out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) ptr,
+             options(nostack, readonly))
+    };
+    [a, b, c, d]
+}
+
 /// `ld.global.nc.v4.u32` (PTX ISA §9.7.9.9): 16 bytes through the read-only data cache.
 ///
 /// # Safety

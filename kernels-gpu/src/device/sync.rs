@@ -1,4 +1,6 @@
-//! Barriers (PTX ISA §9.7.13.4 `bar`/`barrier`, §9.7.13.3 `bar.warp.sync`).
+//! Barriers (PTX ISA §9.7.13.4 `bar`/`barrier`, §9.7.13.3 `bar.warp.sync`), flags between
+//! blocks of a grid (release stores and acquire loads at GPU scope, PTX ISA §8), and the
+//! dependency between consecutive grids of a stream (`griddepcontrol`, sm_90).
 
 use core::arch::asm;
 
@@ -53,4 +55,65 @@ pub fn order_point<const N: usize>(values: &mut [u32; N]) {
         // SAFETY: an empty template; it only pins `v` and the memory order.
         unsafe { asm!("/* order point {0} */", inout(reg32) * v, options(nostack, preserves_flags)) };
     }
+}
+
+/// `st.release.gpu.global.u32` (PTX ISA §9.7.9.10, §8.8): stores `value` after every memory
+/// access this thread made before it, as seen by any thread of the GPU that reads `value` with
+/// [`ld_acquire_gpu_u32`]. After a block barrier ([`sync_threads`]) that covers the block's
+/// accesses too (the PTX memory model's causality order is transitive).
+///
+/// # Safety
+/// `ptr` must be a 4-byte aligned pointer to writable global memory.
+#[inline(always)]
+pub unsafe fn st_release_gpu_u32(ptr: *mut u32, value: u32) {
+    // SAFETY: the caller guarantees a valid, aligned global address.
+    unsafe { asm!("st.release.gpu.global.u32 [{}], {};", in(reg64) ptr, in(reg32) value, options(nostack)) };
+}
+
+/// `ld.acquire.gpu.global.u32` (PTX ISA §9.7.9.8, §8.8): loads the word at `ptr`; the memory
+/// accesses after it (and, after a block barrier, the block's) see everything that preceded the
+/// [`st_release_gpu_u32`] whose value it read.
+///
+/// # Safety
+/// `ptr` must be a 4-byte aligned pointer to readable global memory.
+#[inline(always)]
+pub unsafe fn ld_acquire_gpu_u32(ptr: *const u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller guarantees a valid, aligned global address. Not `pure`: each call
+    // must load again.
+    unsafe { asm!("ld.acquire.gpu.global.u32 {}, [{}];", out(reg32) v, in(reg64) ptr, options(nostack)) };
+    v
+}
+
+/// `nanosleep.u32` (PTX ISA §9.7.13.5, sm_70): suspends the thread for up to about `ns`
+/// nanoseconds, so that a thread polling a flag leaves the issue slots to the others.
+#[inline(always)]
+pub fn nanosleep<const NS: u32>() {
+    // SAFETY: no operands in memory; the thread only pauses.
+    unsafe { asm!("nanosleep.u32 {};", const NS, options(nomem, nostack)) };
+}
+
+/// `griddepcontrol.launch_dependents` (PTX ISA §9.7.13, parallel synchronization, sm_90): the next grid in the stream,
+/// when launched as a programmatic dependent (`Device::launch_overlapping` on the host), may
+/// start its blocks now instead of after this grid completes; it still reads nothing of this
+/// grid before its [`wait_for_prerequisite_grids`]. Nothing in the portable (sm_80) module,
+/// which has no such launches.
+#[inline(always)]
+pub fn allow_dependent_launch() {
+    #[cfg(dlkern_arch_specific)]
+    // SAFETY: a scheduling hint; it changes no memory and no control flow of this grid.
+    unsafe {
+        asm!("griddepcontrol.launch_dependents;", options(nostack))
+    };
+}
+
+/// `griddepcontrol.wait` (PTX ISA §9.7.13, parallel synchronization, sm_90): waits until the grids this one depends on
+/// (the previous one in the stream, when launched as a programmatic dependent) have completed
+/// and their memory is visible; immediate otherwise. Everything before it must not read what
+/// those grids write. The sm_90a module only.
+#[cfg(dlkern_arch_specific)]
+#[inline(always)]
+pub fn wait_for_prerequisite_grids() {
+    // SAFETY: it only waits; as a memory clobber, no access after it moves before it.
+    unsafe { asm!("griddepcontrol.wait;", options(nostack)) };
 }

@@ -133,6 +133,140 @@ pub const WGMMA_CODES_STAGE_BYTES: usize = WGMMA_BN * B_CHUNK_BYTES;
 /// Dynamic shared memory of `wgmma`: the ring, plus 1 KiB to align it to the swizzle atom.
 pub const WGMMA_SHARED_BYTES: usize = WGMMA_STAGES * (WGMMA_A_STAGE_BYTES + WGMMA_CODES_STAGE_BYTES) + 1024;
 
+/// `wgmma_streamk` (Hopper): the `wgmma` kernel over a stream-K partition. The grid is a
+/// 1-D set of blocks (one per SM), and block `b` of `blocks` takes the iterations
+/// `[begin(b), begin(b + 1))` ([`StreamKPartition`]) of the problem's `tiles x chunks`, tile-major
+/// (iteration `t * chunks + c` is chunk `c` of tile `t`; tile `t` is column tile `t % tiles_n`,
+/// row tile `t / tiles_n`). So every block does the same work whatever the tile count,
+/// where whole tiles per block leave part of the last wave idle (224 tiles on 132 SMs: 85% of
+/// two waves).
+///
+/// A tile split between blocks is finished by the block holding its last chunk; each lower
+/// block holding a part of it stores its f32 sums into its own slot of the workspace and
+/// raises its flag (see [`StreamKBlock`] for why that never waits in a cycle).
+pub const WGMMA_STREAMK_SLOT_BYTES: usize = WGMMA_BM * WGMMA_BN * 4;
+
+/// Bytes of the stream-K workspace for `blocks`: a slot of partial sums per block, then a u32
+/// flag per block (zeroed before each launch).
+pub const fn wgmma_streamk_workspace_bytes(blocks: usize) -> usize {
+    blocks * (WGMMA_STREAMK_SLOT_BYTES + 4)
+}
+
+/// How `blocks` share `total` iterations of a stream-K grid: `total / blocks` each, and one
+/// more for the first `total % blocks` (32 bits: a division of 64-bit values is a subroutine
+/// call on the GPU, and its result is no longer known to be uniform across a warp, which took
+/// `wgmma`'s descriptors out of the uniform registers; the planner keeps the total below
+/// 2^32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamKPartition {
+    per_block: u32,
+    longer: u32,
+}
+
+/// `n` as a divisor, 1 for 0: dividing by a `NonZeroU32` has no panic path (the kernels
+/// have none; every divisor here is at least 1 anyway).
+#[inline(always)]
+fn divisor(n: u32) -> core::num::NonZeroU32 {
+    match core::num::NonZeroU32::new(n) {
+        Some(d) => d,
+        None => core::num::NonZeroU32::MIN,
+    }
+}
+
+impl StreamKPartition {
+    #[inline(always)]
+    pub fn new(total: u32, blocks: u32) -> Self {
+        StreamKPartition { per_block: total / divisor(blocks), longer: total % divisor(blocks) }
+    }
+
+    /// First iteration of `block` (`blocks` gives the total). With `blocks <= total` every
+    /// block has at least one iteration.
+    #[inline(always)]
+    pub const fn begin(self, block: u32) -> u32 {
+        block * self.per_block + if block < self.longer { block } else { self.longer }
+    }
+}
+
+/// One tile's share of a stream-K block's iterations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamKSegment {
+    /// Tile index (column tile fastest): column tile `tile_n`, row tile `tile_m`.
+    pub tile: u32,
+    pub tile_n: u32,
+    pub tile_m: u32,
+    /// The tile's chunks `[first, first + chunks)`.
+    pub first: u32,
+    pub chunks: u32,
+    /// The segment holds the tile's last chunk: this block writes the tile's outputs.
+    pub finalizes: bool,
+    /// The segment holds the tile's first chunk: no lower block has a part of the tile.
+    pub starts: bool,
+}
+
+/// One stream-K block's iterations, as segments of one tile each, its last tile first:
+/// segment `i` is of tile `last_tile - i`.
+///
+/// Going down the tiles makes the only waits safe and short. A block's first segment is the
+/// only one that can end inside a tile (every later one ends where the previous one began, at a
+/// tile boundary), so a block publishes at most one partial tile, and it does so before it
+/// waits for anything. A block waits only in its last segment (the only one that can begin
+/// inside a tile), and only for lower blocks, which reach their first segment's end without
+/// waiting: no cycle. In the common case the lower block finished that part at its start, long
+/// before.
+///
+/// Each segment is computed from the block's bounds and its index alone, not stepped from the
+/// previous one: values carried around the kernel's outer loop made `ptxas` treat the whole
+/// loop as divergent and move `wgmma`'s descriptors out of the uniform registers (30 `R2UR`
+/// and 15 more instructions per two chunks).
+#[derive(Clone, Copy, Debug)]
+pub struct StreamKBlock {
+    begin: u32,
+    end: u32,
+    chunks_per_tile: u32,
+    tiles_n: u32,
+    last_tile: u32,
+    segments: u32,
+}
+
+impl StreamKBlock {
+    /// Block `block` of a grid partitioned as `partition`, for tiles of `chunks_per_tile`
+    /// chunks, `tiles_n` column tiles per row tile.
+    #[inline(always)]
+    pub fn new(partition: StreamKPartition, block: u32, chunks_per_tile: u32, tiles_n: u32) -> Self {
+        let (begin, end) = (partition.begin(block), partition.begin(block + 1));
+        let (last_tile, segments) = if end > begin {
+            let last_tile = (end - 1) / divisor(chunks_per_tile);
+            (last_tile, last_tile - begin / divisor(chunks_per_tile) + 1)
+        } else {
+            (0, 0)
+        };
+        StreamKBlock { begin, end, chunks_per_tile, tiles_n, last_tile, segments }
+    }
+
+    pub const fn segments(&self) -> u32 {
+        self.segments
+    }
+
+    /// Segment `i` (below [`Self::segments`]).
+    #[inline(always)]
+    pub fn segment(&self, i: u32) -> StreamKSegment {
+        let tile = self.last_tile - i;
+        let tile_begin = tile * self.chunks_per_tile;
+        let tile_end = tile_begin + self.chunks_per_tile;
+        let first = if self.begin > tile_begin { self.begin } else { tile_begin };
+        let end = if self.end < tile_end { self.end } else { tile_end };
+        StreamKSegment {
+            tile,
+            tile_n: tile % divisor(self.tiles_n),
+            tile_m: tile / divisor(self.tiles_n),
+            first: first - tile_begin,
+            chunks: end - first,
+            finalizes: end == tile_end,
+            starts: first == tile_begin,
+        }
+    }
+}
+
 /// Threads per block of `matmul_nbits_permute_*` (one 8-element word of A each).
 pub const PERMUTE_THREADS: usize = 256;
 /// Smallest block size `tiled` takes: each lane's 32 codes of a chunk then lie in one block.
