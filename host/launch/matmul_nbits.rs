@@ -382,7 +382,9 @@ impl MatMulNBitsParams {
         // stream-K partition gives every SM the same share of chunks instead, for the price of
         // a partial tile per block through the workspace (and a flag wait, normally long
         // satisfied). Below one wave the splits fill the SMs well enough (64 tiles x 2 on 132).
-        // Not yet measured on the GPU: this rule is the wave arithmetic alone.
+        // Measured on the H200 (2026-12-01, docs/perf-notes/matmul_nbits.md v20): at N = 28672
+        // M = 64 / 128 / 256 ran 9% / 2-4% / 7% faster; forced at N = 8192 it was 3-11% slower
+        // at every M (nearly full waves there, and the tiles it runs together share less in L2).
         let tiles = tiles_m * tiles_n;
         let streamk_fits = (tiles * chunks) as u64 <= u32::MAX as u64;
         let variant = if p.variant.is_none() && variant == Variant::Wgmma && tiles >= sms && streamk_fits {

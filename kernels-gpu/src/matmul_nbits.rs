@@ -58,7 +58,9 @@
 //! # Launch contract: `matmul_nbits_permute_{f16,bf16}(a, a_perm, dims)`
 //! - grid `(ceil(M * ceil(K / 128) * 16 / 256), 1, 1)`, block `(256, 1, 1)`: writes `a_perm [M,
 //!   ceil(K / 128) * 128]` (4-byte aligned), zero past K. `a` needs 16-byte alignment only when
-//!   `flags & FLAG_A_VEC16`.
+//!   `flags & FLAG_A_VEC16`. In the sm_90a module each block lets the next grid of the stream
+//!   start if that one was launched as a programmatic dependent (the `wgmma` kernels are, and
+//!   wait for this grid before they read `a_perm`).
 //!
 //! # Launch contract: `matmul_nbits_reduce_{f16,bf16}`
 //! - grid `(ceil(M * N / 256), 1, 1)`, block `(256, 1, 1)`: `y = sum over splits + bias`.
