@@ -42,7 +42,7 @@ use crate::device::async_copy::{commit_group, cp_async_16, wait_group};
 use crate::device::bits::{high_halves, low_halves};
 use crate::device::cluster;
 use crate::device::memory::ld_global_nc_v4;
-use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32, st_shared_v4};
+use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x4};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
@@ -296,31 +296,7 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
         if CLUSTER > 1 {
             wait_group::<0>();
             let exchange = |t: usize| ring.offset(((tid as usize * G + t) * 16) as u32);
-            let rank = cluster::cta_rank();
-            sync::sync_threads();
-            if rank != 0 {
-                unroll!(J in [0, 1] {
-                    if J < G {
-                        st_shared_v4(exchange(J), acc[J].map(f32::to_bits));
-                    }
-                });
-            }
-            cluster::sync();
-            if rank == 0 {
-                for other in 1..CLUSTER {
-                    unroll!(J in [0, 1] {
-                        if J < G {
-                            let part = cluster::ld_shared_v4(cluster::map_shared(exchange(J), other));
-                            unroll!(C in [0, 1, 2, 3] {
-                                acc[J][C] += f32::from_bits(part[C]);
-                            });
-                        }
-                    });
-                }
-            }
-            // The other blocks' shared memory must outlive block 0's reads of it.
-            cluster::sync();
-            if rank != 0 {
+            if !cluster::sum_into_rank0(&mut acc, CLUSTER, exchange) {
                 return;
             }
         }

@@ -45,7 +45,7 @@
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::cluster;
 use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, st_global_v4};
-use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_v4};
+use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
@@ -389,25 +389,9 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
         // `wgmma`s), block 0 adds them and writes `y`. No workspace, no reduction kernel.
         if PAIR {
             let exchange = |i: usize| base.offset(((i * WGMMA_THREADS + tid) * 16) as u32);
-            let rank = cluster::cta_rank();
-            sync::sync_threads();
-            if rank == 1 {
-                unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    st_shared_v4(exchange(I), core::array::from_fn(|c| acc[4 * I + c].to_bits()));
-                });
-            }
-            cluster::sync();
-            if rank == 0 {
-                unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    let other = cluster::ld_shared_v4(cluster::map_shared(exchange(I), 1));
-                    unroll!(C in [0, 1, 2, 3] {
-                        acc[4 * I + C] += f32::from_bits(other[C]);
-                    });
-                });
-            }
-            // Block 1's shared memory must outlive block 0's reads of it.
-            cluster::sync();
-            if rank == 1 {
+            // SAFETY: `[f32; 64]` and `[[f32; 4]; 16]` have one layout.
+            let tiles = &mut *(&mut acc as *mut [f32; 64] as *mut [[f32; 4]; 16]);
+            if !cluster::sum_into_rank0(tiles, 2, exchange) {
                 return;
             }
         }
