@@ -267,6 +267,7 @@ impl MatMulNBitsParams {
     /// what [`matmul_nbits_raw`] launches.
     pub fn plan_for(&self, multiprocessors: u32, wgmma: bool, rows: RowAlignment) -> Result<MatMulNBitsPlan> {
         let p = self;
+        let sms = multiprocessors.max(1) as usize;
         let bad = |m: String| Error::invalid(KERNEL, m);
         let typed = p.zero_points == ZeroPointKind::Typed;
         let names = match p.dtype {
@@ -298,11 +299,7 @@ impl MatMulNBitsParams {
             // `PackedWgmma` wins where M > 8 and N alone fills the GPU without a K split (M = 16,
             // N = 28672: 55.3 against 69.2 us); with fewer columns, where it needs clusters of
             // K splits, and for M <= 8 the `mma.sync` kernels stay faster.
-            Some(Variant::Packed)
-                if wgmma
-                    && p.m > DECODE8_ROWS
-                    && p.n.div_ceil(PACKED_WGMMA_COLUMNS) >= multiprocessors.max(1) as usize =>
-            {
+            Some(Variant::Packed) if wgmma && p.m > DECODE8_ROWS && p.n.div_ceil(PACKED_WGMMA_COLUMNS) >= sms => {
                 Variant::PackedWgmma
             }
             Some(Variant::Packed) => Variant::PackedMma,
@@ -363,8 +360,8 @@ impl MatMulNBitsParams {
                 (if rows8 { names.packed_wgmma8[0] } else { names.packed_wgmma16[0] }, PACKED_WGMMA)
             }
             // The same block tile and threads as `tiled128x128` (two warpgroups of 64 x 128).
-            Variant::Wgmma => (names.wgmma, TILED128X128),
-            Variant::WgmmaStreamK => (names.wgmma_streamk, TILED128X128),
+            // (Stream-K's entry is named below, once the planner may have chosen it.)
+            Variant::Wgmma | Variant::WgmmaStreamK => (names.wgmma, TILED128X128),
         };
         let (bm, bn, threads) = match variant {
             Variant::PackedWgmma => (SMALL_MAX_M, tiling.block_n(), tiling.threads()),
@@ -376,7 +373,6 @@ impl MatMulNBitsParams {
             return Err(bad(format!("M = {} needs {tiles_m} row tiles (at most 65535)", p.m)));
         }
         let chunks = p.k.div_ceil(CHUNK);
-        let sms = multiprocessors.max(1) as usize;
         // `wgmma` runs one block per SM (its ring fills the shared memory). Whole tiles leave
         // part of the last wave idle unless their count is near a multiple of the SMs; the
         // stream-K partition gives every SM the same share of chunks instead, for the price of
@@ -412,7 +408,7 @@ impl MatMulNBitsParams {
             p.splits
         } else {
             let per_sm = if variant == Variant::Large { 4 } else { 1 };
-            let target = per_sm * multiprocessors.max(1) as usize;
+            let target = per_sm * sms;
             if matches!(variant, Variant::Tiled | Variant::Wgmma) {
                 // One wave of big blocks: a nearly full wave beats a split's extra traffic.
                 (target / (tiles_m * tiles_n)).clamp(1, 16)
@@ -430,7 +426,7 @@ impl MatMulNBitsParams {
                 p.splits
             } else {
                 let per_sm = if rows8 { 3 } else { 2 };
-                let target = per_sm * multiprocessors.max(1) as usize * 15 / 16;
+                let target = per_sm * sms * 15 / 16;
                 [4, 2, 1].into_iter().find(|&s| tiles_m * tiles_n * s <= target && s <= chunks).unwrap_or(1)
             };
             if wanted > PACKED_WGMMA_MAX_SPLITS {
@@ -451,11 +447,8 @@ impl MatMulNBitsParams {
         // grid fits in one wave of 2 blocks per SM, which its registers allow (measured: 8-10%
         // at M = 1 with 256 blocks); a larger grid runs better on `decode8`'s 3 blocks per SM.
         // (`decode8_packed` always loads 3 ahead.)
-        let kernel = if decode && rows8 && tiles_m * tiles_n * splits <= 2 * multiprocessors.max(1) as usize {
-            names.decode8_ahead3
-        } else {
-            kernel
-        };
+        let kernel =
+            if decode && rows8 && tiles_m * tiles_n * splits <= 2 * sms { names.decode8_ahead3 } else { kernel };
         // Two splits of `wgmma` run as clusters of the pair, which sum through distributed
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
