@@ -368,6 +368,78 @@ mod gpu {
         }
     }
 
+    /// Back-to-back decode calls on one stream overlap (programmatic dependent launches on
+    /// Hopper) only as far as they may. B is packed on the device by the kernel just before the
+    /// first call (`WeightsWritten::ByPreviousKernel`); the second reads the first's output and
+    /// overwrites its input, the third reads that (`WeightsWritten::Before`: their first
+    /// weights copied while the previous kernel runs). Each output is checked against the
+    /// reference on the input the GPU held; an early read would see zeros or stale values.
+    /// With and without K splits (a reduction kernel between the calls), both row builds, the
+    /// `[N, K]` and the packed kernels.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_decode_chain_waits_for_the_previous_kernel() {
+        use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+        let (device, stream) = gpu();
+        let s = stream.cu_stream();
+        let mut seed = 2100;
+        for (m, variant) in [(1, None), (9, None), (5, Some(Variant::PackedMma)), (16, Some(Variant::PackedMma))] {
+            for splits in [0, 1] {
+                // N = K so that outputs feed the next call; small enough that three products of
+                // uniform weights stay far from f16's range.
+                let n = 1024;
+                seed += 1;
+                let p = MatMulNBitsParams { variant, splits, ..params(DType::F16, m, n, n, 128) };
+                let pr = problem::<f16>(p, seed);
+                let packed = variant.is_some_and(Variant::reads_packed_b);
+                let scales: Vec<f16> = pr.w.scales.iter().map(|&v| f16::from_f32(v)).collect();
+                let HostZeros::Packed(z) = &pr.w.zero_points else { panic!("packed zero points") };
+                let (b, scales, z) = (
+                    stream.clone_htod(&pr.w.b).unwrap(),
+                    stream.clone_htod(&scales).unwrap(),
+                    stream.clone_htod(z).unwrap(),
+                );
+                let b_packed = stream.alloc_zeros::<u8>(if packed { p.packed_bytes() } else { 16 }).unwrap();
+                let plan = p.plan(device.multiprocessors(), device.has_wgmma()).unwrap();
+                assert!(plan.kernel.contains("decode"), "{p:?}: {}", plan.kernel);
+                let ws = stream.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).unwrap();
+                let mut x = stream.clone_htod(&pr.a).unwrap();
+                let (mut q, mut r) =
+                    (stream.alloc_zeros::<f16>(m * n).unwrap(), stream.alloc_zeros::<f16>(m * n).unwrap());
+                let call = |from: &CudaSlice<f16>, to: &mut CudaSlice<f16>, weights| {
+                    let ptrs = MatMulNBitsPointers {
+                        a: from.device_ptr(&stream).0,
+                        b: if packed { b_packed.device_ptr(&stream).0 } else { b.device_ptr(&stream).0 },
+                        scales: scales.device_ptr(&stream).0,
+                        zero_points: z.device_ptr(&stream).0,
+                        bias: 0,
+                        y: to.device_ptr_mut(&stream).0,
+                        workspace: ws.device_ptr(&stream).0,
+                    };
+                    // SAFETY: every buffer holds the extent the params describe; `to` is not `from`.
+                    unsafe { matmul_nbits_raw_with(&device, s, &p, &ptrs, weights) }.unwrap();
+                };
+                if packed {
+                    let (bp, sp, zp) = (b.device_ptr(&stream).0, scales.device_ptr(&stream).0, z.device_ptr(&stream).0);
+                    // SAFETY: B, scales and zero points as the params describe; `b_packed` holds
+                    // `packed_bytes` and overlaps none of them.
+                    unsafe { pack_for_decode_raw(&device, s, &p, bp, sp, zp, b_packed.device_ptr(&stream).0) }.unwrap();
+                }
+                call(&x, &mut q, WeightsWritten::ByPreviousKernel);
+                call(&q, &mut x, WeightsWritten::Before);
+                call(&x, &mut r, WeightsWritten::Before);
+                let (q, x, r) =
+                    (stream.clone_dtoh(&q).unwrap(), stream.clone_dtoh(&x).unwrap(), stream.clone_dtoh(&r).unwrap());
+                let what = format!("{}, {} splits", plan.kernel, plan.splits);
+                pr.check_values(&q, &format!("first call, {what}"));
+                let pr = Problem { a: q, ..pr };
+                pr.check_values(&x, &format!("second call, {what}"));
+                let pr = Problem { a: x, ..pr };
+                pr.check_values(&r, &format!("third call, {what}"));
+            }
+        }
+    }
+
     /// `PackedWgmma` (Hopper; the planner's `Packed` there) over the same records: both token
     /// builds (M <= 8, <= 16), N off the 128-column block and off the 32-column tile (tiles
     /// past N in a block), K ending inside a chunk and a block, odd chunk counts per split,

@@ -225,6 +225,31 @@ fn kernels_use_the_intended_instructions() {
     }
 }
 
+/// The kernels the host launches as programmatic dependents (`Device::launch_overlapping`)
+/// wait for the previous grid in the sm_90a module, and the decode kernels let the next one
+/// start only after that wait (so what the next copies early overlaps them alone).
+#[test]
+fn programmatic_dependents_wait_for_the_previous_grid() {
+    let module = ptx::modules().find(|m| m.arch_specific).expect("an sm_90a module");
+    let body = |entry: &str| {
+        let at = module.text.find(&format!(".visible .entry {entry}(")).expect(entry);
+        let end = module.text[at + 1..].find(".visible .entry ").map_or(module.text.len(), |e| at + 1 + e);
+        &module.text[at..end]
+    };
+    for t in ["f16", "bf16"] {
+        for kernel in ["decode8", "decode8_ahead3", "decode16", "decode8_packed", "decode16_packed"] {
+            let entry = format!("matmul_nbits_{t}_{kernel}");
+            let text = body(&entry);
+            let (wait, launch) = (text.rfind("griddepcontrol.wait;"), text.find("griddepcontrol.launch_dependents;"));
+            assert!(wait.is_some() && launch.is_some() && wait < launch, "{entry}: wait, then launch_dependents");
+        }
+        for kernel in ["wgmma", "wgmma_pair", "wgmma_streamk"] {
+            let entry = format!("matmul_nbits_{t}_{kernel}");
+            assert!(body(&entry).contains("griddepcontrol.wait;"), "{entry}: no griddepcontrol.wait");
+        }
+    }
+}
+
 #[test]
 fn module_selection_follows_compute_capability() {
     let target = |major, minor| ptx::select(major, minor).map(|m| m.target());

@@ -37,10 +37,10 @@ const KERNEL: &str = "matmul_nbits";
 pub(crate) mod layout;
 use layout::{
     CHUNK, DECODE, DECODE_COLUMNS, DECODE_PACKED_SHARED_BYTES, DECODE_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16,
-    FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, PACKED_WGMMA_COLUMNS,
-    PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK,
-    TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES,
-    WGMMA_THREADS, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
+    FLAG_B_VEC16, FLAG_BIAS, FLAG_WEIGHTS_READY, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES,
+    PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS, REDUCE_THREADS, SMALL,
+    TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES,
+    WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
 
 /// `PackedWgmma` plans with this tiling: 8 warps, 128 columns, 16 rows (`block_m` is unused).
@@ -216,6 +216,11 @@ pub struct MatMulNBitsPlan {
     /// Bytes of the workspace (offset, length) that must be zero when the kernel starts (the
     /// stream-K flags): [`matmul_nbits_raw`] clears them on the stream first.
     zeroed: Option<(usize, usize)>,
+    /// The main kernel waits (`griddepcontrol.wait`) for the grid before it in the stream
+    /// before it reads what that grid may write, so it may be launched as its programmatic
+    /// dependent: the `mma.sync` decode kernels (after whatever came before the call) and the
+    /// `wgmma` kernels (after their permutation).
+    overlaps_previous: bool,
     args: Dims,
 }
 
@@ -336,6 +341,8 @@ impl MatMulNBitsParams {
             )));
         }
         let rows8 = (decode || packed) && p.m <= DECODE8_ROWS;
+        // The kernels of `matmul_nbits_decode` (`decode8*`, `decode16`, `decode*_packed`).
+        let decode_kernel = decode || matches!(variant, Variant::Packed | Variant::PackedMma);
         // `tiled`: as few rows as M needs up to 64, then 128 x 128 (measured faster than
         // 128 x 64 with twice the blocks at M = 128 and 256: each warp then does twice the
         // `mma`s per chunk for the same copies and dequantization).
@@ -545,6 +552,7 @@ impl MatMulNBitsParams {
             workspace_bytes,
             partials_offset: permuted_bytes,
             zeroed,
+            overlaps_previous: decode_kernel || (permuted && matches!(variant, Variant::Wgmma | Variant::WgmmaStreamK)),
             args,
         })
     }
@@ -563,19 +571,52 @@ pub struct MatMulNBitsPointers {
     pub workspace: u64,
 }
 
-/// W4A16 matmul on raw device pointers, on `stream`.
+/// Who may have written the weights of a call (B, scales, zero points) last.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightsWritten {
+    /// Possibly the kernel just before the call on the stream (for example
+    /// [`pack_for_decode_raw`] without a synchronization after it): the call reads them only
+    /// once that kernel has completed.
+    #[default]
+    ByPreviousKernel,
+    /// Not the kernel just before the call on the stream (a model's constants: uploaded, or
+    /// packed and synchronized, before): on Hopper the decode kernels copy their first chunks
+    /// of weights while that kernel finishes (programmatic dependent launch), which hides
+    /// their start-up latency in a chain of launches.
+    Before,
+}
+
+/// W4A16 matmul on raw device pointers, on `stream`: [`matmul_nbits_raw_with`] for weights
+/// that the kernel just before on the stream may have written.
+///
+/// # Safety
+/// As [`matmul_nbits_raw_with`].
+pub unsafe fn matmul_nbits_raw(
+    device: &Device,
+    stream: CUstream,
+    params: &MatMulNBitsParams,
+    ptrs: &MatMulNBitsPointers,
+) -> Result<MatMulNBitsPlan> {
+    // SAFETY: forwarded contract.
+    unsafe { matmul_nbits_raw_with(device, stream, params, ptrs, WeightsWritten::ByPreviousKernel) }
+}
+
+/// W4A16 matmul on raw device pointers, on `stream`, the weights last written as `weights`
+/// says.
 ///
 /// # Safety
 /// Every pointer must be a device address in `device`'s context valid for the extent the
 /// parameters describe (`a` M x K, `b` N x row_bytes, `scales` N x k_blocks, zero points and
 /// bias as given, `y` M x N not overlapping the inputs, the workspace for the
 /// `workspace_bytes` of `params.plan_for(.., .., RowAlignment::of(params, a, b))`) until the
-/// kernels have run on `stream`.
-pub unsafe fn matmul_nbits_raw(
+/// kernels have run on `stream`. With [`WeightsWritten::Before`], the kernel just before the
+/// call on `stream` must not write B, the scales or the zero points.
+pub unsafe fn matmul_nbits_raw_with(
     device: &Device,
     stream: CUstream,
     params: &MatMulNBitsParams,
     ptrs: &MatMulNBitsPointers,
+    weights: WeightsWritten,
 ) -> Result<MatMulNBitsPlan> {
     let rows = RowAlignment::of(params, ptrs.a, ptrs.b);
     let plan = params.plan_for(device.multiprocessors(), device.has_wgmma(), rows)?;
@@ -615,13 +656,17 @@ pub unsafe fn matmul_nbits_raw(
         a = ptrs.workspace;
     }
     let partials = ptrs.workspace + plan.partials_offset as u64;
-    let args = KernelParams::new()
-        .pointers(&[a, ptrs.b, ptrs.scales, zeros_u8, zeros_t, bias, ptrs.y, partials])
-        .value(plan.args);
+    let mut dims = plan.args;
+    if weights == WeightsWritten::Before {
+        dims.flags |= FLAG_WEIGHTS_READY;
+    }
+    let args =
+        KernelParams::new().pointers(&[a, ptrs.b, ptrs.scales, zeros_u8, zeros_t, bias, ptrs.y, partials]).value(dims);
     // SAFETY: eight pointers and the Dims struct, as the kernel declares; validity by contract.
-    // The `wgmma` kernels wait for the permutation (`griddepcontrol.wait`) before they read its
-    // copy and write anything, so they may start during it.
-    if plan.permute.is_some() && matches!(plan.variant, Variant::Wgmma | Variant::WgmmaStreamK) {
+    // Kernels that overlap wait for the grid before them (`griddepcontrol.wait`) before they
+    // read anything it may write (the decode kernels copy weights before it only when the
+    // caller says the weights were written earlier) and before they write anything.
+    if plan.overlaps_previous {
         unsafe { device.launch_overlapping(plan.kernel, plan.dims, stream, args)? };
     } else {
         unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };

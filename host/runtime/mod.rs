@@ -261,11 +261,12 @@ impl Device {
         unsafe { self.launch_with(name, dims, stream, params, false) }
     }
 
-    /// [`Device::launch`] as a programmatic dependent launch on Hopper and newer: the kernel's
-    /// blocks may start while the previous kernel in `stream` still runs (once that one's blocks
-    /// executed `griddepcontrol.launch_dependents` or exited), which hides the launch latency
-    /// and lets the kernel's prologue overlap the previous kernel's tail. Elsewhere a plain
-    /// launch.
+    /// [`Device::launch`] as a programmatic dependent launch where the device runs the sm_90a
+    /// module: the kernel's blocks may start while the previous kernel in `stream` still runs
+    /// (once that one's blocks executed `griddepcontrol.launch_dependents` or exited), which
+    /// hides the launch latency and lets the kernel's prologue overlap the previous kernel's
+    /// tail. Elsewhere a plain launch: the portable module's kernels have no
+    /// `griddepcontrol.wait` (newer GPUs than Hopper run that module too).
     ///
     /// # Safety
     /// As [`Device::launch`], and the kernel must execute `griddepcontrol.wait` before it reads
@@ -277,7 +278,7 @@ impl Device {
         stream: CUstream,
         params: KernelParams,
     ) -> Result<()> {
-        let overlap = self.compute_capability.0 >= 9;
+        let overlap = self.ptx.arch_specific && self.ptx.arch >= 90;
         // SAFETY: forwarded contract.
         unsafe { self.launch_with(name, dims, stream, params, overlap) }
     }

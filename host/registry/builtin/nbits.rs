@@ -13,7 +13,8 @@ use std::any::Any;
 use cudarc::driver::sys::{CUresult, CUstream};
 
 use crate::launch::matmul_nbits::{
-    MatMulNBitsParams, MatMulNBitsPointers, RowAlignment, Variant, ZeroPointKind, matmul_nbits_raw, pack_for_decode_raw,
+    MatMulNBitsParams, MatMulNBitsPointers, RowAlignment, Variant, WeightsWritten, ZeroPointKind,
+    matmul_nbits_raw_with, pack_for_decode_raw,
 };
 use crate::registry::CallSite;
 use crate::runtime::{Device, DeviceBuffer, synchronize_stream};
@@ -224,7 +225,14 @@ fn cuda(
     // shape checks relate to the parameters (the repacked B holds `packed_bytes`); Y is an
     // output distinct from the inputs; the workspace lives until it is freed in stream order
     // after the kernels.
-    let launched = unsafe { matmul_nbits_raw(&device, stream, &params, &ptrs) }.map(|_| ());
+    // Constant weights were uploaded before the session ran any kernel, and the repacked copy
+    // is synchronized after packing: the kernel before this call did not write them.
+    let weights = if args.site.is_some_and(|site| weights_constant(site, zero_points.is_some())) {
+        WeightsWritten::Before
+    } else {
+        WeightsWritten::ByPreviousKernel
+    };
+    let launched = unsafe { matmul_nbits_raw_with(&device, stream, &params, &ptrs, weights) }.map(|_| ());
     drop(slot);
     launched
 }
@@ -233,10 +241,14 @@ fn cuda(
 /// `MatMulNBits` layout at every M, and keeps no copy of B).
 pub const REPACK_ENV: &str = "DLKERN_MATMUL_NBITS_REPACK";
 
-/// Whether this site's B, scales and zero points (inputs 1-3) are constant and repacking is on.
+/// Whether this site's B, scales and zero points (inputs 1-3) are constant.
+fn weights_constant(site: &CallSite, has_zero_points: bool) -> bool {
+    site.is_constant(1) && site.is_constant(2) && (!has_zero_points || site.is_constant(3))
+}
+
+/// Whether this site's weights are constant and repacking is on.
 fn repacking_wanted(site: &CallSite, has_zero_points: bool) -> bool {
-    let constant = site.is_constant(1) && site.is_constant(2) && (!has_zero_points || site.is_constant(3));
-    constant && std::env::var_os(REPACK_ENV).is_none_or(|v| v != "0")
+    weights_constant(site, has_zero_points) && std::env::var_os(REPACK_ENV).is_none_or(|v| v != "0")
 }
 
 /// The inputs a repacked copy was made from: a copy serves a call only if all of them match.

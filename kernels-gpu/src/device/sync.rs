@@ -109,11 +109,15 @@ pub fn allow_dependent_launch() {
 
 /// `griddepcontrol.wait` (PTX ISA §9.7.13, parallel synchronization, sm_90): waits until the grids this one depends on
 /// (the previous one in the stream, when launched as a programmatic dependent) have completed
-/// and their memory is visible; immediate otherwise. Everything before it must not read what
-/// those grids write. The sm_90a module only.
-#[cfg(dlkern_arch_specific)]
+/// and their memory is visible; immediate otherwise (and on every later call). Everything
+/// before it must not read what those grids write. Nothing in the portable (sm_80) module: the
+/// host launches programmatic dependents from the sm_90a module only
+/// (`Device::launch_overlapping`).
 #[inline(always)]
 pub fn wait_for_prerequisite_grids() {
+    #[cfg(dlkern_arch_specific)]
     // SAFETY: it only waits; as a memory clobber, no access after it moves before it.
-    unsafe { asm!("griddepcontrol.wait;", options(nostack)) };
+    unsafe {
+        asm!("griddepcontrol.wait;", options(nostack))
+    };
 }
