@@ -17,7 +17,9 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::launch::matmul_nbits::{MatMulNBitsParams, MatMulNBitsPointers, Variant, ZeroPointKind, matmul_nbits_raw};
+use dlkern::launch::matmul_nbits::{
+    MatMulNBitsParams, MatMulNBitsPointers, Variant, WeightsWritten, ZeroPointKind, matmul_nbits_raw_with,
+};
 use half::f16;
 use std::time::Duration;
 
@@ -207,7 +209,7 @@ struct Rotation<'a> {
     y: &'a mut CudaSlice<f16>,
 }
 
-/// Records and times `matmul_nbits_raw` with `params` as `matmul_nbits/{name}/m_n_k` of
+/// Records and times `matmul_nbits_raw_with` (constant weights) with `params` as `matmul_nbits/{name}/m_n_k` of
 /// `implementation`, moving `bytes`, B and the scales rotating through their copies.
 fn bench_dlkern(
     group: &mut BenchmarkGroup<WallTime>,
@@ -251,8 +253,12 @@ fn bench_dlkern(
             gpu.time(iters, || {
                 turn = (turn + 1) % ptrs.len();
                 // SAFETY: buffers sized by the params above (B packed for `Variant::Packed`),
-                // alive for the bench.
-                unsafe { matmul_nbits_raw(&gpu.device, s.cu_stream(), &params, &ptrs[turn]) }.expect("launch");
+                // alive for the bench; the weights were uploaded before any kernel ran and no
+                // kernel writes them, as a model's constants.
+                unsafe {
+                    matmul_nbits_raw_with(&gpu.device, s.cu_stream(), &params, &ptrs[turn], WeightsWritten::Before)
+                }
+                .expect("launch");
             })
         })
     });
