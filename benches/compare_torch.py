@@ -169,8 +169,44 @@ def int_mm_records():
     return out
 
 
+def int4pack_mm_records():
+    """torch._weight_int4pack_mm (tinygemm: 4-bit weights in groups of 128, bf16 activations,
+    scales and zeros) on the W4 bench's shapes: the W4A16 kernel PyTorch ships, next to the
+    issue's cuBLAS f16 baseline. bf16 only (its CUDA kernel takes no f16); the weights and their
+    constants rotate through copies, as dlkern's do, so that each call reads device memory."""
+    out = []
+    group = 128
+    for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024):
+        for n, k in ((8192, 8192), (28672, 8192), (8192, 28672)):
+            g = torch.Generator(device="cuda").manual_seed(m * n + k)
+            w_bytes = n * k // 2 + (k // group) * n * 2 * 2
+            sets = rotation(w_bytes)
+            try:
+                ws = [torch._convert_weight_to_int4pack(
+                    torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=g), 8)
+                    for _ in range(sets)]
+                sz = [torch.rand(k // group, n, 2, device="cuda", generator=g).to(torch.bfloat16) for _ in range(sets)]
+                x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+                turn = [0]
+
+                def call():
+                    i = turn[0] = (turn[0] + 1) % sets
+                    torch._weight_int4pack_mm(x, ws[i], group, sz[i])
+
+                t = graph_time_us(call, max(CALLS_PER_GRAPH, sets))
+            except Exception as e:  # a build or GPU without the kernel
+                print(f"_weight_int4pack_mm M{m} N{n} K{k}: {e}", file=sys.stderr)
+                return out
+            out.append({"family": "matmul_nbits", "implementation": "torch._weight_int4pack_mm (bf16)",
+                        "shape": f"M{m} N{n} K{k}", "dtype": "f16", "time_us": t,
+                        "bytes": w_bytes + 2 * m * k + 2 * m * n, "flops": 2 * m * n * k})
+            del ws, sz, x
+            torch.cuda.empty_cache()
+    return out
+
+
 def main():
-    records = rmsnorm_records() + paged_attention_records() + attention_records() + int_mm_records()
+    records = rmsnorm_records() + paged_attention_records() + attention_records() + int_mm_records() + int4pack_mm_records()
     text = json.dumps(records, indent=1)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:

@@ -375,7 +375,8 @@ mod gpu {
     /// weights copied while the previous kernel runs). Each output is checked against the
     /// reference on the input the GPU held; an early read would see zeros or stale values.
     /// With and without K splits (a reduction kernel between the calls), both row builds, the
-    /// `[N, K]` and the packed kernels.
+    /// `[N, K]` and the packed kernels; grids that let the next one start early (8 splits: 512
+    /// blocks, more than an H200 holds) and at exit (one split: 64 blocks).
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_decode_chain_waits_for_the_previous_kernel() {
@@ -384,10 +385,10 @@ mod gpu {
         let s = stream.cu_stream();
         let mut seed = 2100;
         for (m, variant) in [(1, None), (9, None), (5, Some(Variant::PackedMma)), (16, Some(Variant::PackedMma))] {
-            for splits in [0, 1] {
+            for splits in [0, 1, 8] {
                 // N = K so that outputs feed the next call; small enough that three products of
                 // uniform weights stay far from f16's range.
-                let n = 1024;
+                let n = 2048;
                 seed += 1;
                 let p = MatMulNBitsParams { variant, splits, ..params(DType::F16, m, n, n, 128) };
                 let pr = problem::<f16>(p, seed);

@@ -37,10 +37,10 @@ const KERNEL: &str = "matmul_nbits";
 pub(crate) mod layout;
 use layout::{
     CHUNK, DECODE, DECODE_COLUMNS, DECODE_PACKED_SHARED_BYTES, DECODE_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16,
-    FLAG_B_VEC16, FLAG_BIAS, FLAG_WEIGHTS_READY, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES,
-    PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS, REDUCE_THREADS, SMALL,
-    TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES,
-    WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
+    FLAG_B_VEC16, FLAG_BIAS, FLAG_EARLY_DEPENDENTS, FLAG_WEIGHTS_READY, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
+    LARGE_SHARED_BYTES, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS,
+    REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN,
+    WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
 
 /// `PackedWgmma` plans with this tiling: 8 warps, 128 columns, 16 rows (`block_m` is unused).
@@ -221,6 +221,9 @@ pub struct MatMulNBitsPlan {
     /// dependent: the `mma.sync` decode kernels (after whatever came before the call) and the
     /// `wgmma` kernels (after their permutation).
     overlaps_previous: bool,
+    /// The main kernel is one of the `decode` kernels, which read [`FLAG_WEIGHTS_READY`] and
+    /// [`FLAG_EARLY_DEPENDENTS`].
+    decode: bool,
     args: Dims,
 }
 
@@ -341,7 +344,9 @@ impl MatMulNBitsParams {
             )));
         }
         let rows8 = (decode || packed) && p.m <= DECODE8_ROWS;
-        // The kernels of `matmul_nbits_decode` (`decode8*`, `decode16`, `decode*_packed`).
+        // The kernels of `matmul_nbits_decode` (`decode8*`, `decode16`, `decode*_packed`) and
+        // `packed_wgmma`, whose prologue is theirs (its clusters, of K splits, are left out:
+        // the occupancy query does not count clusters).
         let decode_kernel = decode || matches!(variant, Variant::Packed | Variant::PackedMma);
         // `tiled`: as few rows as M needs up to 64, then 128 x 128 (measured faster than
         // 128 x 64 with twice the blocks at M = 128 and 256: each warp then does twice the
@@ -468,6 +473,7 @@ impl MatMulNBitsParams {
         } else {
             kernel
         };
+        let clustered_splits = clustered && splits > 1;
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
         let reduced = splits > 1 && !pair && !clustered;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
@@ -552,7 +558,10 @@ impl MatMulNBitsParams {
             workspace_bytes,
             partials_offset: permuted_bytes,
             zeroed,
-            overlaps_previous: decode_kernel || (permuted && matches!(variant, Variant::Wgmma | Variant::WgmmaStreamK)),
+            overlaps_previous: decode_kernel
+                || (variant == Variant::PackedWgmma && !clustered_splits)
+                || (permuted && matches!(variant, Variant::Wgmma | Variant::WgmmaStreamK)),
+            decode: decode_kernel || (variant == Variant::PackedWgmma && !clustered_splits),
             args,
         })
     }
@@ -569,6 +578,19 @@ pub struct MatMulNBitsPointers {
     pub bias: u64,
     pub y: u64,
     pub workspace: u64,
+}
+
+/// Whether a `decode` grid of `blocks` lets the next grid start as soon as its blocks are past
+/// their wait ([`FLAG_EARLY_DEPENDENTS`]) rather than as they exit: where it runs more than one
+/// wave (the next grid's blocks then fill the SMs the last wave leaves idle), or one wave that
+/// leaves fewer than half an SM's count of resident slots free. A wave with more free slots
+/// would take the next grid's blocks early, to wait beside it, and that ran slower: measured on
+/// the H200 (2026-12-01, docs/perf-notes/matmul_nbits.md v21), `decode8_packed` with 256 blocks
+/// in 396 slots, M = 1, took 14.0 us at N = K = 8192 and 45.7 at K = 28672 starting early,
+/// 12.9 and 40.1 starting at exit; `decode8_ahead3` with 256 in 264 slots 14.0 against 15.1.
+pub fn early_dependents(blocks: u64, blocks_per_sm: u32, sms: u32) -> bool {
+    let slots = blocks_per_sm as u64 * sms as u64;
+    blocks > slots || (slots - blocks) * 2 < sms as u64
 }
 
 /// Who may have written the weights of a call (B, scales, zero points) last.
@@ -657,8 +679,15 @@ pub unsafe fn matmul_nbits_raw_with(
     }
     let partials = ptrs.workspace + plan.partials_offset as u64;
     let mut dims = plan.args;
-    if weights == WeightsWritten::Before {
-        dims.flags |= FLAG_WEIGHTS_READY;
+    if plan.decode {
+        if weights == WeightsWritten::Before {
+            dims.flags |= FLAG_WEIGHTS_READY;
+        }
+        let (gx, gy, gz) = plan.dims.grid;
+        let per_sm = device.resident_blocks_per_sm(plan.kernel, &plan.dims)?;
+        if early_dependents(gx as u64 * gy as u64 * gz as u64, per_sm, device.multiprocessors()) {
+            dims.flags |= FLAG_EARLY_DEPENDENTS;
+        }
     }
     let args =
         KernelParams::new().pointers(&[a, ptrs.b, ptrs.scales, zeros_u8, zeros_t, bias, ptrs.y, partials]).value(dims);
@@ -878,6 +907,24 @@ pub fn pack_for_decode<T: Element>(
 mod tests {
     use super::layout::{StreamKBlock, StreamKPartition, StreamKSegment};
     use proptest::prelude::*;
+
+    /// The decode grids of the bench on 132 SMs: early where they run several waves or fill
+    /// nearly all slots, at exit where one wave leaves many free.
+    #[test]
+    fn early_dependents_follow_the_free_slots() {
+        use super::early_dependents;
+        // 256 blocks: `decode8_packed` (3 per SM), `decode8_ahead3` / `decode16*` (2 per SM).
+        assert!(!early_dependents(256, 3, 132));
+        assert!(early_dependents(256, 2, 132));
+        // 896 blocks (N = 28672) at 3 per SM: three waves.
+        assert!(early_dependents(896, 3, 132));
+        // Exactly full, one short of half an SM's count of free slots, and half of it.
+        assert!(early_dependents(396, 3, 132));
+        assert!(early_dependents(396 - 65, 3, 132));
+        assert!(!early_dependents(396 - 66, 3, 132));
+        // A GPU on which nothing fits says nothing useful: one more wave than it holds.
+        assert!(early_dependents(1, 0, 132));
+    }
 
     /// Every block's segments, as the `wgmma_streamk` kernel walks them.
     fn segments(tiles_n: u32, tiles_m: u32, chunks: u32, blocks: u32) -> Vec<Vec<StreamKSegment>> {

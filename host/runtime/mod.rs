@@ -46,6 +46,8 @@ pub struct Device {
     module: OnceLock<Arc<CudaModule>>,
     module_init: Mutex<()>,
     functions: Mutex<HashMap<&'static str, Arc<CudaFunction>>>,
+    /// [`Device::resident_blocks_per_sm`] by kernel, threads per block and dynamic shared bytes.
+    occupancy: Mutex<HashMap<(&'static str, u32, u32), u32>>,
     max_shared_optin: u32,
     multiprocessors: u32,
 }
@@ -121,6 +123,7 @@ impl Device {
             module: OnceLock::new(),
             module_init: Mutex::new(()),
             functions: Mutex::new(HashMap::new()),
+            occupancy: Mutex::new(HashMap::new()),
             max_shared_optin,
         })
     }
@@ -191,6 +194,27 @@ impl Device {
         let function = Arc::new(guarded("load kernel", || module.load_function(name).during("cuModuleGetFunction"))?);
         functions.insert(name, function.clone());
         Ok(function)
+    }
+
+    /// How many blocks of kernel `name` launched with `dims`' block and dynamic shared memory
+    /// one SM holds at once (`cuOccupancyMaxActiveBlocksPerMultiprocessor`), cached.
+    pub fn resident_blocks_per_sm(&self, name: &'static str, dims: &LaunchDims) -> Result<u32> {
+        let (bx, by, bz) = dims.block;
+        let key = (name, bx * by * bz, dims.shared_bytes);
+        if let Some(&blocks) = self.occupancy.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&key) {
+            return Ok(blocks);
+        }
+        let function = self.function(name)?;
+        // Raises the shared memory limit first where the launch needs it, which the query counts.
+        self.prepare(name, &function, dims)?;
+        let blocks = guarded("occupancy", || {
+            self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+            function
+                .occupancy_max_active_blocks_per_multiprocessor(key.1, dims.shared_bytes as usize, None)
+                .during("cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        })?;
+        self.occupancy.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, blocks);
+        Ok(blocks)
     }
 
     /// Checks `dims` against the device limits, raising the function's dynamic shared memory

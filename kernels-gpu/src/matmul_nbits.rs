@@ -43,6 +43,10 @@
 //!   records of `W4Weights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column tile and K
 //!   chunk, tile-major; the scales and zero points are read from them), and the dynamic shared
 //!   memory is `DECODE_PACKED_SHARED_BYTES`.
+//! - `decode*` (and `packed_wgmma*`) may be launched as programmatic dependents of the previous
+//!   grid in the stream (sm_90a module): they wait for it before reading A or writing anything,
+//!   and before reading B, scales and zero points unless `flags & FLAG_WEIGHTS_READY`; with
+//!   `flags & FLAG_EARLY_DEPENDENTS` each block lets the next grid start once past that wait.
 //! - Larger M on Hopper: `matmul_nbits_{f16,bf16}_wgmma`, in `matmul_nbits_wgmma.rs`
 //!   (sm_90a module only).
 //!
@@ -670,8 +674,8 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
         // Launched as a programmatic dependent (the host's `launch_overlapping`), this grid may
         // start while the previous one in the stream finishes: the first chunks of constant
         // weights are copied meanwhile, everything else waits for that grid. The next grid may
-        // start once every block is past the wait, so what it copies early overlaps this grid
-        // only, never an earlier one.
+        // start once every block is past the wait (or has exited), so what it copies early
+        // overlaps this grid only, never an earlier one.
         if p.flags & FLAG_WEIGHTS_READY == 0 {
             sync::wait_for_prerequisite_grids();
         }
@@ -687,7 +691,9 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
             }
         });
         sync::wait_for_prerequisite_grids();
-        sync::allow_dependent_launch();
+        if p.flags & FLAG_EARLY_DEPENDENTS != 0 {
+            sync::allow_dependent_launch();
+        }
         // Activations of chunk j + S in a_ring[S % (A_AHEAD + 1)] (STAGES is a multiple of
         // 4), loaded A_AHEAD chunks ahead.
         let mut a_ring = [[[[0; 4]; 4]; R]; 4];

@@ -229,6 +229,12 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
             });
         };
 
+        // As the `decode` kernels: launched as a programmatic dependent, the first records are
+        // copied before the wait for the previous grid only when the host says that grid did
+        // not write them; the next grid may start once every block is past the wait.
+        if p.flags & FLAG_WEIGHTS_READY == 0 {
+            sync::wait_for_prerequisite_grids();
+        }
         unroll!(S in [0, 1, 2] {
             const { assert!(STAGES == 4) };
             if (S as u32) < count {
@@ -236,6 +242,10 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
             }
             commit_group();
         });
+        sync::wait_for_prerequisite_grids();
+        if p.flags & FLAG_EARLY_DEPENDENTS != 0 {
+            sync::allow_dependent_launch();
+        }
         let mut act = [0u32; 4];
         if count > 0 {
             store_act(0, load_act(0));

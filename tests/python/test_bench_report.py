@@ -57,3 +57,17 @@ def test_other_dlkern_variants_get_their_own_rows():
     packed = [l for l in lines if l.startswith("| int8 | M1 (packed W) |")]
     assert len(plain) == 1 and "| cuBLAS (criterion) | 4.00 us | 2.00 |" in plain[0], plain
     assert len(packed) == 1 and "| 1.00 us | n/a | cuBLAS (criterion) | 4.00 us | 4.00 |" in packed[0], packed
+
+
+def test_matmul_nbits_ratio_is_against_its_issue_baseline():
+    """W4A16's issue sets cuBLAS f16 as the bar: the ratio uses it even where another baseline
+    (PyTorch's own W4A16 kernel) is faster, which is then listed among the others."""
+    meta = lambda impl, i: {"family": "matmul_nbits", "id": f"w/{i}", "implementation": impl, "shape": "M1", "dtype": "f16", "bytes": 1_000_000, "flops": 0, "workspace_bytes": 0}
+    results = {
+        "date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c",
+        "criterion": [{"id": "w/a", "median_ns": 1000.0}, {"id": "w/b", "median_ns": 3000.0}],
+        "meta": [meta("dlkern", "a"), meta("cuBLAS f16", "b")],
+        "comparison": [{"family": "matmul_nbits", "implementation": "int4 kernel", "shape": "M1", "dtype": "f16", "time_us": 2.0, "bytes": 1_000_000, "flops": 0}],
+    }
+    row = [l for l in bench_report.render(results).splitlines() if l.startswith("| f16 | M1 |")][0]
+    assert "| cuBLAS f16 (criterion) | 3.00 us | 3.00 |" in row and "| int4 kernel 2.00 us |" in row, row

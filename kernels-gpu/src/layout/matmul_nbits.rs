@@ -287,6 +287,11 @@ pub const FLAG_A_VEC16: u32 = 16;
 /// stream (they are a model's constants): launched as a programmatic dependent, the `decode`
 /// kernels copy their first chunks of them before they wait for that grid.
 pub const FLAG_WEIGHTS_READY: u32 = 32;
+/// The `decode` kernels let the next grid of the stream start (`griddepcontrol.launch_dependents`)
+/// as soon as each block is past its wait for the previous grid; without it the next grid
+/// starts as this one's blocks exit. The host sets it where this grid's blocks leave few
+/// resident slots free (see `early_dependents` in the launcher).
+pub const FLAG_EARLY_DEPENDENTS: u32 = 64;
 
 /// Scalar arguments. The host launcher passes this very type.
 #[derive(Clone, Copy, Debug, PartialEq)]
