@@ -7,7 +7,7 @@
 # DLKERN_BENCH_SECONDS="warm-up measurement" shortens (or lengthens) every bench (default "1 2").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/.." && pwd); cd "$root"
-out=${OUT:-/tmp}; work=$(mktemp -d)
+out=${OUT:-/tmp}; mkdir -p "$out"; work=$(mktemp -d)
 export CRITERION_HOME="$work/criterion" DLKERN_BENCH_META="$work/meta.jsonl"
 export DLKERN_LIB="$here/lib/libdlkern.so"
 read -r warm measure <<<"${DLKERN_BENCH_SECONDS:-1 2}"

@@ -6,7 +6,7 @@
 # Usage: bash .gpu/gpu-check.sh [test-name filter for the sanitizer runs]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-/tmp}
+out=${OUT:-/tmp}; mkdir -p "$out"
 logs=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 status=0

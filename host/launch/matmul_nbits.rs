@@ -601,10 +601,11 @@ pub enum WeightsWritten {
     /// once that kernel has completed.
     #[default]
     ByPreviousKernel,
-    /// Not the kernel just before the call on the stream (a model's constants: uploaded, or
-    /// packed and synchronized, before): on Hopper the decode kernels copy their first chunks
-    /// of weights while that kernel finishes (programmatic dependent launch), which hides
-    /// their start-up latency in a chain of launches.
+    /// They were in place when the kernel just before the call on the stream started,
+    /// and that kernel does not write them (a model's constants, uploaded or packed and
+    /// synchronized earlier). On Hopper the decode kernels then copy their first chunks of
+    /// weights while that kernel finishes (programmatic dependent launch), which hides their
+    /// start-up latency in a chain of launches (docs/perf-notes/matmul_nbits.md, v21).
     Before,
 }
 
@@ -631,8 +632,9 @@ pub unsafe fn matmul_nbits_raw(
 /// parameters describe (`a` M x K, `b` N x row_bytes, `scales` N x k_blocks, zero points and
 /// bias as given, `y` M x N not overlapping the inputs, the workspace for the
 /// `workspace_bytes` of `params.plan_for(.., .., RowAlignment::of(params, a, b))`) until the
-/// kernels have run on `stream`. With [`WeightsWritten::Before`], the kernel just before the
-/// call on `stream` must not write B, the scales or the zero points.
+/// kernels have run on `stream`. With [`WeightsWritten::Before`], B, the scales and the zero
+/// points must be in place when the kernel just before the call on `stream` starts, and that
+/// kernel must not write them.
 pub unsafe fn matmul_nbits_raw_with(
     device: &Device,
     stream: CUstream,

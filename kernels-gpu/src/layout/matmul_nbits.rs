@@ -283,9 +283,10 @@ pub const FLAG_BIAS: u32 = 4;
 pub const FLAG_B_VEC16: u32 = 8;
 /// `K % 8 == 0` and `a` is 16-byte aligned: 16-byte activation loads.
 pub const FLAG_A_VEC16: u32 = 16;
-/// `b`, the scales and the zero points are not written by the grid before this one in the
-/// stream (they are a model's constants): launched as a programmatic dependent, the `decode`
-/// kernels copy their first chunks of them before they wait for that grid.
+/// `b`, the scales and the zero points were in place when the grid before this one in the
+/// stream started, and that grid does not write them (a model's constants): launched as a
+/// programmatic dependent, the `decode` kernels copy their first chunks of them before they
+/// wait for that grid.
 pub const FLAG_WEIGHTS_READY: u32 = 32;
 /// The `decode` kernels let the next grid of the stream start (`griddepcontrol.launch_dependents`)
 /// as soon as each block is past its wait for the previous grid; without it the next grid
