@@ -218,11 +218,11 @@ pub struct MatMulNBitsPlan {
     zeroed: Option<(usize, usize)>,
     /// The main kernel waits (`griddepcontrol.wait`) for the grid before it in the stream
     /// before it reads what that grid may write, so it may be launched as its programmatic
-    /// dependent: the `mma.sync` decode kernels (after whatever came before the call) and the
-    /// `wgmma` kernels (after their permutation).
+    /// dependent: the decode kernels (after whatever came before the call) and the `wgmma`
+    /// kernels (after their permutation).
     overlaps_previous: bool,
-    /// The main kernel is one of the `decode` kernels, which read [`FLAG_WEIGHTS_READY`] and
-    /// [`FLAG_EARLY_DEPENDENTS`].
+    /// The main kernel has the decode kernels' prologue (`decode*`, unclustered
+    /// `packed_wgmma*`), which reads [`FLAG_WEIGHTS_READY`] and [`FLAG_EARLY_DEPENDENTS`].
     decode: bool,
     args: Dims,
 }
@@ -344,10 +344,6 @@ impl MatMulNBitsParams {
             )));
         }
         let rows8 = (decode || packed) && p.m <= DECODE8_ROWS;
-        // The kernels of `matmul_nbits_decode` (`decode8*`, `decode16`, `decode*_packed`) and
-        // `packed_wgmma`, whose prologue is theirs (its clusters, of K splits, are left out:
-        // the occupancy query does not count clusters).
-        let decode_kernel = decode || matches!(variant, Variant::Packed | Variant::PackedMma);
         // `tiled`: as few rows as M needs up to 64, then 128 x 128 (measured faster than
         // 128 x 64 with twice the blocks at M = 128 and 256: each warp then does twice the
         // `mma`s per chunk for the same copies and dequantization).
@@ -473,7 +469,6 @@ impl MatMulNBitsParams {
         } else {
             kernel
         };
-        let clustered_splits = clustered && splits > 1;
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
         let reduced = splits > 1 && !pair && !clustered;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
@@ -548,6 +543,11 @@ impl MatMulNBitsParams {
         if (p.m * p.n).div_ceil(REDUCE_THREADS) > i32::MAX as usize {
             return Err(bad("M x N too large for the reduction grid".into()));
         }
+        // The kernels with `decode`'s prologue: `decode8*`, `decode16`, `decode*_packed`, and
+        // `packed_wgmma` without a cluster (the occupancy query does not count clusters, so its
+        // K-split clusters launch plainly).
+        let decode_prologue =
+            decode || variant == Variant::PackedMma || (variant == Variant::PackedWgmma && splits == 1);
         Ok(MatMulNBitsPlan {
             kernel,
             dims,
@@ -558,10 +558,9 @@ impl MatMulNBitsParams {
             workspace_bytes,
             partials_offset: permuted_bytes,
             zeroed,
-            overlaps_previous: decode_kernel
-                || (variant == Variant::PackedWgmma && !clustered_splits)
+            overlaps_previous: decode_prologue
                 || (permuted && matches!(variant, Variant::Wgmma | Variant::WgmmaStreamK)),
-            decode: decode_kernel || (variant == Variant::PackedWgmma && !clustered_splits),
+            decode: decode_prologue,
             args,
         })
     }
@@ -588,7 +587,7 @@ pub struct MatMulNBitsPointers {
 /// the H200 (2026-12-01, docs/perf-notes/matmul_nbits.md v21), `decode8_packed` with 256 blocks
 /// in 396 slots, M = 1, took 14.0 us at N = K = 8192 and 45.7 at K = 28672 starting early,
 /// 12.9 and 40.1 starting at exit; `decode8_ahead3` with 256 in 264 slots 14.0 against 15.1.
-pub fn early_dependents(blocks: u64, blocks_per_sm: u32, sms: u32) -> bool {
+fn early_dependents(blocks: u64, blocks_per_sm: u32, sms: u32) -> bool {
     let slots = blocks_per_sm as u64 * sms as u64;
     blocks > slots || (slots - blocks) * 2 < sms as u64
 }
@@ -681,7 +680,8 @@ pub unsafe fn matmul_nbits_raw_with(
     }
     let partials = ptrs.workspace + plan.partials_offset as u64;
     let mut dims = plan.args;
-    if plan.decode {
+    // (The flags change nothing where the kernel is not a programmatic dependent.)
+    if plan.decode && device.overlaps_launches() {
         if weights == WeightsWritten::Before {
             dims.flags |= FLAG_WEIGHTS_READY;
         }

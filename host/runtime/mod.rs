@@ -159,6 +159,12 @@ impl Device {
         self.ptx.arch_specific && self.ptx.arch == 90
     }
 
+    /// Whether [`Device::launch_overlapping`] makes programmatic dependent launches here: where
+    /// the device runs the sm_90a module, whose kernels have `griddepcontrol`.
+    pub fn overlaps_launches(&self) -> bool {
+        self.ptx.arch_specific && self.ptx.arch >= 90
+    }
+
     /// Number of streaming multiprocessors.
     pub fn multiprocessors(&self) -> u32 {
         self.multiprocessors
@@ -302,7 +308,7 @@ impl Device {
         stream: CUstream,
         params: KernelParams,
     ) -> Result<()> {
-        let overlap = self.ptx.arch_specific && self.ptx.arch >= 90;
+        let overlap = self.overlaps_launches();
         // SAFETY: forwarded contract.
         unsafe { self.launch_with(name, dims, stream, params, overlap) }
     }
