@@ -671,14 +671,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
         // into a register ring beside the shared one: the loop is unrolled by the ring's
         // length so that every slot has a fixed register.
         let mut ring_consts = [DecodeConsts { scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] }; DECODE_STAGES];
-        // Launched as a programmatic dependent (the host's `launch_overlapping`), this grid may
-        // start while the previous one in the stream finishes: the first chunks of constant
-        // weights are copied meanwhile, everything else waits for that grid. The next grid may
-        // start once every block is past the wait (or has exited), so what it copies early
-        // overlaps this grid only, never an earlier one.
-        if p.flags & FLAG_WEIGHTS_READY == 0 {
-            sync::wait_for_prerequisite_grids();
-        }
+        before_weight_copies(p.flags);
         unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
             if S + 1 < DECODE_STAGES {
                 if (S as u32) < count {
@@ -690,10 +683,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
                 async_copy::commit_group();
             }
         });
-        sync::wait_for_prerequisite_grids();
-        if p.flags & FLAG_EARLY_DEPENDENTS != 0 {
-            sync::allow_dependent_launch();
-        }
+        after_weight_copies(p.flags);
         // Activations of chunk j + S in a_ring[S % (A_AHEAD + 1)] (STAGES is a multiple of
         // 4), loaded A_AHEAD chunks ahead.
         let mut a_ring = [[[[0; 4]; 4]; R]; 4];
@@ -798,6 +788,29 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
                 });
             });
         }
+    }
+}
+
+/// The prologue of the `decode` kernels and `packed_wgmma`, launched as programmatic dependents
+/// (the host's `launch_overlapping`): such a grid may start while the previous one in the
+/// stream finishes. Its first chunks of constant weights are copied between this and
+/// [`after_weight_copies`]: meanwhile when `flags & FLAG_WEIGHTS_READY`, else after the wait
+/// for that grid here.
+#[inline(always)]
+pub(crate) fn before_weight_copies(flags: u32) {
+    if flags & FLAG_WEIGHTS_READY == 0 {
+        sync::wait_for_prerequisite_grids();
+    }
+}
+
+/// The end of that prologue: everything after it waits for the previous grid. With
+/// `flags & FLAG_EARLY_DEPENDENTS` the next grid may start once every block is past the wait
+/// (else as they exit), so what it copies early overlaps this grid only, never an earlier one.
+#[inline(always)]
+pub(crate) fn after_weight_copies(flags: u32) {
+    sync::wait_for_prerequisite_grids();
+    if flags & FLAG_EARLY_DEPENDENTS != 0 {
+        sync::allow_dependent_launch();
     }
 }
 

@@ -46,7 +46,7 @@ use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x4};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{matmul_nbits_entry, split_chunk_range};
+use crate::matmul_nbits::{after_weight_copies, before_weight_copies, matmul_nbits_entry, split_chunk_range};
 use crate::unroll;
 
 pub use crate::layout::matmul_nbits::*;
@@ -229,12 +229,9 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
             });
         };
 
-        // As the `decode` kernels: launched as a programmatic dependent, the first records are
-        // copied before the wait for the previous grid only when the host says that grid did
-        // not write them; the next grid may start once every block is past the wait.
-        if p.flags & FLAG_WEIGHTS_READY == 0 {
-            sync::wait_for_prerequisite_grids();
-        }
+        // The first records, copied before the wait for the previous grid where the host says
+        // that grid did not write them.
+        before_weight_copies(p.flags);
         unroll!(S in [0, 1, 2] {
             const { assert!(STAGES == 4) };
             if (S as u32) < count {
@@ -242,10 +239,7 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
             }
             commit_group();
         });
-        sync::wait_for_prerequisite_grids();
-        if p.flags & FLAG_EARLY_DEPENDENTS != 0 {
-            sync::allow_dependent_launch();
-        }
+        after_weight_copies(p.flags);
         let mut act = [0u32; 4];
         if count > 0 {
             store_act(0, load_act(0));
