@@ -226,8 +226,9 @@ fn kernels_use_the_intended_instructions() {
 }
 
 /// The kernels the host launches as programmatic dependents (`Device::launch_overlapping`)
-/// wait for the previous grid in the sm_90a module, and the decode kernels let the next one
-/// start only after that wait (so what the next copies early overlaps them alone).
+/// wait for the previous grid in the sm_90a module, and the decode kernels and the permutation
+/// let the next one start only after that wait (so what the next copies early overlaps them
+/// alone).
 #[test]
 fn programmatic_dependents_wait_for_the_previous_grid() {
     let module = ptx::modules().find(|m| m.arch_specific).expect("an sm_90a module");
@@ -237,8 +238,9 @@ fn programmatic_dependents_wait_for_the_previous_grid() {
         &module.text[at..end]
     };
     for t in ["f16", "bf16"] {
-        for kernel in ["decode8", "decode8_ahead3", "decode16", "decode8_packed", "decode16_packed"] {
-            let entry = format!("matmul_nbits_{t}_{kernel}");
+        let decode = ["decode8", "decode8_ahead3", "decode16", "decode8_packed", "decode16_packed"];
+        let entries = decode.map(|kernel| format!("matmul_nbits_{t}_{kernel}"));
+        for entry in entries.into_iter().chain([format!("matmul_nbits_permute_{t}")]) {
             let text = body(&entry);
             let (wait, launch) = (text.rfind("griddepcontrol.wait;"), text.find("griddepcontrol.launch_dependents;"));
             assert!(wait.is_some() && launch.is_some() && wait < launch, "{entry}: wait, then launch_dependents");

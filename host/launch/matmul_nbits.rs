@@ -675,7 +675,8 @@ pub unsafe fn matmul_nbits_raw_with(
     if let Some((permute, permute_dims)) = plan.permute {
         let args = KernelParams::new().pointers(&[ptrs.a, ptrs.workspace]).value(plan.args);
         // SAFETY: two pointers and Dims, as the kernel declares; the workspace holds the copy.
-        unsafe { device.launch(permute, permute_dims, stream, args)? };
+        // It waits for the grid before it before it reads or writes anything.
+        unsafe { device.launch_overlapping(permute, permute_dims, stream, args)? };
         a = ptrs.workspace;
     }
     let partials = ptrs.workspace + plan.partials_offset as u64;

@@ -62,9 +62,12 @@
 //! # Launch contract: `matmul_nbits_permute_{f16,bf16}(a, a_perm, dims)`
 //! - grid `(ceil(M * ceil(K / 128) * 16 / 256), 1, 1)`, block `(256, 1, 1)`: writes `a_perm [M,
 //!   ceil(K / 128) * 128]` (4-byte aligned), zero past K. `a` needs 16-byte alignment only when
-//!   `flags & FLAG_A_VEC16`. In the sm_90a module each block lets the next grid of the stream
-//!   start if that one was launched as a programmatic dependent (the `wgmma` kernels are, and
-//!   wait for this grid before they read `a_perm`).
+//!   `flags & FLAG_A_VEC16`. It may be launched as a programmatic dependent of the grid before
+//!   it (the host does so on Hopper): every thread first waits for that grid
+//!   (`griddepcontrol.wait`), which may still read `a_perm` or be writing `a`. Only after that
+//!   wait does each block let the next grid of the stream start, if that one was launched as a
+//!   programmatic dependent (the `wgmma` kernels are, and wait for this grid before they read
+//!   `a_perm`).
 //!
 //! # Launch contract: `matmul_nbits_reduce_{f16,bf16}`
 //! - grid `(ceil(M * N / 256), 1, 1)`, block `(256, 1, 1)`: `y = sum over splits + bias`.
@@ -969,8 +972,12 @@ unsafe fn matmul_nbits_large<
 /// The launch contract (`matmul_nbits_permute_*` in the module docs).
 #[inline(always)]
 unsafe fn permute<T: TensorElement>(a: *const T, a_perm: *mut T, p: Dims) {
-    // The kernel reading the copy (Hopper's `wgmma` ones) may start its prologue already: it
-    // waits for this grid to complete before it reads the copy.
+    // Launched as a programmatic dependent of the grid before it (the previous call's main
+    // kernel, which may still read the workspace this overwrites, or whatever wrote A), it
+    // waits for that grid first. Only then may the kernel reading the copy (Hopper's `wgmma`
+    // ones) start its prologue: it waits for this grid before it reads the copy, and what it
+    // reads before (the codes) then overlaps this grid alone.
+    sync::wait_for_prerequisite_grids();
     sync::allow_dependent_launch();
     let (m, k) = (p.m as usize, p.k as usize);
     let row_len = k.div_ceil(CHUNK) * CHUNK;
