@@ -40,7 +40,7 @@ for tool in memcheck racecheck; do
       # Both variants (the large one uses shared memory and barriers), split K, bf16; the
       # repacked decode (mma.sync and Hopper wgmma), the device packer, a call site's repacking and
       # the Hopper wgmma kernel.
-      matmul_w4-*) args+=(gpu_variants_and_splits gpu_packed_decode gpu_device_packing gpu_registry_kernel gpu_wgmma) ;;
+      matmul_w4-*) args+=(gpu_variants_and_splits gpu_packed_decode gpu_device_packing gpu_registry_kernel gpu_wgmma gpu_decode_chain) ;;
       # Every head dim, GQA, causal, packed batches with uneven lengths; the long and random
       # cases repeat the same code paths at 20-100x the time under the tools.
       attention-*) args+=(gpu_matches_reference_across gpu_packed_batches) ;;
