@@ -216,15 +216,20 @@ pub struct MatMulNBitsPlan {
     /// Bytes of the workspace (offset, length) that must be zero when the kernel starts (the
     /// stream-K flags): [`matmul_nbits_raw`] clears them on the stream first.
     zeroed: Option<(usize, usize)>,
-    /// The main kernel waits (`griddepcontrol.wait`) for the grid before it in the stream
-    /// before it reads what that grid may write, so it may be launched as its programmatic
-    /// dependent: the decode kernels (after whatever came before the call) and the `wgmma`
-    /// kernels (after their permutation).
-    overlaps_previous: bool,
     /// The main kernel has the decode kernels' prologue (`decode*`, unclustered
     /// `packed_wgmma*`), which reads [`FLAG_WEIGHTS_READY`] and [`FLAG_EARLY_DEPENDENTS`].
     decode: bool,
     args: Dims,
+}
+
+impl MatMulNBitsPlan {
+    /// The main kernel waits (`griddepcontrol.wait`) for the grid before it in the stream
+    /// before it reads what that grid may write, so it may be launched as its programmatic
+    /// dependent: the decode kernels (after whatever came before the call) and the `wgmma`
+    /// kernels (after their permutation).
+    fn overlaps_previous(&self) -> bool {
+        self.decode || matches!(self.variant, Variant::Wgmma | Variant::WgmmaStreamK)
+    }
 }
 
 /// Whether the rows of A and B allow 16-byte vector loads (`K % 8 == 0` and `a` 16-byte
@@ -558,8 +563,6 @@ impl MatMulNBitsParams {
             workspace_bytes,
             partials_offset: permuted_bytes,
             zeroed,
-            overlaps_previous: decode_prologue
-                || (permuted && matches!(variant, Variant::Wgmma | Variant::WgmmaStreamK)),
             decode: decode_prologue,
             args,
         })
@@ -698,7 +701,7 @@ pub unsafe fn matmul_nbits_raw_with(
     // Kernels that overlap wait for the grid before them (`griddepcontrol.wait`) before they
     // read anything it may write (the decode kernels copy weights before it only when the
     // caller says the weights were written earlier) and before they write anything.
-    if plan.overlaps_previous {
+    if plan.overlaps_previous() {
         unsafe { device.launch_overlapping(plan.kernel, plan.dims, stream, args)? };
     } else {
         unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
