@@ -1,7 +1,10 @@
 //! The machine's measured ceilings, in the same run as the kernel benches: device-to-device copy
-//! bandwidth (bytes read + written per second), the bar for every memory-bound kernel, and
-//! cuBLAS GEMM rates (bf16, fp16 at 8192^3; the fp16 1x8192x8192 GEMV), the bars for the
-//! matmul and attention kernels.
+//! bandwidth (bytes read + written per second), the bar for every memory-bound kernel; the
+//! read-only rate of a chain of launches that read as many bytes as the W4 weights of its
+//! shapes (`probe_stream_read`: plain launches, programmatic dependents that wait before
+//! reading, and ones that read before the wait as the W4 decode kernels copy their first
+//! weights), the bound of those kernels; and cuBLAS GEMM rates (bf16, fp16 at 8192^3; the fp16
+//! 1x8192x8192 GEMV), the bars for the matmul and attention kernels.
 
 mod common;
 
@@ -9,6 +12,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use dlkern::Element;
+use dlkern::launch::probe::{StreamReadOrder, StreamReadPlan, stream_read, stream_read_constant, stream_read_wave};
 use half::{bf16, f16};
 
 fn copy_bandwidth(c: &mut Criterion) {
@@ -34,6 +38,98 @@ fn copy_bandwidth(c: &mut Criterion) {
         group.bench_function(&id, |b| {
             b.iter_custom(|iters| gpu.time(iters, || gpu.stream.memcpy_dtod(&src, &mut dst).expect("copy")))
         });
+    }
+    group.finish();
+}
+
+/// How a chain of `probe_stream_read` launches follows the launch before it.
+#[derive(Clone, Copy)]
+enum ReadChain {
+    Serialized,
+    WaitFirst,
+    ReadFirst { early_dependents: bool },
+}
+
+fn stream_read_rates(c: &mut Criterion) {
+    let Some(gpu) = common::gpu() else { return };
+    let blocks = match stream_read_wave(&gpu.device) {
+        Ok(blocks) => blocks,
+        Err(e) => {
+            eprintln!("skipping the read ceilings: {e}");
+            return;
+        }
+    };
+    let mut group = c.benchmark_group("ceilings");
+    // The 4-bit weights and f16 scales (blocks of 128) of the W4 bench's shapes: N = K = 8192,
+    // and N or K = 28672.
+    for (name, what, bytes) in [
+        ("w4_8192x8192", "W4 N = K = 8192", 8192 * 4096 + 8192 * 64 * 2),
+        ("w4_28672x8192", "W4 N or K = 28672", 28672 * 4096 + 28672 * 64 * 2),
+    ] {
+        let plan = StreamReadPlan::new(bytes, blocks).expect("plan");
+        // Copies rotated so that every launch reads device memory, not L2.
+        let copies: Vec<_> = (0..gpu.rotation(bytes as u64))
+            .map(|c| {
+                gpu.stream.clone_htod(&(0..bytes).map(|i| (i * 131 + c) as u8).collect::<Vec<_>>()).expect("alloc")
+            })
+            .collect();
+        let mut out = gpu.stream.alloc_zeros::<u32>(plan.out_words).expect("alloc");
+        let chains = [
+            ("serialized", "plain launches", ReadChain::Serialized),
+            ("wait_first", "programmatic, wait then read", ReadChain::WaitFirst),
+            ("read_first", "programmatic, read then wait", ReadChain::ReadFirst { early_dependents: false }),
+            (
+                "read_first_early",
+                "programmatic, read then wait, next grid early",
+                ReadChain::ReadFirst { early_dependents: true },
+            ),
+        ];
+        for (chain_id, chain_name, chain) in chains {
+            let id = format!("stream_read_{chain_id}/{name}");
+            group.throughput(Throughput::Bytes(bytes as u64));
+            common::record(&common::Meta {
+                family: "ceilings",
+                id: format!("ceilings/{id}"),
+                implementation: &format!("probe_stream_read ({chain_name})"),
+                shape: format!("{bytes} B ({what})"),
+                dtype: "u8",
+                bytes: bytes as u64,
+                flops: 0,
+                workspace_bytes: 0,
+            });
+            group.bench_function(&id, |b| {
+                let mut next = 0;
+                b.iter_custom(|iters| {
+                    gpu.time(iters, || {
+                        let src = &copies[next % copies.len()];
+                        next += 1;
+                        match chain {
+                            ReadChain::Serialized => stream_read(
+                                &gpu.device,
+                                &gpu.stream,
+                                src,
+                                &mut out,
+                                blocks,
+                                StreamReadOrder::Serialized,
+                            ),
+                            ReadChain::WaitFirst => stream_read(
+                                &gpu.device,
+                                &gpu.stream,
+                                src,
+                                &mut out,
+                                blocks,
+                                StreamReadOrder::Overlapped { early_dependents: false },
+                            ),
+                            // SAFETY: nothing writes the copies after their upload.
+                            ReadChain::ReadFirst { early_dependents } => unsafe {
+                                stream_read_constant(&gpu.device, &gpu.stream, src, &mut out, blocks, early_dependents)
+                            },
+                        }
+                        .expect("stream read")
+                    })
+                })
+            });
+        }
     }
     group.finish();
 }
@@ -98,5 +194,5 @@ fn gemm_rates(c: &mut Criterion) {
     cublas_gemm::<f16>(c, &gpu, &blas, "f16", (1, 8192, 8192));
 }
 
-criterion_group!(benches, copy_bandwidth, gemm_rates);
+criterion_group!(benches, copy_bandwidth, stream_read_rates, gemm_rates);
 criterion_main!(benches);

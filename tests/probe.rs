@@ -1,11 +1,15 @@
 //! Device-module self-tests on the GPU: the `mma.sync` fragment layouts as loaded by `cp.async`
-//! and `ldmatrix` (all four variants) and the fast-math instructions, against CPU references.
+//! and `ldmatrix` (all four variants) and the fast-math instructions, against CPU references;
+//! and the read-only ceiling kernel of the benches, which must read every byte.
 
 mod common;
 
 use common::{Rng, gpu};
-use dlkern::launch::probe::{MmaProbe, fast_math, mma};
+use dlkern::launch::probe::{
+    MmaProbe, StreamReadOrder, StreamReadPlan, fast_math, mma, stream_read, stream_read_constant, stream_read_wave,
+};
 use dlkern::reference::matmul::{matmul_nt, matmul_nt_i8};
+use dlkern::reference::xor_words;
 use half::{bf16, f16};
 
 const TILES: usize = 7;
@@ -132,4 +136,93 @@ fn fast_math_is_within_its_documented_error() {
         let p = positive[i] as f64;
         assert!(rel(rsqrt[i], 1.0 / p.sqrt()) < 2f64.powi(-21), "rsqrt({p}) = {}", rsqrt[i]);
     }
+}
+
+/// XOR of the first `words` words the kernel left in `out`.
+fn folded(out: &[u32], words: usize) -> u32 {
+    out[..words].iter().fold(0, |acc, w| acc ^ w)
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_stream_read_reads_every_word() {
+    let (device, stream) = gpu();
+    let wave = stream_read_wave(&device).unwrap();
+    let mut rng = Rng::new(21);
+    // One vector; a count off every step and block boundary; two whole steps per block of a
+    // wave; a W4-sized buffer (in a wave only: the sanitizers run this test too).
+    for bytes in [16usize, 16 * 1001, 16 * 2048 * 2 * wave as usize, 34_603_008] {
+        let host: Vec<u8> = (0..bytes).map(|_| rng.uniform(0.0, 256.0) as u8).collect();
+        let src = stream.clone_htod(&host).unwrap();
+        let block_counts = if bytes > 1 << 24 { vec![wave] } else { vec![1, 3, wave] };
+        for blocks in block_counts {
+            let plan = StreamReadPlan::new(bytes, blocks).unwrap();
+            for order in [0, 1, 2, 3, 4] {
+                // Words the kernel must overwrite, each of them, or the XOR comes out wrong.
+                let junk: Vec<u32> =
+                    (0..plan.out_words + 1).map(|i| 0x9e37_79b9u32.wrapping_mul(i as u32 + 1)).collect();
+                let mut out = stream.clone_htod(&junk).unwrap();
+                match order {
+                    0 => stream_read(&device, &stream, &src, &mut out, blocks, StreamReadOrder::Serialized).unwrap(),
+                    1 | 2 => {
+                        let order = StreamReadOrder::Overlapped { early_dependents: order == 2 };
+                        stream_read(&device, &stream, &src, &mut out, blocks, order).unwrap()
+                    }
+                    // SAFETY: nothing writes `src` after its upload.
+                    _ => unsafe { stream_read_constant(&device, &stream, &src, &mut out, blocks, order == 4) }.unwrap(),
+                }
+                let got: Vec<u32> = stream.clone_dtoh(&out).unwrap();
+                assert_eq!(
+                    folded(&got, plan.out_words),
+                    xor_words(&host),
+                    "{bytes} bytes, {blocks} blocks, order {order}"
+                );
+                assert_eq!(got[plan.out_words], junk[plan.out_words], "wrote past its words");
+            }
+        }
+    }
+}
+
+/// A chain of launches into the same output, each reading before its wait: every launch's
+/// words come after the one before it, so the output is the last launch's.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_stream_read_chain_keeps_the_last_result() {
+    let (device, stream) = gpu();
+    let wave = stream_read_wave(&device).unwrap();
+    let bytes = 4 << 20;
+    let hosts: Vec<Vec<u8>> =
+        (0..3u8).map(|c| (0..bytes).map(|i| (i * 131) as u8 ^ c.wrapping_mul(77)).collect()).collect();
+    let srcs: Vec<_> = hosts.iter().map(|h| stream.clone_htod(h).unwrap()).collect();
+    let plan = StreamReadPlan::new(bytes, wave).unwrap();
+    let mut out = stream.alloc_zeros::<u32>(plan.out_words).unwrap();
+    for early in [false, true] {
+        for last in 0..3 {
+            for i in 0..=last {
+                // SAFETY: nothing writes the sources after their upload.
+                unsafe { stream_read_constant(&device, &stream, &srcs[i % 3], &mut out, wave, early) }.unwrap();
+            }
+            let got: Vec<u32> = stream.clone_dtoh(&out).unwrap();
+            assert_eq!(
+                folded(&got, plan.out_words),
+                xor_words(&hosts[last % 3]),
+                "early {early}, {} launches",
+                last + 1
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_stream_read_rejects_bad_buffers() {
+    let (device, stream) = gpu();
+    let src = stream.alloc_zeros::<u8>(4096).unwrap();
+    let mut small = stream.alloc_zeros::<u32>(7).unwrap();
+    let err = stream_read(&device, &stream, &src, &mut small, 1, StreamReadOrder::Serialized).unwrap_err();
+    assert!(err.to_string().contains("out"), "{err}");
+    let odd = stream.alloc_zeros::<u8>(4100).unwrap();
+    let mut out = stream.alloc_zeros::<u32>(8).unwrap();
+    let err = stream_read(&device, &stream, &odd, &mut out, 1, StreamReadOrder::Serialized).unwrap_err();
+    assert!(err.to_string().contains("multiple of 16"), "{err}");
 }

@@ -18,6 +18,7 @@ const ENTRY_POINTS: &[&str] = &[
     "probe_mma_m16n8k16_f16_ktrans",
     "probe_mma_m16n8k32_s8",
     "probe_fast_math_f32",
+    "probe_stream_read",
     "attention_fwd_f16_d64",
     "attention_fwd_f16_d80",
     "attention_fwd_f16_d96",
@@ -250,6 +251,10 @@ fn programmatic_dependents_wait_for_the_previous_grid() {
             assert!(body(&entry).contains("griddepcontrol.wait;"), "{entry}: no griddepcontrol.wait");
         }
     }
+    // The read ceiling may read before its wait, but writes only after it.
+    let text = body("probe_stream_read");
+    let (wait, store) = (text.rfind("griddepcontrol.wait;"), text.find("st.global"));
+    assert!(wait.is_some() && store.is_some() && wait < store, "probe_stream_read: wait, then store");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! Each probe runs one device-module primitive (`cp.async` + `ldmatrix` + `mma.sync`, or the
 //! fast-math instructions) on host-provided data, so the test suite can pin down fragment
 //! layouts and accuracy on a real GPU against [`crate::reference`] before larger kernels rely
-//! on them.
+//! on them. [`stream_read`] is the read-only memory ceiling the benches compare the W4 decode
+//! kernels with: a kernel that only reads its bytes, launched as those kernels are.
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
@@ -12,6 +13,12 @@ use crate::error::{Error, Result};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "probe";
+const STREAM_READ: &str = "probe_stream_read";
+
+#[path = "../../kernels-gpu/src/layout/probe.rs"]
+mod layout;
+use layout::{STREAM_READ_BEFORE_WAIT, STREAM_READ_EARLY_DEPENDENTS};
+pub use layout::{STREAM_READ_THREADS, stream_read_per_block};
 
 /// Which tensor-core probe to run; tiles are independent 16x8 products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,4 +119,171 @@ pub fn fast_math(
     let dims = LaunchDims { grid: ((n as u32).div_ceil(256), 1, 1), block: (256, 1, 1), shared_bytes: 0 };
     // SAFETY: parameters as the kernel declares, every array holds n elements.
     unsafe { device.launch("probe_fast_math_f32", dims, stream.cu_stream(), args) }
+}
+
+/// How [`stream_read`] follows the kernel before it on the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamReadOrder {
+    /// A plain launch: it starts once the kernel before it has completed.
+    Serialized,
+    /// A programmatic dependent launch (Hopper, else plain): its blocks may start while the
+    /// kernel before it finishes and wait for it before they read. With `early_dependents`
+    /// each block lets the next such launch start as it starts, not as it exits.
+    Overlapped { early_dependents: bool },
+}
+
+/// A validated [`stream_read`] launch: `blocks` blocks of `per_block` 16-byte vectors, one
+/// output word per warp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamReadPlan {
+    pub vectors: u32,
+    pub blocks: u32,
+    pub per_block: u32,
+    pub out_words: usize,
+}
+
+impl StreamReadPlan {
+    /// The launch reading `bytes` (a nonzero multiple of 16, at most 2^35) in `blocks` blocks (at
+    /// most 2^16).
+    pub fn new(bytes: usize, blocks: u32) -> Result<Self> {
+        if bytes == 0 || !bytes.is_multiple_of(16) || bytes > 1 << 35 {
+            return Err(Error::invalid(
+                STREAM_READ,
+                format!("{bytes} bytes: need a nonzero multiple of 16, at most 2^35"),
+            ));
+        }
+        // So that `blocks * per_block`, at most the vectors plus a step per block, stays below
+        // 2^32 (the kernel's block offsets are 32-bit).
+        if blocks == 0 || blocks > 1 << 16 {
+            return Err(Error::invalid(STREAM_READ, format!("{blocks} blocks: need 1 to 2^16")));
+        }
+        let vectors = (bytes / 16) as u32;
+        let per_block = stream_read_per_block(vectors, blocks);
+        Ok(Self { vectors, blocks, per_block, out_words: (blocks * (STREAM_READ_THREADS / 32)) as usize })
+    }
+
+    fn dims(&self) -> LaunchDims {
+        LaunchDims { grid: (self.blocks, 1, 1), block: (STREAM_READ_THREADS, 1, 1), shared_bytes: 0 }
+    }
+}
+
+/// One wave of [`stream_read`] blocks on `device`: its SMs times the blocks one SM holds.
+pub fn stream_read_wave(device: &Device) -> Result<u32> {
+    let probe = LaunchDims { grid: (1, 1, 1), block: (STREAM_READ_THREADS, 1, 1), shared_bytes: 0 };
+    Ok(device.multiprocessors() * device.resident_blocks_per_sm(STREAM_READ, &probe)?)
+}
+
+/// Reads all of `src` on the GPU and leaves in `out` (at least `plan.out_words` words) words
+/// whose XOR is that of `src`'s 32-bit words ([`crate::reference::xor_words`]).
+pub fn stream_read(
+    device: &Device,
+    stream: &CudaStream,
+    src: &CudaSlice<u8>,
+    out: &mut CudaSlice<u32>,
+    blocks: u32,
+    order: StreamReadOrder,
+) -> Result<()> {
+    let (overlap, flags) = match order {
+        StreamReadOrder::Serialized => (false, 0),
+        StreamReadOrder::Overlapped { early_dependents } => {
+            (true, if early_dependents { STREAM_READ_EARLY_DEPENDENTS } else { 0 })
+        }
+    };
+    // SAFETY: without STREAM_READ_BEFORE_WAIT the kernel waits for the kernel before it
+    // before it reads `src` or writes `out`.
+    unsafe { launch_stream_read(device, stream, src, out, blocks, overlap, flags) }
+}
+
+/// [`stream_read`] as a programmatic dependent whose blocks read all of `src` before they
+/// wait for the kernel before it (and write `out` after): how the W4 decode kernels treat
+/// their first weights, here for all bytes, which makes it the ceiling for a chain of such
+/// launches.
+///
+/// # Safety
+/// No kernel still running on `stream` when this one starts writes `src`.
+pub unsafe fn stream_read_constant(
+    device: &Device,
+    stream: &CudaStream,
+    src: &CudaSlice<u8>,
+    out: &mut CudaSlice<u32>,
+    blocks: u32,
+    early_dependents: bool,
+) -> Result<()> {
+    let flags = STREAM_READ_BEFORE_WAIT | if early_dependents { STREAM_READ_EARLY_DEPENDENTS } else { 0 };
+    // SAFETY: the caller's contract covers the reads before the wait; `out` is written after it.
+    unsafe { launch_stream_read(device, stream, src, out, blocks, true, flags) }
+}
+
+/// # Safety
+/// With `STREAM_READ_BEFORE_WAIT` in `flags`, as [`stream_read_constant`].
+unsafe fn launch_stream_read(
+    device: &Device,
+    stream: &CudaStream,
+    src: &CudaSlice<u8>,
+    out: &mut CudaSlice<u32>,
+    blocks: u32,
+    overlap: bool,
+    flags: u32,
+) -> Result<()> {
+    let plan = StreamReadPlan::new(src.len(), blocks)?;
+    check_same_device(STREAM_READ, device, stream)?;
+    check_slice(STREAM_READ, "src", device, src, src.len())?;
+    check_slice(STREAM_READ, "out", device, out, plan.out_words)?;
+    let (src_ptr, _src) = src.device_ptr(stream);
+    let (out_ptr, _out) = out.device_ptr_mut(stream);
+    // cudarc allocations are 256-byte aligned: the 16-byte loads need 16.
+    let args = KernelParams::new()
+        .pointers(&[src_ptr])
+        .value(plan.vectors)
+        .value(plan.per_block)
+        .pointers(&[out_ptr])
+        .value(flags);
+    let stream = stream.cu_stream();
+    // SAFETY: parameters as the kernel declares, `src` and `out` sized by the plan; the
+    // overlapped launch waits before it writes, and before it reads unless the caller's
+    // contract (STREAM_READ_BEFORE_WAIT) says the kernel before does not write `src`.
+    unsafe {
+        if overlap {
+            device.launch_overlapping(STREAM_READ, plan.dims(), stream, args)
+        } else {
+            device.launch(STREAM_READ, plan.dims(), stream, args)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_read_plan_covers_every_vector_in_whole_steps() {
+        let step = (STREAM_READ_THREADS * layout::STREAM_READ_UNROLL) as usize;
+        let cases =
+            [(16, 1), (16 * 1001, 3), (34_603_008, 1056), (121_110_528, 528), (16 << 20, 7), (1 << 35, 1 << 16)];
+        for (bytes, blocks) in cases {
+            let plan = StreamReadPlan::new(bytes, blocks).unwrap();
+            assert_eq!(plan.vectors as usize * 16, bytes);
+            assert!((plan.per_block as usize).is_multiple_of(step) && plan.per_block > 0);
+            // Every vector lies in some block, the shares are even up to a step (trailing
+            // blocks may read nothing), and the blocks' spans stay below 2^32.
+            assert!(plan.blocks as u64 * plan.per_block as u64 >= plan.vectors as u64);
+            assert!((plan.per_block as usize) < (plan.vectors as usize).div_ceil(blocks as usize) + step);
+            assert!((plan.blocks as u64 * plan.per_block as u64) < 1 << 32);
+            assert_eq!(plan.out_words, blocks as usize * 8);
+        }
+    }
+
+    #[test]
+    fn stream_read_plan_rejects_bad_sizes() {
+        for (bytes, blocks, what) in [
+            (0, 1, "nonzero"),
+            (24, 1, "multiple of 16"),
+            ((1 << 35) + 16, 1, "2^35"),
+            (16, 0, "blocks"),
+            (16, (1 << 16) + 1, "blocks"),
+        ] {
+            let err = StreamReadPlan::new(bytes, blocks).unwrap_err().to_string();
+            assert!(err.contains(what), "{bytes} bytes, {blocks} blocks: {err}");
+        }
+    }
 }

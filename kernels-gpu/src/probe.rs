@@ -12,12 +12,26 @@
 //!   i8, `c`: `[tiles][16][8]` i32.
 //! - `probe_fast_math_f32`: grid `(ceil(n / 256), 1, 1)`, block `(256, 1, 1)`; `x` and the
 //!   three outputs are `[n]` f32: `2^x`, `1/x`, `1/sqrt(x)`.
+//! - `probe_stream_read(src, vectors, per_block, out, flags)`: the memory ceiling of a kernel
+//!   that only reads (the W4 decode kernels' bound), and a check that it read every byte. Grid
+//!   `(blocks, 1, 1)` with `blocks * per_block >= vectors` and `blocks * per_block` below
+//!   2^32, `per_block` a multiple of [`STREAM_READ_THREADS`]` * `[`STREAM_READ_UNROLL`]
+//!   (`stream_read_per_block`), block `(STREAM_READ_THREADS, 1, 1)`, no shared memory. `src`:
+//!   `vectors` 16-byte vectors, 16-byte aligned, not written while the grid runs; `out`:
+//!   `blocks * STREAM_READ_THREADS / 32` words, warp `w` of block `b` writing word `b * 8 + w`:
+//!   the XOR of the 32-bit words of the vectors its lanes read (so the XOR of all of `out` is
+//!   that of `src`). `flags`: [`STREAM_READ_BEFORE_WAIT`], [`STREAM_READ_EARLY_DEPENDENTS`];
+//!   it may be launched as a programmatic dependent of the grid before it, and writes `out`
+//!   only after waiting for that grid.
 
 use crate::device::async_copy::{commit_group, cp_async_16, wait_group};
 use crate::device::ldmatrix::{ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4};
 use crate::device::mma::{mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f32, mma_m16n8k32_s8_s32};
+use crate::device::memory::ld_global_nc_v4;
+use crate::device::warp::shfl_xor_u32;
 use crate::device::{SharedAddr, index, math, sync};
-use crate::shared_array;
+pub use crate::layout::probe::*;
+use crate::{shared_array, unroll};
 
 /// A tile: 16 rows of 32 bytes. B: 8 rows of 32 bytes (or 16 rows of 16 bytes, k-major).
 const A_TILE_BYTES: usize = 512;
@@ -162,6 +176,68 @@ pub unsafe extern "ptx-kernel" fn probe_fast_math_f32(
             exp2.add(i).write(math::ex2_approx(v));
             recip.add(i).write(math::rcp_approx(v));
             rsqrt.add(i).write(math::rsqrt_approx(v));
+        }
+    }
+}
+
+/// Reads its block's share of `src`, [`STREAM_READ_UNROLL`] independent 16-byte loads per
+/// thread and step, and XORs it into one word per warp. See the module docs.
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn probe_stream_read(
+    src: *const [u32; 4],
+    vectors: u32,
+    per_block: u32,
+    out: *mut u32,
+    flags: u32,
+) {
+    const THREADS: u32 = STREAM_READ_THREADS;
+    const UNROLL: u32 = STREAM_READ_UNROLL;
+    const { assert!(THREADS.is_multiple_of(32) && UNROLL == 8) };
+    if flags & STREAM_READ_EARLY_DEPENDENTS != 0 {
+        sync::allow_dependent_launch();
+    }
+    if flags & STREAM_READ_BEFORE_WAIT == 0 {
+        sync::wait_for_prerequisite_grids();
+    }
+    let first = index::block_idx_x() * per_block;
+    let end = first.saturating_add(per_block).min(vectors);
+    let mut v = first + index::thread_idx_x();
+    let mut acc = [0u32; 4];
+    // SAFETY: every vector read is below `vectors` (the loops' bounds), which the contract
+    // sizes; `out` holds a word per warp of every block.
+    unsafe {
+        while v + (UNROLL - 1) * THREADS < end {
+            let mut x = [[0u32; 4]; UNROLL as usize];
+            unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
+                x[U] = ld_global_nc_v4(src.add((v + U as u32 * THREADS) as usize));
+            });
+            unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
+                unroll!(C in [0, 1, 2, 3] {
+                    acc[C] ^= x[U][C];
+                });
+            });
+            v += UNROLL * THREADS;
+        }
+        while v < end {
+            let x = ld_global_nc_v4(src.add(v as usize));
+            unroll!(C in [0, 1, 2, 3] {
+                acc[C] ^= x[C];
+            });
+            v += THREADS;
+        }
+        // The grid before may still read `out` (a chain of these reuses it).
+        sync::wait_for_prerequisite_grids();
+        let mut word = acc[0] ^ acc[1] ^ acc[2] ^ acc[3];
+        // Every lane gets here: the loops above have no exit but their ends.
+        unroll!(S in [16, 8, 4, 2, 1] {
+            word ^= shfl_xor_u32(word, S as u32);
+        });
+        let warp = index::thread_idx_x() / 32;
+        if index::lane_id() == 0 {
+            out.add((index::block_idx_x() * (THREADS / 32) + warp) as usize).write(word);
         }
     }
 }

@@ -39,7 +39,12 @@ def test_ceiling_and_ratios_follow_the_data():
         ],
     }
     assert abs(bench_report.ceiling_tbps(results) - 4.0) < 1e-9
+    # A read-only ceiling, faster per byte than the copy, is listed but is not the ceiling.
+    results["criterion"].append({"id": "ceilings/stream_read_serialized/w4", "median_ns": 100.0})
+    results["meta"].append({"family": "ceilings", "id": "ceilings/stream_read_serialized/w4", "implementation": "probe_stream_read (plain launches)", "shape": "w4", "dtype": "u8", "bytes": 4_000_000, "flops": 0, "workspace_bytes": 0})
+    assert abs(bench_report.ceiling_tbps(results) - 4.0) < 1e-9
     text = bench_report.render(results)
+    assert "| u8 w4 | probe_stream_read (plain launches) | 0.10 us |" in text, text
     row = [l for l in text.splitlines() if l.startswith("| f16 | 8x8")][0]
     assert "| base | 3.00 us | 3.00 |" in row and "2.00 TB/s" in row and "50%" in row, row
 

@@ -7,3 +7,4 @@ pub mod attention;
 pub mod matmul_nbits;
 pub mod matmul_w8a8;
 pub mod paged_attention;
+pub mod probe;
