@@ -189,6 +189,7 @@ mod gpu {
 
     /// A problem whose scales, zero points, activations and bias are representable in `T`,
     /// so the reference sees exactly what the kernel sees.
+    #[derive(Clone)]
     struct Problem<T> {
         p: MatMulNBitsParams,
         w: W4Weights,
@@ -437,6 +438,101 @@ mod gpu {
                 pr.check_values(&x, &format!("second call, {what}"));
                 let pr = Problem { a: x, ..pr };
                 pr.check_values(&r, &format!("third call, {what}"));
+            }
+        }
+    }
+
+    /// The same kind of chain captured into a CUDA graph and replayed, as ONNX Runtime's
+    /// `enable_cuda_graph` runs a model: the programmatic dependent launches (decode kernels,
+    /// the permutation before `wgmma`, the stream-K flags' memset) become graph edges, which
+    /// must order them as the stream did. Warm-up calls first (the kernels load, the occupancy
+    /// is cached: ORT captures after warm-up runs too), then a capture of three calls (the
+    /// second reads the first's output and overwrites its input), two replays from the same
+    /// input, each output checked against the reference. Decode (packed and `[N, K]`, with and
+    /// without splits) and the larger-M kernels (`wgmma` pair, stream-K, whole tiles).
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_chain_replays_from_a_cuda_graph() {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+        let (device, stream) = gpu();
+        let s = stream.cu_stream();
+        let mut seed = 2600;
+        let cases = [
+            (1, 2048, 2048, None, 0),
+            (9, 2048, 2048, Some(Variant::PackedMma), 8),
+            (16, 2048, 2048, Some(Variant::Packed), 0),
+            (64, 1024, 1024, None, 0),
+            (96, 1024, 1024, Some(Variant::WgmmaStreamK), 0),
+            (128, 1024, 1024, Some(Variant::Wgmma), 0),
+        ];
+        for (m, n, k, variant, splits) in cases {
+            if variant.is_some_and(|v| matches!(v, Variant::Wgmma | Variant::WgmmaStreamK)) && !device.has_wgmma() {
+                continue;
+            }
+            seed += 1;
+            // N = K so that outputs feed the next call.
+            assert_eq!(n, k);
+            let p = MatMulNBitsParams { variant, splits, ..params(DType::F16, m, n, k, 128) };
+            let pr = problem::<f16>(p, seed);
+            let packed = variant.is_some_and(Variant::reads_packed_b);
+            let scales: Vec<f16> = pr.w.scales.iter().map(|&v| f16::from_f32(v)).collect();
+            let HostZeros::Packed(z) = &pr.w.zero_points else { panic!("packed zero points") };
+            let (b, scales, z) = (
+                stream.clone_htod(&pr.w.b).unwrap(),
+                stream.clone_htod(&scales).unwrap(),
+                stream.clone_htod(z).unwrap(),
+            );
+            let b_packed = stream.alloc_zeros::<u8>(if packed { p.packed_bytes() } else { 16 }).unwrap();
+            if packed {
+                let (bp, sp, zp) = (b.device_ptr(&stream).0, scales.device_ptr(&stream).0, z.device_ptr(&stream).0);
+                // SAFETY: B, scales and zero points as the params describe; `b_packed` holds
+                // `packed_bytes` and overlaps none of them.
+                unsafe { pack_for_decode_raw(&device, s, &p, bp, sp, zp, b_packed.device_ptr(&stream).0) }.unwrap();
+            }
+            let plan = p.plan(device.multiprocessors(), device.has_wgmma()).unwrap();
+            let ws = stream.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).unwrap();
+            let a0 = stream.clone_htod(&pr.a).unwrap();
+            let mut x = stream.clone_htod(&pr.a).unwrap();
+            let (mut q, mut r) = (stream.alloc_zeros::<f16>(m * n).unwrap(), stream.alloc_zeros::<f16>(m * n).unwrap());
+            let call = |from: &CudaSlice<f16>, to: &mut CudaSlice<f16>| {
+                let ptrs = MatMulNBitsPointers {
+                    a: from.device_ptr(&stream).0,
+                    b: if packed { b_packed.device_ptr(&stream).0 } else { b.device_ptr(&stream).0 },
+                    scales: scales.device_ptr(&stream).0,
+                    zero_points: z.device_ptr(&stream).0,
+                    bias: 0,
+                    y: to.device_ptr_mut(&stream).0,
+                    workspace: ws.device_ptr(&stream).0,
+                };
+                // SAFETY: every buffer holds the extent the params describe; `to` is not
+                // `from`; the weights were written before the chain (synchronized below).
+                unsafe { matmul_nbits_raw_with(&device, s, &p, &ptrs, WeightsWritten::Before) }.unwrap();
+            };
+            let chain = |x: &mut CudaSlice<f16>, q: &mut CudaSlice<f16>, r: &mut CudaSlice<f16>| {
+                call(x, q);
+                call(q, x);
+                call(x, r);
+            };
+            // Warm-up: the same calls, outside any capture.
+            chain(&mut x, &mut q, &mut r);
+            stream.synchronize().unwrap();
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
+            chain(&mut x, &mut q, &mut r);
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+            let what = format!("{}, {} splits, graph", plan.kernel, plan.splits);
+            for replay in 0..2 {
+                stream.memcpy_dtod(&a0, &mut x).unwrap();
+                stream.memset_zeros(&mut q).unwrap();
+                stream.memset_zeros(&mut r).unwrap();
+                graph.launch().unwrap();
+                let (qh, xh, rh) =
+                    (stream.clone_dtoh(&q).unwrap(), stream.clone_dtoh(&x).unwrap(), stream.clone_dtoh(&r).unwrap());
+                pr.check_values(&qh, &format!("first call, {what}, replay {replay}"));
+                let next = Problem { a: qh, ..pr.clone() };
+                next.check_values(&xh, &format!("second call, {what}, replay {replay}"));
+                let last = Problem { a: xh, ..pr.clone() };
+                last.check_values(&rh, &format!("third call, {what}, replay {replay}"));
             }
         }
     }
