@@ -214,7 +214,7 @@ pub struct MatMulNBitsPlan {
     /// Offset of the f32 partial sums in the workspace.
     partials_offset: usize,
     /// Bytes of the workspace (offset, length) that must be zero when the kernel starts (the
-    /// stream-K flags): [`matmul_nbits_raw`] clears them on the stream first.
+    /// stream-K flags): the permutation before the kernel clears them.
     zeroed: Option<(usize, usize)>,
     /// The main kernel has the decode kernels' prologue (`decode*`, unclustered
     /// `packed_wgmma*`), which reads [`FLAG_WEIGHTS_READY`] and [`FLAG_EARLY_DEPENDENTS`].
@@ -668,19 +668,26 @@ pub unsafe fn matmul_nbits_raw_with(
         ZeroPointKind::Typed => (0, ptrs.zero_points),
     };
     let bias = if params.bias { ptrs.bias } else { 0 };
-    if let Some((offset, bytes)) = plan.zeroed {
-        // SAFETY: inside the workspace, which the caller's contract sizes for the plan. Before
-        // the permutation, so that the main kernel follows the permutation directly.
-        unsafe { device.zero_async(ptrs.workspace + offset as u64, bytes, stream)? };
-    }
-    // `tiled` and `wgmma` read A from its permuted copy at the start of the workspace.
+    // `tiled` and `wgmma` read A from its permuted copy at the start of the workspace; the
+    // permutation also clears the stream-K flags (no memset between it and the previous call's
+    // kernel, which it overlaps).
     let mut a = ptrs.a;
     if let Some((permute, permute_dims)) = plan.permute {
-        let args = KernelParams::new().pointers(&[ptrs.a, ptrs.workspace]).value(plan.args);
-        // SAFETY: two pointers and Dims, as the kernel declares; the workspace holds the copy.
-        // It waits for the grid before it before it reads or writes anything.
+        let (zeroed, words) = match plan.zeroed {
+            Some((offset, bytes)) => (ptrs.workspace + offset as u64, (bytes / 4) as u32),
+            None => (0, 0),
+        };
+        let args = KernelParams::new().pointers(&[ptrs.a, ptrs.workspace, zeroed]).value(plan.args).value(words);
+        // SAFETY: three pointers, Dims and a u32, as the kernel declares; the workspace holds
+        // the copy and the flags (inside it, sized by the plan). It waits for the grid before
+        // it before it reads or writes anything.
         unsafe { device.launch_overlapping(permute, permute_dims, stream, args)? };
         a = ptrs.workspace;
+    }
+    if let (None, Some((offset, bytes))) = (plan.permute, plan.zeroed) {
+        // (No plan has flags without the permutation; should one, the stream clears them.)
+        // SAFETY: inside the workspace, which the caller's contract sizes for the plan.
+        unsafe { device.zero_async(ptrs.workspace + offset as u64, bytes, stream)? };
     }
     let partials = ptrs.workspace + plan.partials_offset as u64;
     let mut dims = plan.args;

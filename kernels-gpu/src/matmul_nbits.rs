@@ -59,10 +59,11 @@
 //!   (`128x128`); dynamic shared memory `tiled_shared_bytes` (67584, 102400, 172032 bytes:
 //!   needs the opt-in above 48 KiB). Grid, splits and outputs as above.
 //!
-//! # Launch contract: `matmul_nbits_permute_{f16,bf16}(a, a_perm, dims)`
+//! # Launch contract: `matmul_nbits_permute_{f16,bf16}(a, a_perm, zeroed, dims, zeroed_words)`
 //! - grid `(ceil(M * ceil(K / 128) * 16 / 256), 1, 1)`, block `(256, 1, 1)`: writes `a_perm [M,
-//!   ceil(K / 128) * 128]` (4-byte aligned), zero past K. `a` needs 16-byte alignment only when
-//!   `flags & FLAG_A_VEC16`. It may be launched as a programmatic dependent of the grid before
+//!   ceil(K / 128) * 128]` (4-byte aligned), zero past K, and zeros `zeroed [zeroed_words]`
+//!   (4-byte aligned; null when `zeroed_words` is 0): the stream-K flags of the kernel after it.
+//!   `a` needs 16-byte alignment only when `flags & FLAG_A_VEC16`. It may be launched as a programmatic dependent of the grid before
 //!   it (the host does so on Hopper): every thread first waits for that grid
 //!   (`griddepcontrol.wait`), which may still read `a_perm` or be writing `a`. Only after that
 //!   wait does each block let the next grid of the stream start, if that one was launched as a
@@ -971,7 +972,7 @@ unsafe fn matmul_nbits_large<
 /// # Safety
 /// The launch contract (`matmul_nbits_permute_*` in the module docs).
 #[inline(always)]
-unsafe fn permute<T: TensorElement>(a: *const T, a_perm: *mut T, p: Dims) {
+unsafe fn permute<T: TensorElement>(a: *const T, a_perm: *mut T, zeroed: *mut u32, p: Dims, zeroed_words: u32) {
     // Launched as a programmatic dependent of the grid before it (the previous call's main
     // kernel, which may still read the workspace this overwrites, or whatever wrote A), it
     // waits for that grid first. Only then may the kernel reading the copy (Hopper's `wgmma`
@@ -985,6 +986,17 @@ unsafe fn permute<T: TensorElement>(a: *const T, a_perm: *mut T, p: Dims) {
     // 16 words; NonZero keeps a division-by-zero panic path out of the PTX.
     let row_words = core::num::NonZeroUsize::new(row_len / 8).unwrap_or(core::num::NonZeroUsize::MIN);
     let word = index::block_idx_x() as usize * PERMUTE_THREADS + index::thread_idx_x() as usize;
+    // The stream-K flags of the kernel reading the copy, cleared here (after the wait: the
+    // previous call's kernel may still spin on them) rather than by a memset before this grid,
+    // which nothing could overlap. The grid has more threads than there are flags (M > 32
+    // rows of 16 words at least, one flag per SM), the loop is for any grid.
+    let threads = index::grid_dim_x() as usize * PERMUTE_THREADS;
+    let mut flag = word;
+    while flag < zeroed_words as usize {
+        // SAFETY: the launch contract sizes `zeroed` for `zeroed_words` words.
+        unsafe { zeroed.add(flag).write(0) };
+        flag += threads;
+    }
     if word >= m * row_words.get() {
         return;
     }
@@ -1413,9 +1425,15 @@ macro_rules! matmul_nbits_entries {
         /// # Safety
         /// The launch contract in the module docs.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $permute(a: *const $ty, a_perm: *mut $ty, dims: Dims) {
+        pub unsafe extern "ptx-kernel" fn $permute(
+            a: *const $ty,
+            a_perm: *mut $ty,
+            zeroed: *mut u32,
+            dims: Dims,
+            zeroed_words: u32,
+        ) {
             // SAFETY: forwarded launch contract.
-            unsafe { permute::<$ty>(a, a_perm, dims) }
+            unsafe { permute::<$ty>(a, a_perm, zeroed, dims, zeroed_words) }
         }
 
         /// Split-K reduction; see the module docs.
