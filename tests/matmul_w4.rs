@@ -181,11 +181,14 @@ fn registry_kernel_reports_format_errors() {
 
 mod gpu {
     use super::common::{Rng, gpu, unit_roundoff};
+    use cudarc::driver::{CudaSlice, CudaStream};
     use dlkern::launch::matmul_nbits::*;
     use dlkern::quant::w4::{W4Weights, ZeroPoints as HostZeros, matmul_reference, quantize};
+    use dlkern::runtime::Device;
     use dlkern::{DType, Element};
     use half::{bf16, f16};
     use proptest::prelude::*;
+    use std::sync::Arc;
 
     /// A problem whose scales, zero points, activations and bias are representable in `T`,
     /// so the reference sees exactly what the kernel sees.
@@ -369,6 +372,69 @@ mod gpu {
         }
     }
 
+    /// A problem's weights on the device (repacked on the stream where the variant reads the
+    /// packed layout: a kernel just before the first call), its plan's workspace, and one call
+    /// of a chain from any input to any output.
+    struct DeviceWeights {
+        p: MatMulNBitsParams,
+        plan: MatMulNBitsPlan,
+        b: CudaSlice<u8>,
+        scales: CudaSlice<f16>,
+        z: CudaSlice<u8>,
+        b_packed: Option<CudaSlice<u8>>,
+        workspace: CudaSlice<u8>,
+    }
+
+    impl DeviceWeights {
+        fn new(device: &Device, stream: &Arc<CudaStream>, pr: &Problem<f16>) -> Self {
+            use cudarc::driver::DevicePtr;
+            let p = pr.p;
+            let scales: Vec<f16> = pr.w.scales.iter().map(|&v| f16::from_f32(v)).collect();
+            let HostZeros::Packed(z) = &pr.w.zero_points else { panic!("packed zero points") };
+            let (b, scales, z) = (
+                stream.clone_htod(&pr.w.b).unwrap(),
+                stream.clone_htod(&scales).unwrap(),
+                stream.clone_htod(z).unwrap(),
+            );
+            let b_packed = p.variant.is_some_and(Variant::reads_packed_b).then(|| {
+                let packed = stream.alloc_zeros::<u8>(p.packed_bytes()).unwrap();
+                let (bp, sp, zp) = (b.device_ptr(stream).0, scales.device_ptr(stream).0, z.device_ptr(stream).0);
+                // SAFETY: B, scales and zero points as the params describe; `packed` holds
+                // `packed_bytes` and overlaps none of them.
+                unsafe { pack_for_decode_raw(device, stream.cu_stream(), &p, bp, sp, zp, packed.device_ptr(stream).0) }
+                    .unwrap();
+                packed
+            });
+            let plan = p.plan(device.multiprocessors(), device.has_wgmma()).unwrap();
+            let workspace = stream.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).unwrap();
+            Self { p, plan, b, scales, z, b_packed, workspace }
+        }
+
+        /// `to = from x W` on `stream`; `to` is not `from`.
+        fn call(
+            &self,
+            device: &Device,
+            stream: &Arc<CudaStream>,
+            from: &CudaSlice<f16>,
+            to: &mut CudaSlice<f16>,
+            weights: WeightsWritten,
+        ) {
+            use cudarc::driver::{DevicePtr, DevicePtrMut};
+            let ptrs = MatMulNBitsPointers {
+                a: from.device_ptr(stream).0,
+                b: self.b_packed.as_ref().unwrap_or(&self.b).device_ptr(stream).0,
+                scales: self.scales.device_ptr(stream).0,
+                zero_points: self.z.device_ptr(stream).0,
+                bias: 0,
+                y: to.device_ptr_mut(stream).0,
+                workspace: self.workspace.device_ptr(stream).0,
+            };
+            // SAFETY: every buffer holds the extent the params describe; `to` is not `from`;
+            // what `weights` says is the caller's to make true.
+            unsafe { matmul_nbits_raw_with(device, stream.cu_stream(), &self.p, &ptrs, weights) }.unwrap();
+        }
+    }
+
     /// Back-to-back decode calls on one stream overlap (programmatic dependent launches on
     /// Hopper) only as far as they may. B is packed on the device by the kernel just before the
     /// first call (`WeightsWritten::ByPreviousKernel`); the second reads the first's output and
@@ -381,9 +447,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_decode_chain_waits_for_the_previous_kernel() {
-        use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
         let (device, stream) = gpu();
-        let s = stream.cu_stream();
         let mut seed = 2100;
         for (m, variant) in [(1, None), (9, None), (5, Some(Variant::PackedMma)), (16, Some(Variant::PackedMma))] {
             for splits in [0, 1, 8] {
@@ -393,43 +457,16 @@ mod gpu {
                 seed += 1;
                 let p = MatMulNBitsParams { variant, splits, ..params(DType::F16, m, n, n, 128) };
                 let pr = problem::<f16>(p, seed);
-                let packed = variant.is_some_and(Variant::reads_packed_b);
-                let scales: Vec<f16> = pr.w.scales.iter().map(|&v| f16::from_f32(v)).collect();
-                let HostZeros::Packed(z) = &pr.w.zero_points else { panic!("packed zero points") };
-                let (b, scales, z) = (
-                    stream.clone_htod(&pr.w.b).unwrap(),
-                    stream.clone_htod(&scales).unwrap(),
-                    stream.clone_htod(z).unwrap(),
-                );
-                let b_packed = stream.alloc_zeros::<u8>(if packed { p.packed_bytes() } else { 16 }).unwrap();
-                let plan = p.plan(device.multiprocessors(), device.has_wgmma()).unwrap();
+                let weights = DeviceWeights::new(&device, &stream, &pr);
+                let plan = &weights.plan;
                 assert!(plan.kernel.contains("decode"), "{p:?}: {}", plan.kernel);
-                let ws = stream.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).unwrap();
                 let mut x = stream.clone_htod(&pr.a).unwrap();
                 let (mut q, mut r) =
                     (stream.alloc_zeros::<f16>(m * n).unwrap(), stream.alloc_zeros::<f16>(m * n).unwrap());
-                let call = |from: &CudaSlice<f16>, to: &mut CudaSlice<f16>, weights| {
-                    let ptrs = MatMulNBitsPointers {
-                        a: from.device_ptr(&stream).0,
-                        b: if packed { b_packed.device_ptr(&stream).0 } else { b.device_ptr(&stream).0 },
-                        scales: scales.device_ptr(&stream).0,
-                        zero_points: z.device_ptr(&stream).0,
-                        bias: 0,
-                        y: to.device_ptr_mut(&stream).0,
-                        workspace: ws.device_ptr(&stream).0,
-                    };
-                    // SAFETY: every buffer holds the extent the params describe; `to` is not `from`.
-                    unsafe { matmul_nbits_raw_with(&device, s, &p, &ptrs, weights) }.unwrap();
-                };
-                if packed {
-                    let (bp, sp, zp) = (b.device_ptr(&stream).0, scales.device_ptr(&stream).0, z.device_ptr(&stream).0);
-                    // SAFETY: B, scales and zero points as the params describe; `b_packed` holds
-                    // `packed_bytes` and overlaps none of them.
-                    unsafe { pack_for_decode_raw(&device, s, &p, bp, sp, zp, b_packed.device_ptr(&stream).0) }.unwrap();
-                }
-                call(&x, &mut q, WeightsWritten::ByPreviousKernel);
-                call(&q, &mut x, WeightsWritten::Before);
-                call(&x, &mut r, WeightsWritten::Before);
+                // The packing kernel (if any) runs just before the first call.
+                weights.call(&device, &stream, &x, &mut q, WeightsWritten::ByPreviousKernel);
+                weights.call(&device, &stream, &q, &mut x, WeightsWritten::Before);
+                weights.call(&device, &stream, &x, &mut r, WeightsWritten::Before);
                 let (q, x, r) =
                     (stream.clone_dtoh(&q).unwrap(), stream.clone_dtoh(&x).unwrap(), stream.clone_dtoh(&r).unwrap());
                 let what = format!("{}, {} splits", plan.kernel, plan.splits);
@@ -454,65 +491,34 @@ mod gpu {
     #[ignore = "needs a CUDA device"]
     fn gpu_chain_replays_from_a_cuda_graph() {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-        use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
         let (device, stream) = gpu();
-        let s = stream.cu_stream();
         let mut seed = 2600;
         let cases = [
-            (1, 2048, 2048, None, 0),
-            (9, 2048, 2048, Some(Variant::PackedMma), 8),
-            (16, 2048, 2048, Some(Variant::Packed), 0),
-            (64, 1024, 1024, None, 0),
-            (96, 1024, 1024, Some(Variant::WgmmaStreamK), 0),
-            (128, 1024, 1024, Some(Variant::Wgmma), 0),
+            (1, 2048, None, 0),
+            (9, 2048, Some(Variant::PackedMma), 8),
+            (16, 2048, Some(Variant::Packed), 0),
+            (64, 1024, None, 0),
+            (96, 1024, Some(Variant::WgmmaStreamK), 0),
+            (128, 1024, Some(Variant::Wgmma), 0),
         ];
-        for (m, n, k, variant, splits) in cases {
+        for (m, n, variant, splits) in cases {
             if variant.is_some_and(|v| matches!(v, Variant::Wgmma | Variant::WgmmaStreamK)) && !device.has_wgmma() {
                 continue;
             }
             seed += 1;
             // N = K so that outputs feed the next call.
-            assert_eq!(n, k);
-            let p = MatMulNBitsParams { variant, splits, ..params(DType::F16, m, n, k, 128) };
+            let p = MatMulNBitsParams { variant, splits, ..params(DType::F16, m, n, n, 128) };
             let pr = problem::<f16>(p, seed);
-            let packed = variant.is_some_and(Variant::reads_packed_b);
-            let scales: Vec<f16> = pr.w.scales.iter().map(|&v| f16::from_f32(v)).collect();
-            let HostZeros::Packed(z) = &pr.w.zero_points else { panic!("packed zero points") };
-            let (b, scales, z) = (
-                stream.clone_htod(&pr.w.b).unwrap(),
-                stream.clone_htod(&scales).unwrap(),
-                stream.clone_htod(z).unwrap(),
-            );
-            let b_packed = stream.alloc_zeros::<u8>(if packed { p.packed_bytes() } else { 16 }).unwrap();
-            if packed {
-                let (bp, sp, zp) = (b.device_ptr(&stream).0, scales.device_ptr(&stream).0, z.device_ptr(&stream).0);
-                // SAFETY: B, scales and zero points as the params describe; `b_packed` holds
-                // `packed_bytes` and overlaps none of them.
-                unsafe { pack_for_decode_raw(&device, s, &p, bp, sp, zp, b_packed.device_ptr(&stream).0) }.unwrap();
-            }
-            let plan = p.plan(device.multiprocessors(), device.has_wgmma()).unwrap();
-            let ws = stream.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).unwrap();
+            let weights = DeviceWeights::new(&device, &stream, &pr);
+            // The weights are in place before the chain, as an initializer is before a run.
+            stream.synchronize().unwrap();
             let a0 = stream.clone_htod(&pr.a).unwrap();
             let mut x = stream.clone_htod(&pr.a).unwrap();
             let (mut q, mut r) = (stream.alloc_zeros::<f16>(m * n).unwrap(), stream.alloc_zeros::<f16>(m * n).unwrap());
-            let call = |from: &CudaSlice<f16>, to: &mut CudaSlice<f16>| {
-                let ptrs = MatMulNBitsPointers {
-                    a: from.device_ptr(&stream).0,
-                    b: if packed { b_packed.device_ptr(&stream).0 } else { b.device_ptr(&stream).0 },
-                    scales: scales.device_ptr(&stream).0,
-                    zero_points: z.device_ptr(&stream).0,
-                    bias: 0,
-                    y: to.device_ptr_mut(&stream).0,
-                    workspace: ws.device_ptr(&stream).0,
-                };
-                // SAFETY: every buffer holds the extent the params describe; `to` is not
-                // `from`; the weights were written before the chain (synchronized below).
-                unsafe { matmul_nbits_raw_with(&device, s, &p, &ptrs, WeightsWritten::Before) }.unwrap();
-            };
             let chain = |x: &mut CudaSlice<f16>, q: &mut CudaSlice<f16>, r: &mut CudaSlice<f16>| {
-                call(x, q);
-                call(q, x);
-                call(x, r);
+                weights.call(&device, &stream, x, q, WeightsWritten::Before);
+                weights.call(&device, &stream, q, x, WeightsWritten::Before);
+                weights.call(&device, &stream, x, r, WeightsWritten::Before);
             };
             // Warm-up: the same calls, outside any capture.
             chain(&mut x, &mut q, &mut r);
@@ -520,7 +526,7 @@ mod gpu {
             stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
             chain(&mut x, &mut q, &mut r);
             let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
-            let what = format!("{}, {} splits, graph", plan.kernel, plan.splits);
+            let what = format!("{}, {} splits, graph", weights.plan.kernel, weights.plan.splits);
             for replay in 0..2 {
                 stream.memcpy_dtod(&a0, &mut x).unwrap();
                 stream.memset_zeros(&mut q).unwrap();
