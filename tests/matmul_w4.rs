@@ -410,6 +410,40 @@ mod gpu {
             Self { p, plan, b, scales, z, b_packed, workspace }
         }
 
+        /// The raw pointers of `to = from x W`. Taking them is what synchronizes cudarc's
+        /// per-slice events, which a stream capture must not see (waiting there on an event
+        /// recorded before the capture is an isolation error), so a capture takes them first.
+        fn pointers(
+            &self,
+            stream: &Arc<CudaStream>,
+            from: &CudaSlice<f16>,
+            to: &mut CudaSlice<f16>,
+        ) -> MatMulNBitsPointers {
+            use cudarc::driver::{DevicePtr, DevicePtrMut};
+            MatMulNBitsPointers {
+                a: from.device_ptr(stream).0,
+                b: self.b_packed.as_ref().unwrap_or(&self.b).device_ptr(stream).0,
+                scales: self.scales.device_ptr(stream).0,
+                zero_points: self.z.device_ptr(stream).0,
+                bias: 0,
+                y: to.device_ptr_mut(stream).0,
+                workspace: self.workspace.device_ptr(stream).0,
+            }
+        }
+
+        /// One call over `pointers`' result on `stream`: the launches and nothing else.
+        fn launch(
+            &self,
+            device: &Device,
+            stream: &Arc<CudaStream>,
+            ptrs: &MatMulNBitsPointers,
+            weights: WeightsWritten,
+        ) {
+            // SAFETY: `ptrs` came from `pointers` over live buffers of the extents the params
+            // describe, `to` not `from`; what `weights` says is the caller's to make true.
+            unsafe { matmul_nbits_raw_with(device, stream.cu_stream(), &self.p, ptrs, weights) }.unwrap();
+        }
+
         /// `to = from x W` on `stream`; `to` is not `from`.
         fn call(
             &self,
@@ -419,19 +453,8 @@ mod gpu {
             to: &mut CudaSlice<f16>,
             weights: WeightsWritten,
         ) {
-            use cudarc::driver::{DevicePtr, DevicePtrMut};
-            let ptrs = MatMulNBitsPointers {
-                a: from.device_ptr(stream).0,
-                b: self.b_packed.as_ref().unwrap_or(&self.b).device_ptr(stream).0,
-                scales: self.scales.device_ptr(stream).0,
-                zero_points: self.z.device_ptr(stream).0,
-                bias: 0,
-                y: to.device_ptr_mut(stream).0,
-                workspace: self.workspace.device_ptr(stream).0,
-            };
-            // SAFETY: every buffer holds the extent the params describe; `to` is not `from`;
-            // what `weights` says is the caller's to make true.
-            unsafe { matmul_nbits_raw_with(device, stream.cu_stream(), &self.p, &ptrs, weights) }.unwrap();
+            let ptrs = self.pointers(stream, from, to);
+            self.launch(device, stream, &ptrs, weights);
         }
     }
 
@@ -515,16 +538,22 @@ mod gpu {
             let a0 = stream.clone_htod(&pr.a).unwrap();
             let mut x = stream.clone_htod(&pr.a).unwrap();
             let (mut q, mut r) = (stream.alloc_zeros::<f16>(m * n).unwrap(), stream.alloc_zeros::<f16>(m * n).unwrap());
-            let chain = |x: &mut CudaSlice<f16>, q: &mut CudaSlice<f16>, r: &mut CudaSlice<f16>| {
-                weights.call(&device, &stream, x, q, WeightsWritten::Before);
-                weights.call(&device, &stream, q, x, WeightsWritten::Before);
-                weights.call(&device, &stream, x, r, WeightsWritten::Before);
-            };
             // Warm-up: the same calls, outside any capture.
-            chain(&mut x, &mut q, &mut r);
+            weights.call(&device, &stream, &x, &mut q, WeightsWritten::Before);
+            weights.call(&device, &stream, &q, &mut x, WeightsWritten::Before);
+            weights.call(&device, &stream, &x, &mut r, WeightsWritten::Before);
+            let calls = [
+                weights.pointers(&stream, &x, &mut q),
+                weights.pointers(&stream, &q, &mut x),
+                weights.pointers(&stream, &x, &mut r),
+            ];
             stream.synchronize().unwrap();
-            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
-            chain(&mut x, &mut q, &mut r);
+            // Thread-local: the other tests' threads keep using the device meanwhile, and
+            // anything this thread's launches do that a capture forbids still fails here.
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+            for ptrs in &calls {
+                weights.launch(&device, &stream, ptrs, WeightsWritten::Before);
+            }
             let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
             let what = format!("{}, {} splits, graph", weights.plan.kernel, weights.plan.splits);
             for replay in 0..2 {
