@@ -39,8 +39,8 @@ for tool in memcheck racecheck; do
       paged_attention-*) args+=("$filter" --skip gpu_long_context) ;;
       # Both variants (the large one uses shared memory and barriers), split K, bf16; the
       # repacked decode (mma.sync and Hopper wgmma), the device packer, a call site's repacking and
-      # the Hopper wgmma kernel.
-      matmul_w4-*) args+=(gpu_variants_and_splits gpu_packed_decode gpu_device_packing gpu_registry_kernel gpu_wgmma gpu_decode_chain) ;;
+      # the Hopper wgmma kernel; chains of calls, plain and replayed from a CUDA graph.
+      matmul_w4-*) args+=(gpu_variants_and_splits gpu_packed_decode gpu_device_packing gpu_registry_kernel gpu_wgmma gpu_decode_chain gpu_chain_replays) ;;
       # Every head dim, GQA, causal, packed batches with uneven lengths; the long and random
       # cases repeat the same code paths at 20-100x the time under the tools.
       attention-*) args+=(gpu_matches_reference_across gpu_packed_batches) ;;

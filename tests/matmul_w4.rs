@@ -359,15 +359,29 @@ mod gpu {
 
     /// `PackedMma`: B, scales and zero points repacked per 32-column tile and K chunk; both row
     /// builds, N off the tile, K ending inside a chunk and a block, forced splits, both types.
+    /// M <= 8 runs `decode8_packed_wide` while the grid fits one wave of 2 blocks per SM (the
+    /// small N here), `decode8_packed` beyond (N = 9000: 282 blocks of 32 columns).
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_packed_decode_matches_reference() {
+        let (device, _) = gpu();
+        let one_wave = 2 * device.multiprocessors() as usize;
         let mut seed = 900;
         for m in [1, 5, 8, 9, 16] {
-            for (n, k, block) in [(100, 1096, 128), (64, 4104, 256), (33, 128, 128)] {
+            for (n, k, block) in [(100, 1096, 128), (64, 4104, 256), (33, 128, 128), (9000, 264, 128)] {
                 let base =
                     MatMulNBitsParams { variant: Some(Variant::PackedMma), ..params(DType::F16, m, n, k, block) };
-                check_zero_points_and_splits(base, &mut seed, |kernel| kernel.ends_with("_packed"));
+                check_zero_points_and_splits(base, &mut seed, |kernel| {
+                    let tiles = n.div_ceil(32);
+                    if m > 8 {
+                        kernel.ends_with("_decode16_packed")
+                    } else if tiles > one_wave {
+                        kernel.ends_with("_decode8_packed")
+                    } else {
+                        // At most 4 tiles x 16 splits: inside one wave of any GPU of 32 SMs.
+                        kernel.ends_with("_decode8_packed_wide")
+                    }
+                });
             }
         }
     }
@@ -936,10 +950,19 @@ fn gpu_plan_validates_and_splits() {
     assert_eq!((plan.reduce, plan.workspace_bytes, plan.permute), (None, 0, None));
     // `Packed` reads its own B layout: never a non-packed build, whatever the grid; without
     // `wgmma`, the `mma.sync` decode kernels.
-    for (m, n, expect) in [(1, 8192, "decode8_packed"), (1, 28672, "decode8_packed"), (9, 8192, "decode16_packed")] {
+    // M <= 8: 8 warps per block while the grid is one wave of 2 blocks per SM (256 blocks), 4
+    // beyond (896).
+    for (m, n, expect) in [
+        (1, 8192, "decode8_packed_wide"),
+        (8, 8192, "decode8_packed_wide"),
+        (1, 28672, "decode8_packed"),
+        (9, 8192, "decode16_packed"),
+    ] {
         let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132, false).unwrap();
         assert_eq!(plan.kernel, format!("matmul_nbits_f16_{expect}"), "M = {m}, N = {n}");
         assert_eq!(plan.variant, Variant::PackedMma);
+        let (threads, shared) = if expect.ends_with("_wide") { (256, 2 * 40960) } else { (128, 40960) };
+        assert_eq!((plan.dims.block, plan.dims.shared_bytes), ((threads, 1, 1), shared), "M = {m}, N = {n}");
     }
     // With `wgmma`, `Packed` runs `PackedWgmma` where M > 8 and N alone fills the GPU (no K
     // split), the `mma.sync` kernels elsewhere.
@@ -981,7 +1004,7 @@ fn gpu_plan_validates_and_splits() {
         );
         // The `mma.sync` kernels stay available on Hopper.
         let mma = MatMulNBitsParams { m, n, k, variant: Some(Variant::PackedMma), ..ok }.plan(132, true).unwrap();
-        assert!(mma.kernel.ends_with("_packed"), "{what}: {}", mma.kernel);
+        assert!(mma.kernel.ends_with("_packed") || mma.kernel.ends_with("_packed_wide"), "{what}: {}", mma.kernel);
     }
     // Forced splits round up to a cluster size (3 -> 4: a split may hold no chunk).
     let plan = MatMulNBitsParams { m: 4, k: 256, splits: 3, variant: Some(Variant::PackedWgmma), ..ok };

@@ -43,6 +43,8 @@
 //!   records of `W4Weights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column tile and K
 //!   chunk, tile-major; the scales and zero points are read from them), and the dynamic shared
 //!   memory is `DECODE_PACKED_SHARED_BYTES`.
+//! - `decode8_packed_wide`: `decode8_packed` with `DECODE_WIDE_WARPS` = 8 warps splitting K,
+//!   block `(256, 1, 1)`, `DECODE_WIDE_PACKED_SHARED_BYTES` of dynamic shared memory.
 //! - `decode*` (and `packed_wgmma*`) may be launched as programmatic dependents of the previous
 //!   grid in the stream (sm_90a module): they wait for it before reading A or writing anything,
 //!   and before reading B, scales and zero points unless `flags & FLAG_WEIGHTS_READY`; with
@@ -515,7 +517,13 @@ struct DecodeConsts {
 /// The launch contract (`decode*` in the module docs).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: usize, const PACKED: bool>(
+unsafe fn matmul_nbits_decode<
+    T: TensorElement,
+    const R: usize,
+    const A_AHEAD: usize,
+    const PACKED: bool,
+    const WARPS: usize,
+>(
     a: *const T,
     b: *const u8,
     scales: *const T,
@@ -526,7 +534,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
     p: Dims,
 ) {
     const TILES: usize = DECODE_TILES;
-    const WK: u32 = DECODE_WARPS as u32;
+    let wk = WARPS as u32;
     const STAGES: u32 = DECODE_STAGES as u32;
     // The unrolled loops below cover 2 tiles of 2 columns per lane, and the partial tiles fit
     // in a warp's ring.
@@ -544,9 +552,9 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
     let n0 = index::block_idx_x() * DECODE_COLUMNS as u32;
     let (first, last) = split_chunks(&p);
     let (first, last) = (first as u32, last as u32);
-    // This warp's chunks: first + warp, + WK, ...
-    let count = if first + warp < last { (last - first - warp).div_ceil(WK) } else { 0 };
-    let chunk_of = |j: u32| first + warp + j * WK;
+    // This warp's chunks: first + warp, + wk, ...
+    let count = if first + warp < last { (last - first - warp).div_ceil(wk) } else { 0 };
+    let chunk_of = |j: u32| first + warp + j * wk;
     let zero_u8 = p.flags & FLAG_ZERO_U8 != 0;
     let zero_row_bytes = p.k_blocks.div_ceil(2);
     // Column `u` of this lane is `g + 8u` of the block: tile `u / 2`, row `g + 8 (u % 2)` of
@@ -759,7 +767,7 @@ unsafe fn matmul_nbits_decode<T: TensorElement, const R: usize, const A_AHEAD: u
         }
         sync::sync_threads();
         if warp == 0 {
-            for w in 1..WK {
+            for w in 1..wk {
                 unroll!(TT in [0, 1] {
                     unroll!(RR in [0, 1] {
                         if RR < R {
@@ -1385,24 +1393,29 @@ macro_rules! matmul_nbits_tiled_entry {
 
 macro_rules! matmul_nbits_entries {
     (
-        $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $decode8_packed:ident, $decode16_packed:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
+        $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $decode8_packed:ident, $decode8_packed_wide:ident, $decode16_packed:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
         $tiled32x128:ident, $tiled64x128:ident, $tiled128x128:ident, $permute:ident,
         $reduce:ident
     ) => {
         matmul_nbits_entry!($decode8, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 1, 1, false>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 1, 1, false, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_ahead3, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 1, 3, false>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 1, 3, false, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 2, 1, false>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 2, 1, false, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 1, 3, true>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
         });
+        matmul_nbits_entry!($decode8_packed_wide, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WIDE_WARPS>(a, b, s, z, bias, y, ws, d)
+        });
+        // 2 blocks of 256 threads per SM; ptxas 13.5 spills 12-16 bytes for it (tests/ptx.rs).
+        crate::entry_directive!($decode8_packed_wide, ".maxnreg 128");
         matmul_nbits_entry!($decode16_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            matmul_nbits_decode::<$ty, 2, 1, true>(a, b, s, z, bias, y, ws, d)
+            matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($small, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, false>);
         matmul_nbits_entry!($small_zf, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, true>);
@@ -1460,6 +1473,7 @@ matmul_nbits_entries!(
     matmul_nbits_f16_decode8_ahead3,
     matmul_nbits_f16_decode16,
     matmul_nbits_f16_decode8_packed,
+    matmul_nbits_f16_decode8_packed_wide,
     matmul_nbits_f16_decode16_packed,
     matmul_nbits_f16_small,
     matmul_nbits_f16_small_zf,
@@ -1477,6 +1491,7 @@ matmul_nbits_entries!(
     matmul_nbits_bf16_decode8_ahead3,
     matmul_nbits_bf16_decode16,
     matmul_nbits_bf16_decode8_packed,
+    matmul_nbits_bf16_decode8_packed_wide,
     matmul_nbits_bf16_decode16_packed,
     matmul_nbits_bf16_small,
     matmul_nbits_bf16_small_zf,
