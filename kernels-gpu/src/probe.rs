@@ -26,8 +26,8 @@
 
 use crate::device::async_copy::{commit_group, cp_async_16, wait_group};
 use crate::device::ldmatrix::{ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4};
-use crate::device::mma::{mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f32, mma_m16n8k32_s8_s32};
 use crate::device::memory::ld_global_nc_v4;
+use crate::device::mma::{mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f32, mma_m16n8k32_s8_s32};
 use crate::device::warp::shfl_xor_u32;
 use crate::device::{SharedAddr, index, math, sync};
 pub use crate::layout::probe::*;
