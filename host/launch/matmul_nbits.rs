@@ -497,6 +497,7 @@ impl MatMulNBitsParams {
             None if reduced => splits * p.m * p.n * 4,
             None => 0,
         };
+        // (Stream-K is a permuted variant: the permutation clears the flags.)
         let zeroed = streamk_blocks.map(|blocks| (permuted_bytes + blocks * WGMMA_STREAMK_SLOT_BYTES, blocks * 4));
         let workspace_bytes = permuted_bytes + partials_bytes;
         let mut flags = match p.zero_points {
@@ -694,11 +695,6 @@ pub unsafe fn matmul_nbits_raw_with(
         // it before it reads or writes anything.
         unsafe { device.launch_overlapping(permute, permute_dims, stream, args)? };
         a = ptrs.workspace;
-    }
-    if let (None, Some((offset, bytes))) = (plan.permute, plan.zeroed) {
-        // (No plan has flags without the permutation; should one, the stream clears them.)
-        // SAFETY: inside the workspace, which the caller's contract sizes for the plan.
-        unsafe { device.zero_async(ptrs.workspace + offset as u64, bytes, stream)? };
     }
     let partials = ptrs.workspace + plan.partials_offset as u64;
     let mut dims = plan.args;

@@ -255,24 +255,6 @@ impl Device {
         Ok(())
     }
 
-    /// Sets `bytes` of device memory at `address` to zero, in `stream` order
-    /// (`cuMemsetD8Async`).
-    ///
-    /// # Safety
-    /// `address .. address + bytes` must be device memory of this device's primary context
-    /// that stays allocated until the stream has run the memset, and that nothing else
-    /// accesses meanwhile; `stream` as for [`Device::launch`].
-    pub unsafe fn zero_async(&self, address: u64, bytes: usize, stream: CUstream) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        guarded("zero device memory", || {
-            self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-            // SAFETY: the caller guarantees the extent and the stream.
-            unsafe { cudarc::driver::result::memset_d8_async(address, 0, bytes, stream) }.during("cuMemsetD8Async")
-        })
-    }
-
     /// Launches kernel `name` on `stream` with the given parameters.
     ///
     /// # Safety
