@@ -42,11 +42,11 @@ fn copy_bandwidth(c: &mut Criterion) {
     group.finish();
 }
 
-/// How a chain of `probe_stream_read` launches follows the launch before it.
+/// How a chain of `probe_stream_read` launches follows the launch before it: as `stream_read`
+/// orders it (waiting before it reads), or reading before its wait (`stream_read_constant`).
 #[derive(Clone, Copy)]
 enum ReadChain {
-    Serialized,
-    WaitFirst,
+    Ordered(StreamReadOrder),
     ReadFirst { early_dependents: bool },
 }
 
@@ -75,8 +75,12 @@ fn stream_read_rates(c: &mut Criterion) {
             .collect();
         let mut out = gpu.stream.alloc_zeros::<u32>(plan.out_words).expect("alloc");
         let chains = [
-            ("serialized", "plain launches", ReadChain::Serialized),
-            ("wait_first", "programmatic, wait then read", ReadChain::WaitFirst),
+            ("serialized", "plain launches", ReadChain::Ordered(StreamReadOrder::Serialized)),
+            (
+                "wait_first",
+                "programmatic, wait then read",
+                ReadChain::Ordered(StreamReadOrder::Overlapped { early_dependents: false }),
+            ),
             ("read_first", "programmatic, read then wait", ReadChain::ReadFirst { early_dependents: false }),
             (
                 "read_first_early",
@@ -104,22 +108,9 @@ fn stream_read_rates(c: &mut Criterion) {
                         let src = &copies[next % copies.len()];
                         next += 1;
                         match chain {
-                            ReadChain::Serialized => stream_read(
-                                &gpu.device,
-                                &gpu.stream,
-                                src,
-                                &mut out,
-                                blocks,
-                                StreamReadOrder::Serialized,
-                            ),
-                            ReadChain::WaitFirst => stream_read(
-                                &gpu.device,
-                                &gpu.stream,
-                                src,
-                                &mut out,
-                                blocks,
-                                StreamReadOrder::Overlapped { early_dependents: false },
-                            ),
+                            ReadChain::Ordered(order) => {
+                                stream_read(&gpu.device, &gpu.stream, src, &mut out, blocks, order)
+                            }
                             // SAFETY: nothing writes the copies after their upload.
                             ReadChain::ReadFirst { early_dependents } => unsafe {
                                 stream_read_constant(&gpu.device, &gpu.stream, src, &mut out, blocks, early_dependents)

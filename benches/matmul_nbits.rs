@@ -209,8 +209,9 @@ struct Rotation<'a> {
     y: &'a mut CudaSlice<f16>,
 }
 
-/// Records and times `matmul_nbits_raw_with` (constant weights) with `params` as `matmul_nbits/{name}/m_n_k` of
-/// `implementation`, moving `bytes`, B and the scales rotating through their copies.
+/// Records and times `matmul_nbits_raw_with` (constant weights) with `params` as
+/// `matmul_nbits/{name}/m_n_k` of `implementation`, moving `bytes`, B and the scales rotating
+/// through their copies.
 fn bench_dlkern(
     group: &mut BenchmarkGroup<WallTime>,
     gpu: &common::Gpu,

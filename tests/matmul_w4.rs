@@ -518,12 +518,12 @@ mod gpu {
 
     /// The same kind of chain captured into a CUDA graph and replayed, as ONNX Runtime's
     /// `enable_cuda_graph` runs a model: the programmatic dependent launches (decode kernels,
-    /// the permutation before `wgmma`, the stream-K flags' memset) become graph edges, which
-    /// must order them as the stream did. Warm-up calls first (the kernels load, the occupancy
-    /// is cached: ORT captures after warm-up runs too), then a capture of three calls (the
-    /// second reads the first's output and overwrites its input), two replays from the same
-    /// input, each output checked against the reference. Decode (packed and `[N, K]`, with and
-    /// without splits) and the larger-M kernels (`wgmma` pair, stream-K, whole tiles).
+    /// the permutation before `wgmma`, which also clears the stream-K flags) become graph
+    /// edges, which must order them as the stream did. Warm-up calls first (the kernels load,
+    /// the occupancy is cached: ORT captures after warm-up runs too), then a capture of three
+    /// calls (the second reads the first's output and overwrites its input), two replays from
+    /// the same input, each output checked against the reference. Decode (packed and `[N, K]`,
+    /// with and without splits) and the larger-M kernels (`wgmma` pair, stream-K, whole tiles).
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_chain_replays_from_a_cuda_graph() {
@@ -552,22 +552,23 @@ mod gpu {
             let a0 = stream.clone_htod(&pr.a).unwrap();
             let mut x = stream.clone_htod(&pr.a).unwrap();
             let (mut q, mut r) = (stream.alloc_zeros::<f16>(m * n).unwrap(), stream.alloc_zeros::<f16>(m * n).unwrap());
-            // Warm-up: the same calls, outside any capture.
-            weights.call(&device, &stream, &x, &mut q, WeightsWritten::Before);
-            weights.call(&device, &stream, &q, &mut x, WeightsWritten::Before);
-            weights.call(&device, &stream, &x, &mut r, WeightsWritten::Before);
             let calls = [
                 weights.pointers(&stream, &x, &mut q),
                 weights.pointers(&stream, &q, &mut x),
                 weights.pointers(&stream, &x, &mut r),
             ];
+            let chain = || {
+                for ptrs in &calls {
+                    weights.launch(&device, &stream, ptrs, WeightsWritten::Before);
+                }
+            };
+            // Warm-up: the same calls, outside any capture.
+            chain();
             stream.synchronize().unwrap();
             // Thread-local: the other tests' threads keep using the device meanwhile, and
             // anything this thread's launches do that a capture forbids still fails here.
             stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-            for ptrs in &calls {
-                weights.launch(&device, &stream, ptrs, WeightsWritten::Before);
-            }
+            chain();
             let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
             let what = format!("{}, {} splits, graph", weights.plan.kernel, weights.plan.splits);
             for replay in 0..2 {

@@ -161,16 +161,16 @@ impl StreamReadPlan {
         let per_block = stream_read_per_block(vectors, blocks);
         Ok(Self { vectors, blocks, per_block, out_words: (blocks * (STREAM_READ_THREADS / 32)) as usize })
     }
+}
 
-    fn dims(&self) -> LaunchDims {
-        LaunchDims { grid: (self.blocks, 1, 1), block: (STREAM_READ_THREADS, 1, 1), shared_bytes: 0 }
-    }
+/// The launch shape of `blocks` blocks of [`stream_read`].
+fn stream_read_dims(blocks: u32) -> LaunchDims {
+    LaunchDims { grid: (blocks, 1, 1), block: (STREAM_READ_THREADS, 1, 1), shared_bytes: 0 }
 }
 
 /// One wave of [`stream_read`] blocks on `device`: its SMs times the blocks one SM holds.
 pub fn stream_read_wave(device: &Device) -> Result<u32> {
-    let probe = LaunchDims { grid: (1, 1, 1), block: (STREAM_READ_THREADS, 1, 1), shared_bytes: 0 };
-    Ok(device.multiprocessors() * device.resident_blocks_per_sm(STREAM_READ, &probe)?)
+    Ok(device.multiprocessors() * device.resident_blocks_per_sm(STREAM_READ, &stream_read_dims(1))?)
 }
 
 /// Reads all of `src` on the GPU and leaves in `out` (at least `plan.out_words` words) words
@@ -244,9 +244,9 @@ unsafe fn launch_stream_read(
     // contract (STREAM_READ_BEFORE_WAIT) says the kernel before does not write `src`.
     unsafe {
         if overlap {
-            device.launch_overlapping(STREAM_READ, plan.dims(), stream, args)
+            device.launch_overlapping(STREAM_READ, stream_read_dims(plan.blocks), stream, args)
         } else {
-            device.launch(STREAM_READ, plan.dims(), stream, args)
+            device.launch(STREAM_READ, stream_read_dims(plan.blocks), stream, args)
         }
     }
 }

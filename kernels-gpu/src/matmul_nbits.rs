@@ -65,12 +65,12 @@
 //! - grid `(ceil(M * ceil(K / 128) * 16 / 256), 1, 1)`, block `(256, 1, 1)`: writes `a_perm [M,
 //!   ceil(K / 128) * 128]` (4-byte aligned), zero past K, and zeros `zeroed [zeroed_words]`
 //!   (4-byte aligned; null when `zeroed_words` is 0): the stream-K flags of the kernel after it.
-//!   `a` needs 16-byte alignment only when `flags & FLAG_A_VEC16`. It may be launched as a programmatic dependent of the grid before
-//!   it (the host does so on Hopper): every thread first waits for that grid
-//!   (`griddepcontrol.wait`), which may still read `a_perm` or be writing `a`. Only after that
-//!   wait does each block let the next grid of the stream start, if that one was launched as a
-//!   programmatic dependent (the `wgmma` kernels are, and wait for this grid before they read
-//!   `a_perm`).
+//!   `a` needs 16-byte alignment only when `flags & FLAG_A_VEC16`. It may be launched as a
+//!   programmatic dependent of the grid before it (the host does so on Hopper): every thread
+//!   first waits for that grid (`griddepcontrol.wait`), which may still read `a_perm` or be
+//!   writing `a`. Only after that wait does each block let the next grid of the stream start,
+//!   if that one was launched as a programmatic dependent (the `wgmma` kernels are, and wait
+//!   for this grid before they read `a_perm`).
 //!
 //! # Launch contract: `matmul_nbits_reduce_{f16,bf16}`
 //! - grid `(ceil(M * N / 256), 1, 1)`, block `(256, 1, 1)`: `y = sum over splits + bias`.
