@@ -110,7 +110,9 @@ impl W4Weights {
     /// B, its scales and zero points repacked for `Variant::Packed` (`decode*_packed`): one
     /// record of `PACKED_RECORD_BYTES` per 32-column tile and 128-wide K chunk, tile-major. A
     /// record holds the tile's 64 code bytes of the chunk per column (columns past N repeat
-    /// column N - 1), then per lane group `g` (0..8) 16 bytes: `scale_bits` of columns `g`,
+    /// column N - 1), as four 16-byte pieces whose word `i` in piece `q` is the column's word
+    /// `4 i + q` of the chunk (the 8 codes at K `32 i + 8 q`), then per lane group `g` (0..8)
+    /// 16 bytes: `scale_bits` of columns `g`,
     /// `g + 8`, `g + 16`, `g + 24` (u16, little-endian), their zero points (u8) and 4 zero
     /// bytes. `scale_bits` are the scales in A's type, `[N, k_blocks]`, as the GPU gets them.
     pub fn pack_for_decode(&self, scale_bits: &[u16]) -> Result<Vec<u8>> {
@@ -132,7 +134,12 @@ impl W4Weights {
             let column = |local: usize| (tile * DECODE_COLUMNS + local).min(self.n - 1);
             for local in 0..DECODE_COLUMNS {
                 let src = column(local) * row_bytes + chunk * B_CHUNK_BYTES;
-                bytes[local * B_CHUNK_BYTES..][..B_CHUNK_BYTES].copy_from_slice(&self.b[src..src + B_CHUNK_BYTES]);
+                // Word `i` of piece `q` is the chunk's word `4 i + q` (K `32 i + 8 q`).
+                for (word, dst) in bytes[local * B_CHUNK_BYTES..][..B_CHUNK_BYTES].chunks_exact_mut(4).enumerate() {
+                    let (q, i) = (word / 4, word % 4);
+                    let from = src + 4 * (4 * i + q);
+                    dst.copy_from_slice(&self.b[from..from + 4]);
+                }
             }
             for g in 0..8 {
                 let consts = &mut bytes[DECODE_COLUMNS * B_CHUNK_BYTES + 16 * g..][..16];

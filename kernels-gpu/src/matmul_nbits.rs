@@ -11,11 +11,12 @@
 //! `32q` of each 128-wide K chunk, and turns each 32-bit word into the weight fragments of two
 //! `mma.sync.m16n8k16` steps (codes `(0,4),(1,5)` then `(2,6),(3,7)`, which is what the
 //! OR-into-mantissa conversion yields); `decode` takes columns `g` and `g + 8` of 16-column
-//! tiles, the weights being its A operand. The sum over K does not care about order, so
-//! the activations are permuted to match: `large` stages them in shared memory in that order
-//! (see its staging loop) and reads them with `ldmatrix`, `tiled` reads a permuted copy of A
-//! (`permute`) through a `cp.async` ring; `small` and `decode` build each lane's fragments from
-//! its own global loads. `small`, `large` and `tiled` dequantize to
+//! tiles, the weights being its A operand. (`decode*_packed` read B repacked so that word `i` of
+//! lane `q`'s 16 bytes holds K `32i + 8q` instead of `32q + 8i`.) The sum over K does not care
+//! about order, so the activations are permuted to match: `large` stages them in shared memory
+//! in that order (see its staging loop) and reads them with `ldmatrix`, `tiled` reads a permuted
+//! copy of A (`permute`) through a `cp.async` ring; `small` and `decode` build each lane's
+//! fragments from its own global loads. `small`, `large` and `tiled` dequantize to
 //! `(code - zero) * scale` rounded to A's type (as ONNX Runtime's CUDA kernel does); `decode`
 //! feeds the exact `code - zero` to the tensor cores and scales each block's f32 sums (no
 //! rounding of the weights). Accumulation in f32.
@@ -593,8 +594,12 @@ unsafe fn matmul_nbits_decode<
             core::array::from_fn(|u| if zero_u8 { zeros_u8.add(col(u) * zero_row_bytes as usize) } else { zeros_u8 });
         // Tokens past M read row M - 1: they only reach accumulator columns that are never
         // stored, and the loads need no predicate.
+        // Word `i` of lane `q`'s codes holds K `32 q + 8 i` of the chunk in `b`'s layout and
+        // `8 q + 32 i` in the records (whose pieces make the quarter warp's activation loads
+        // one contiguous 64 bytes per token).
+        let (lane_k, word_k) = if PACKED { (8 * q, 32) } else { (32 * q, 8) };
         let a_rows: [*const T; R] =
-            core::array::from_fn(|r| a.add(((m0 + g + 8 * r as u32).min(m - 1) * k + 32 * q) as usize));
+            core::array::from_fn(|r| a.add(((m0 + g + 8 * r as u32).min(m - 1) * k + lane_k) as usize));
 
         let copy = |chunk: u32, stage: u32| {
             unroll!(U in [0, 1, 2, 3] {
@@ -605,7 +610,7 @@ unsafe fn matmul_nbits_decode<
                 cp_async_16(consts_piece(stage), record.add(DECODE_STAGE_BYTES + 16 * g as usize));
             }
         };
-        // Activations of rows `8r + g`: 32 halves at K `32q` of the chunk, as 4 words of 8.
+        // Activations of rows `8r + g`: the 4 words of 8 halves that match this lane's codes.
         let activations = |chunk: u32| -> [[[u32; 4]; 4]; R] {
             let kc = chunk * CHUNK as u32;
             let mut x = [[[0; 4]; 4]; R];
@@ -614,8 +619,8 @@ unsafe fn matmul_nbits_decode<
                     unroll!(I in [0, 1, 2, 3] {
                         // K % 8 == 0: a word of 8 halves is all in or all out (zero past K,
                         // where the codes are padding).
-                        if kc + 32 * q + 8 * (I as u32) < k {
-                            x[RR][I] = ld_global_nc_v4(a_rows[RR].add(kc as usize + 8 * I).cast());
+                        if kc + lane_k + word_k * (I as u32) < k {
+                            x[RR][I] = ld_global_nc_v4(a_rows[RR].add((kc + word_k * I as u32) as usize).cast());
                         }
                     });
                 }
@@ -1296,8 +1301,8 @@ unsafe fn reduce<T: Element>(bias: *const T, y: *mut T, workspace: *const f32, p
     }
 }
 
-/// `matmul_nbits_pack_decode`: one block per record; thread `t` copies the 16 bytes at
-/// `16 (t % 4)` of column `t / 4`'s chunk, threads 0-7 also write lane group `t`'s constants.
+/// `matmul_nbits_pack_decode`: one block per record; thread `t` writes piece `t % 4` of column
+/// `t / 4`'s chunk, threads 0-7 also lane group `t`'s constants.
 ///
 /// # Safety
 /// The launch contract (`matmul_nbits_pack_decode` in the module docs).
@@ -1316,9 +1321,11 @@ unsafe fn pack_decode(b: *const u8, scales: *const u16, zeros_u8: *const u8, pac
     // `k_blocks * block_size / 2 >= chunks * B_CHUNK_BYTES` bytes, so the piece is inside it.
     unsafe {
         let dst = packed.add(record * PACKED_RECORD_BYTES);
-        let (local, piece) = (t / 4, t % 4);
-        let src = b.add(column(local) * row_bytes + chunk * B_CHUNK_BYTES + 16 * piece);
-        st_global_v4(dst.add(16 * t).cast(), ld_global_nc_v4(src.cast()));
+        // Word `i` of piece `q` is word `4 i + q` of the column's chunk (the layout's docs).
+        let (local, q) = (t / 4, t % 4);
+        let src = b.add(column(local) * row_bytes + chunk * B_CHUNK_BYTES + 4 * q);
+        let words: [u32; 4] = core::array::from_fn(|i| ld_global_nc_u32(src.add(16 * i).cast()));
+        st_global_v4(dst.add(16 * t).cast(), words);
         if t < 8 {
             let blk = (chunk * CHUNK) >> p.block_shift;
             let mut words = [0u32; 4];
