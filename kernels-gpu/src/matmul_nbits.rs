@@ -93,7 +93,7 @@ use crate::device::ldmatrix::ldmatrix_x4;
 use crate::device::math::fma;
 use crate::device::memory::{ld_global_nc_u16, ld_global_nc_u32, ld_global_nc_v4, st_global_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_v2, ld_shared_v4, st_shared_u32, st_shared_v4};
-use crate::device::{async_copy, index, sync};
+use crate::device::{async_copy, index, sync, warp};
 use crate::element::{Bf16, Element, F16, TensorElement};
 use crate::{shared_array, unroll};
 
@@ -561,15 +561,27 @@ unsafe fn matmul_nbits_decode<
     // Column `u` of this lane is `g + 8u` of the block: tile `u / 2`, row `g + 8 (u % 2)` of
     // its `mma`. Columns past N read column N - 1 (never stored): no predicates in the loop.
     let col = |u: usize| (n0 + g + 8 * u as u32).min(n - 1) as usize;
-    let stage_bytes = if PACKED { DECODE_PACKED_STAGE_BYTES } else { DECODE_STAGE_BYTES } as u32;
+    // `PACKED`: the 4-warp builds copy each record's constants once and shuffle them to the lane
+    // groups; `decode8_packed_wide` gives each lane its own copy, since its 128-register cap has
+    // no room for the shuffles (measured: 1.5-3.6% slower at M = 4-8 with them).
+    let shuffled = WARPS == DECODE_WARPS;
+    let stage_bytes = match (PACKED, shuffled) {
+        (false, _) => DECODE_STAGE_BYTES,
+        (true, true) => DECODE_PACKED_STAGE_BYTES,
+        (true, false) => DECODE_WIDE_PACKED_STAGE_BYTES,
+    } as u32;
     let ring = dynamic_shared_base().offset(warp * DECODE_STAGES as u32 * stage_bytes);
     // This lane's 16 bytes of column `u` in a stage: conflict-free for both the copy and the
     // read (a quarter warp covers 128 contiguous bytes).
     let piece = |stage: u32, u: usize| {
         ring.offset(stage * stage_bytes + ((g as usize + 8 * u) * B_CHUNK_BYTES) as u32 + 16 * q)
     };
-    // `PACKED`: this lane's copy of its group's constants in a stage.
-    let consts_piece = |stage: u32| ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + 16 * lane);
+    // `PACKED`: where this lane copies constants in a stage. Shuffled: lane `l < 8` copies and
+    // reads lane group `l`'s 16 bytes (4 lanes copying the same 16 bytes took 8 times the
+    // shared-memory wavefronts of distinct ones: ncu, v25), then hands them to the group's
+    // lanes. Otherwise each lane copies its group's 16 bytes into a place of its own.
+    let consts_slot = if shuffled { lane % 8 } else { lane };
+    let consts_piece = |stage: u32| ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + 16 * consts_slot);
     // `PACKED`: this block's first record; a chunk's record is `PACKED_RECORD_BYTES` further.
     let chunks_total = k.div_ceil(CHUNK as u32) as usize;
     let block_records = b.wrapping_add(index::block_idx_x() as usize * chunks_total * PACKED_RECORD_BYTES);
@@ -607,7 +619,11 @@ unsafe fn matmul_nbits_decode<
             });
             if PACKED {
                 let record = block_records.add(chunk as usize * PACKED_RECORD_BYTES);
-                cp_async_16(consts_piece(stage), record.add(DECODE_STAGE_BYTES + 16 * g as usize));
+                if !shuffled {
+                    cp_async_16(consts_piece(stage), record.add(DECODE_STAGE_BYTES + 16 * g as usize));
+                } else if lane < 8 {
+                    cp_async_16(consts_piece(stage), record.add(DECODE_STAGE_BYTES + 16 * lane as usize));
+                }
             }
         };
         // Activations of rows `8r + g`: the 4 words of 8 halves that match this lane's codes.
@@ -629,7 +645,13 @@ unsafe fn matmul_nbits_decode<
         };
         // `PACKED`: the constants from the stage (scale bits in words 0-1, zero points in 2).
         let packed_consts = |stage: u32| -> DecodeConsts {
-            let w = ld_shared_v4(consts_piece(stage));
+            let w: [u32; 3] = if shuffled {
+                let own = if lane < 8 { ld_shared_v4(consts_piece(stage)) } else { [0; 4] };
+                core::array::from_fn(|i| warp::shfl_idx_u32(own[i], g))
+            } else {
+                let own = ld_shared_v4(consts_piece(stage));
+                [own[0], own[1], own[2]]
+            };
             let mut c = DecodeConsts { scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] };
             unroll!(U in [0, 1, 2, 3] {
                 c.scales[U / 2][U % 2] = (w[U / 2] >> (16 * (U % 2))) as u16;
