@@ -5,18 +5,28 @@
 # the generator here to update the repository's copies).
 # Usage: bash .gpu/gpu-bench.sh   (from the repository root, after scripts/gpu-bundle.sh here)
 # DLKERN_BENCH_SECONDS="warm-up measurement" shortens (or lengthens) every bench (default "1 2").
+# A partial run (one family with its baselines, same process environment):
+#   DLKERN_BENCHES="ceilings matmul_nbits" picks the bench executables by name,
+#   DLKERN_BENCH_FILTER='REGEX' passes criterion a filter, DLKERN_BENCH_TORCH=0 skips PyTorch.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/.." && pwd); cd "$root"
 out=${OUT:-/tmp}; mkdir -p "$out"; work=$(mktemp -d)
 export CRITERION_HOME="$work/criterion" DLKERN_BENCH_META="$work/meta.jsonl"
 export DLKERN_LIB="$here/lib/libdlkern.so"
 read -r warm measure <<<"${DLKERN_BENCH_SECONDS:-1 2}"
+filter=(); [ -n "${DLKERN_BENCH_FILTER:-}" ] && filter=("$DLKERN_BENCH_FILTER")
 for b in "$here"/benches/ceilings-* $(ls "$here"/benches/* | grep -v -e '/ceilings-' -e '/dlkern-'); do
+  name=$(basename "$b"); name=${name%-*}
+  if [ -n "${DLKERN_BENCHES:-}" ] && ! [[ " $DLKERN_BENCHES " == *" $name "* ]]; then continue; fi
   echo "=== $(basename "$b")"
-  "$b" --bench --warm-up-time "$warm" --measurement-time "$measure" --noplot 2>&1 | grep -E "time:|thrpt:|^[a-z]" || true
+  "$b" --bench --warm-up-time "$warm" --measurement-time "$measure" --noplot "${filter[@]}" 2>&1 | grep -E "time:|thrpt:|^[a-z]" || true
 done
-echo "=== PyTorch comparison"
-python3 benches/compare_torch.py "$work/torch.json"
+if [ "${DLKERN_BENCH_TORCH:-1}" = 0 ]; then
+  echo '[]' > "$work/torch.json"
+else
+  echo "=== PyTorch comparison"
+  python3 benches/compare_torch.py "$work/torch.json"
+fi
 python3 - "$work" "$out/results.json" "$warm" "$measure" <<'PY'
 import glob, json, os, subprocess, sys, datetime
 work, dest, warm, measure = sys.argv[1:5]
@@ -28,7 +38,7 @@ meta = [json.loads(l) for l in open(os.path.join(work, "meta.jsonl"))]
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
 import torch
 json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].strip(), "driver": smi.split(",")[-1].strip(),
-           "torch": torch.__version__, "command": f"scripts/gpu-bundle.sh here; DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
+           "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; " + "".join(f"{k}='{os.environ[k]}' " for k in ("DLKERN_BENCHES", "DLKERN_BENCH_FILTER", "DLKERN_BENCH_TORCH") if k in os.environ) + f"DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
            "criterion": sorted(crit, key=lambda r: r["id"]), "meta": meta,
            "comparison": json.load(open(os.path.join(work, "torch.json")))}, open(dest, "w"), indent=1)
 print("wrote", dest, len(crit), "criterion results")
