@@ -577,9 +577,10 @@ unsafe fn matmul_nbits_decode<
         ring.offset(stage * stage_bytes + ((g as usize + 8 * u) * B_CHUNK_BYTES) as u32 + 16 * q)
     };
     // `PACKED`: where this lane copies constants in a stage. Shuffled: lane `l < 8` copies and
-    // reads lane group `l`'s 16 bytes (4 lanes copying the same 16 bytes took 8 times the
-    // shared-memory wavefronts of distinct ones: ncu, v25), then hands them to the group's
-    // lanes. Otherwise each lane copies its group's 16 bytes into a place of its own.
+    // reads lane group `l`'s 16 bytes, then hands them to the group's lanes (4 lanes copying
+    // the same 16 bytes took 8 times the shared-memory wavefronts of distinct ones:
+    // docs/perf-notes/matmul_nbits.md v25). Otherwise each lane copies its group's 16 bytes
+    // into a place of its own.
     let consts_slot = if shuffled { lane % 8 } else { lane };
     let consts_piece = |stage: u32| ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + 16 * consts_slot);
     // `PACKED`: this block's first record; a chunk's record is `PACKED_RECORD_BYTES` further.
