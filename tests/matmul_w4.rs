@@ -964,7 +964,7 @@ fn gpu_plan_validates_and_splits() {
         let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132, false).unwrap();
         assert_eq!(plan.kernel, format!("matmul_nbits_f16_{expect}"), "M = {m}, N = {n}");
         assert_eq!(plan.variant, Variant::PackedMma);
-        let (threads, shared) = if expect.ends_with("_wide") { (256, 2 * 40960) } else { (128, 34816) };
+        let (threads, shared) = if expect.ends_with("_wide") { (256, 2 * 34816) } else { (128, 34816) };
         assert_eq!((plan.dims.block, plan.dims.shared_bytes), ((threads, 1, 1), shared), "M = {m}, N = {n}");
     }
     // With `wgmma`, `Packed` runs `PackedWgmma` where M > 8 and N alone fills the GPU (no K

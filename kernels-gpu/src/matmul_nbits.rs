@@ -93,7 +93,7 @@ use crate::device::ldmatrix::ldmatrix_x4;
 use crate::device::math::fma;
 use crate::device::memory::{ld_global_nc_u16, ld_global_nc_u32, ld_global_nc_v4, st_global_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_v2, ld_shared_v4, st_shared_u32, st_shared_v4};
-use crate::device::{async_copy, index, sync, warp};
+use crate::device::{async_copy, index, sync};
 use crate::element::{Bf16, Element, F16, TensorElement};
 use crate::{shared_array, unroll};
 
@@ -561,28 +561,18 @@ unsafe fn matmul_nbits_decode<
     // Column `u` of this lane is `g + 8u` of the block: tile `u / 2`, row `g + 8 (u % 2)` of
     // its `mma`. Columns past N read column N - 1 (never stored): no predicates in the loop.
     let col = |u: usize| (n0 + g + 8 * u as u32).min(n - 1) as usize;
-    // `PACKED`: the 4-warp builds copy each record's constants once and shuffle them to the lane
-    // groups; `decode8_packed_wide` gives each lane its own copy, since its 128-register cap has
-    // no room for the shuffles (measured: 1.5-3.6% slower at M = 4-8 with them).
-    let shuffled = WARPS == DECODE_WARPS;
-    let stage_bytes = match (PACKED, shuffled) {
-        (false, _) => DECODE_STAGE_BYTES,
-        (true, true) => DECODE_PACKED_STAGE_BYTES,
-        (true, false) => DECODE_WIDE_PACKED_STAGE_BYTES,
-    } as u32;
+    let stage_bytes = if PACKED { DECODE_PACKED_STAGE_BYTES } else { DECODE_STAGE_BYTES } as u32;
     let ring = dynamic_shared_base().offset(warp * DECODE_STAGES as u32 * stage_bytes);
     // This lane's 16 bytes of column `u` in a stage: conflict-free for both the copy and the
     // read (a quarter warp covers 128 contiguous bytes).
     let piece = |stage: u32, u: usize| {
         ring.offset(stage * stage_bytes + ((g as usize + 8 * u) * B_CHUNK_BYTES) as u32 + 16 * q)
     };
-    // `PACKED`: where this lane copies constants in a stage. Shuffled: lane `l < 8` copies and
-    // reads lane group `l`'s 16 bytes, then hands them to the group's lanes (4 lanes copying
-    // the same 16 bytes took 8 times the shared-memory wavefronts of distinct ones:
-    // docs/perf-notes/matmul_nbits.md v25). Otherwise each lane copies its group's 16 bytes
-    // into a place of its own.
-    let consts_slot = if shuffled { lane % 8 } else { lane };
-    let consts_piece = |stage: u32| ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + 16 * consts_slot);
+    // `PACKED`: lane group `g`'s 16 bytes of constants in a stage (the record's own), which lane
+    // `4g` copies and the group reads after a warp barrier. (Every lane copying its group's 16
+    // bytes into a place of its own took 8 times the shared-memory wavefronts of distinct
+    // pieces: docs/perf-notes/matmul_nbits.md v25.)
+    let consts_piece = |stage: u32| ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + 16 * g);
     // `PACKED`: this block's first record; a chunk's record is `PACKED_RECORD_BYTES` further.
     let chunks_total = k.div_ceil(CHUNK as u32) as usize;
     let block_records = b.wrapping_add(index::block_idx_x() as usize * chunks_total * PACKED_RECORD_BYTES);
@@ -593,7 +583,9 @@ unsafe fn matmul_nbits_decode<
     // rows of `b` because they hold whole blocks of at least 128 codes, and its block is below
     // k_blocks); `mma` and the barrier are reached uniformly (loop bounds depend only on the
     // block and the warp index); each lane reads only ring bytes its own copies wrote, after
-    // waiting for them.
+    // waiting for them, and (`PACKED`) its group's constants, after a warp barrier that follows
+    // the copying lane's wait; a stage is refilled only after a warp barrier that follows
+    // every lane's reads of it.
     unsafe {
         let w_rows: [*const u8; 2 * TILES] = core::array::from_fn(|u| {
             if PACKED {
@@ -620,10 +612,8 @@ unsafe fn matmul_nbits_decode<
             });
             if PACKED {
                 let record = block_records.add(chunk as usize * PACKED_RECORD_BYTES);
-                if !shuffled {
+                if q == 0 {
                     cp_async_16(consts_piece(stage), record.add(DECODE_STAGE_BYTES + 16 * g as usize));
-                } else if lane < 8 {
-                    cp_async_16(consts_piece(stage), record.add(DECODE_STAGE_BYTES + 16 * lane as usize));
                 }
             }
         };
@@ -646,13 +636,7 @@ unsafe fn matmul_nbits_decode<
         };
         // `PACKED`: the constants from the stage (scale bits in words 0-1, zero points in 2).
         let packed_consts = |stage: u32| -> DecodeConsts {
-            let w: [u32; 3] = if shuffled {
-                let own = if lane < 8 { ld_shared_v4(consts_piece(stage)) } else { [0; 4] };
-                core::array::from_fn(|i| warp::shfl_idx_u32(own[i], g))
-            } else {
-                let own = ld_shared_v4(consts_piece(stage));
-                [own[0], own[1], own[2]]
-            };
+            let w = ld_shared_v4(consts_piece(stage));
             let mut c = DecodeConsts { scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] };
             unroll!(U in [0, 1, 2, 3] {
                 c.scales[U / 2][U % 2] = (w[U / 2] >> (16 * (U % 2))) as u16;
@@ -738,9 +722,13 @@ unsafe fn matmul_nbits_decode<
                 // Chunk j + S sits in stage S.
                 if S < DECODE_STAGES && j + (S as u32) < count {
                     // The stage refilled here was read by this lane in the previous step, whose
-                    // math consumed those reads before this copy was issued.
+                    // math consumed those reads before this copy was issued; `PACKED`: its
+                    // constants were read by the whole lane group, hence the warp barrier.
                     let ahead = j + S as u32 + STAGES - 1;
                     let ahead_stage = (S + DECODE_STAGES - 1) % DECODE_STAGES;
+                    if PACKED {
+                        sync::sync_warp();
+                    }
                     if ahead < count {
                         copy(chunk_of(ahead), ahead_stage as u32);
                         if !PACKED {
@@ -749,6 +737,11 @@ unsafe fn matmul_nbits_decode<
                     }
                     async_copy::commit_group();
                     async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
+                    // `PACKED`: lane `4g`'s copy of the group's constants is complete once that
+                    // lane has waited; the barrier makes it visible to the group.
+                    if PACKED {
+                        sync::sync_warp();
+                    }
                     // ptxas tracks all of a warp's activation loads on one scoreboard, so the
                     // first use of chunk j's waits for every activation load in flight: the
                     // next chunk's loads go out only after that use, a whole step before the

@@ -61,18 +61,15 @@ const _: () = assert!(DECODE_COLUMNS == DECODE.block_n());
 /// their zero points (4 x u8, 8 when there are none) and 4 bytes of padding.
 pub const PACKED_CONSTS_BYTES: usize = 8 * 16;
 pub const PACKED_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_CONSTS_BYTES;
-/// A `decode8_packed` / `decode16_packed` stage: the record as it is in memory.
+/// A `decode*_packed` stage: the record as it is in memory.
 pub const DECODE_PACKED_STAGE_BYTES: usize = PACKED_RECORD_BYTES;
-/// A `decode8_packed_wide` stage: the record's codes, then each lane's copy of its group's 16
-/// bytes of constants.
-pub const DECODE_WIDE_PACKED_STAGE_BYTES: usize = DECODE_STAGE_BYTES + 32 * 16;
 pub const DECODE_PACKED_SHARED_BYTES: usize = DECODE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
 /// `decode8_packed_wide`: twice [`DECODE_WARPS`] on the same 32-column block tile, so that a
 /// grid of as many tiles runs twice the warps (its entry is capped at 128 registers: 2 blocks
 /// of 256 threads per SM, against 3 of 128 for `decode8_packed`).
 pub const DECODE_WIDE_WARPS: usize = 8;
 pub const DECODE_WIDE: Tiling = Tiling { wk: DECODE_WIDE_WARPS, ..DECODE };
-pub const DECODE_WIDE_PACKED_SHARED_BYTES: usize = DECODE_WIDE_WARPS * DECODE_STAGES * DECODE_WIDE_PACKED_STAGE_BYTES;
+pub const DECODE_WIDE_PACKED_SHARED_BYTES: usize = DECODE_WIDE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
 /// `packed_wgmma` (Hopper, sm_90a module only; M <= 16 over the `decode*_packed` records): block
 /// tile 128 weight columns (the records of [`PACKED_WGMMA_TILES`] 32-column tiles; two
 /// warpgroups of 64, `wgmma`'s register operand) x 8 or 16 tokens (its shared-memory operand),
