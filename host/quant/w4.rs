@@ -112,9 +112,9 @@ impl W4Weights {
     /// record holds the tile's 64 code bytes of the chunk per column (columns past N repeat
     /// column N - 1), as four 16-byte pieces whose word `i` in piece `q` is the column's word
     /// `4 i + q` of the chunk (the 8 codes at K `32 i + 8 q`), then per lane group `g` (0..8)
-    /// 16 bytes: `scale_bits` of columns `g`,
-    /// `g + 8`, `g + 16`, `g + 24` (u16, little-endian), their zero points (u8) and 4 zero
-    /// bytes. `scale_bits` are the scales in A's type, `[N, k_blocks]`, as the GPU gets them.
+    /// 16 bytes: `scale_bits` of columns `g`, `g + 8`, `g + 16`, `g + 24` (u16, little-endian),
+    /// their zero points (u8) and 4 zero bytes. `scale_bits` are the scales in A's type,
+    /// `[N, k_blocks]`, as the GPU gets them.
     pub fn pack_for_decode(&self, scale_bits: &[u16]) -> Result<Vec<u8>> {
         use crate::launch::matmul_nbits::layout::{B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, PACKED_RECORD_BYTES};
         self.validate()?;

@@ -597,12 +597,12 @@ unsafe fn matmul_nbits_decode<
         let scale_rows: [*const T; 2 * TILES] = core::array::from_fn(|u| scales.add(col(u) * p.k_blocks as usize));
         let zero_rows: [*const u8; 2 * TILES] =
             core::array::from_fn(|u| if zero_u8 { zeros_u8.add(col(u) * zero_row_bytes as usize) } else { zeros_u8 });
-        // Tokens past M read row M - 1: they only reach accumulator columns that are never
-        // stored, and the loads need no predicate.
         // Word `i` of lane `q`'s codes holds K `32 q + 8 i` of the chunk in `b`'s layout and
         // `8 q + 32 i` in the records (whose pieces make the quarter warp's activation loads
         // one contiguous 64 bytes per token).
         let (lane_k, word_k) = if PACKED { (8 * q, 32) } else { (32 * q, 8) };
+        // Tokens past M read row M - 1: they only reach accumulator columns that are never
+        // stored, and the loads need no predicate.
         let a_rows: [*const T; R] =
             core::array::from_fn(|r| a.add(((m0 + g + 8 * r as u32).min(m - 1) * k + lane_k) as usize));
 

@@ -146,9 +146,9 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
     let codes_at = codes_at + 16 * q;
     let consts_at = (record_local * RECORD + DECODE_STAGE_BYTES) as u32 + 16 * g;
     // This thread's activation piece: 8 halves at K `8 piece` of token `tid / 16` of a chunk,
-    // which match word `piece / 4` of lane group `piece % 4`'s codes in the records, and so go
-    // as 4 pairs to 4 consecutive 16-byte chunks of one half (at `4 (piece % 4)` bytes into
-    // each).
+    // which match word `piece / 4` of the codes of lanes `q = piece % 4` (lane % 4) in the
+    // records, and so go as 4 pairs to 4 consecutive 16-byte chunks of one half (at
+    // `4 (piece % 4)` bytes into each).
     let (token, piece) = (tid / 16, tid % 16);
     let (quad, word) = (piece % 4, piece / 4);
     let stages_token = token < tokens;

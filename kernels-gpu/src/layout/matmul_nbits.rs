@@ -56,9 +56,9 @@ const _: () = assert!(DECODE_COLUMNS == DECODE.block_n());
 /// the 32 columns' 64 code bytes of the chunk (column-major, as in a `decode` stage; within a
 /// column, 16-byte piece `q` holds as its word `i` the column's 8 codes at K `32 i + 8 q` of
 /// the chunk, so that the 4 lanes reading a column's pieces need 64 contiguous bytes of each
-/// token's activations per word), then per
-/// lane group `g` 16 bytes: the scale bits of columns `g, g + 8, g + 16, g + 24` (4 x u16),
-/// their zero points (4 x u8, 8 when there are none) and 4 bytes of padding.
+/// token's activations per word), then per lane group `g` 16 bytes: the scale bits of columns
+/// `g, g + 8, g + 16, g + 24` (4 x u16), their zero points (4 x u8, 8 when there are none) and
+/// 4 bytes of padding.
 pub const PACKED_CONSTS_BYTES: usize = 8 * 16;
 pub const PACKED_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_CONSTS_BYTES;
 /// A `decode*_packed` stage: the record as it is in memory.
