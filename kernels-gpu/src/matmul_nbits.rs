@@ -499,11 +499,13 @@ struct DecodeConsts {
 /// `decode` (M <= 16, the common case: integer zero points, blocks of at least 128 so one block
 /// per K chunk, A and B rows of 16-byte vectors). The operands are swapped: the weights are
 /// the 16-row A operand of `mma.m16n8k16` (two tiles of 16 columns per warp) and up to 8 tokens
-/// per `R` are its 8-column B operand, so no `mma` row is wasted on absent tokens. The 4 warps
-/// split the block's K chunks; each streams its codes through a private ring of
+/// per `R` are its 8-column B operand, so no `mma` row is wasted on absent tokens. The `WARPS`
+/// warps split the block's K chunks; each streams its codes through a private ring of
 /// [`DECODE_STAGES`] chunks filled with `cp.async` (lane `(g, q)` copies exactly the 16 bytes
-/// per column it later reads, so no barrier guards the ring), so the bytes in flight cost no
-/// registers. The scales and zero points load as far ahead (into registers), the activations
+/// per column it later reads, so no block barrier guards the ring; `PACKED`: a warp barrier
+/// for the record's constants, which one lane per group copies), so the bytes in flight cost
+/// no registers. The scales and zero points load as far ahead (in the ring when `PACKED`,
+/// else into registers), the activations
 /// (cached: every block reads them) `A_AHEAD` chunks ahead (1, or 3 at `R` = 1). ptxas tracks
 /// a warp's outstanding register loads on a few shared scoreboards (the activations' all on
 /// one), so the first use of a chunk's activations waits for every activation load in flight:
