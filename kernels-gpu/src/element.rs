@@ -127,6 +127,16 @@ pub trait TensorElement: Element {
     /// the OR-into-the-mantissa trick (a code ORed into the mantissa of 2^10 or 2^7 is that
     /// power plus the code). `PINNED`: see [`mask_or`].
     fn codes_minus_bias<const PINNED: bool>(word: u32, bias: [u32; 2]) -> [u32; 4];
+    /// Eight 4-bit codes plus fixed offsets, exactly, in the pairs of [`Self::codes_minus_bias`]:
+    /// one `lop3` per pair (the same trick without the subtraction). The offset of a pair
+    /// depends only on its place: pairs 0 and 2 (an `mma` A fragment's registers 0-1) and pairs
+    /// 1 and 3 (registers 2-3) each have one, which [`Self::OFFSET_SUMS`] weighs.
+    fn codes_plus_offset(word: u32) -> [u32; 4];
+    /// The `mma` A fragment (the same in every lane) whose rows 0-7 weigh a K step's
+    /// activations by the offsets [`Self::codes_plus_offset`] adds at their places and whose rows
+    /// 8-15 are ones: its product with the activations is, per token, the sum the offsets
+    /// added (rows 0-7) and the plain sum of the activations (rows 8-15).
+    const OFFSET_SUMS: [u32; 4];
 }
 
 /// `(x & MASK) | magic`. `PINNED`: one `lop3` with the mask an immediate and `magic` held in a
@@ -175,6 +185,22 @@ impl TensorElement for F16 {
             Self::fma2(mask_or::<0x00F0_00F0, PINNED>(w8, MAGIC), SIXTEENTH, neg_hi),
         ]
     }
+    #[inline(always)]
+    fn codes_plus_offset(word: u32) -> [u32; 4] {
+        // A code in mantissa bits 0-3 of 1024.0 (unit 1) is 1024 + code; in bits 4-7 of 64.0
+        // (0x5400, unit 1/16) it is 64 + code: no shift for the odd codes.
+        const MAGIC_LOW: u32 = 0x6400_6400;
+        const MAGIC_HIGH: u32 = 0x5400_5400;
+        let w8 = word >> 8;
+        [
+            and_or::<0x000F_000F>(word, MAGIC_LOW),
+            and_or::<0x00F0_00F0>(word, MAGIC_HIGH),
+            and_or::<0x000F_000F>(w8, MAGIC_LOW),
+            and_or::<0x00F0_00F0>(w8, MAGIC_HIGH),
+        ]
+    }
+    // 1024 at the even codes' places, 64 at the odd codes'; ones in rows 8-15.
+    const OFFSET_SUMS: [u32; 4] = [0x6400_6400, 0x3C00_3C00, 0x5400_5400, 0x3C00_3C00];
 }
 
 impl TensorElement for Bf16 {
@@ -209,4 +235,12 @@ impl TensorElement for Bf16 {
         let nib = |shift: u32| Self::fma2(mask_or::<0x000F_000F, PINNED>(word >> shift, MAGIC), ONE, neg);
         [nib(0), nib(4), nib(8), nib(12)]
     }
+    #[inline(always)]
+    fn codes_plus_offset(word: u32) -> [u32; 4] {
+        const MAGIC: u32 = 0x4300_4300; // 128.0 twice: 128 + code
+        let nib = |shift: u32| and_or::<0x000F_000F>(word >> shift, MAGIC);
+        [nib(0), nib(4), nib(8), nib(12)]
+    }
+    // 128 at every place; ones in rows 8-15.
+    const OFFSET_SUMS: [u32; 4] = [0x4300_4300, 0x3F80_3F80, 0x4300_4300, 0x3F80_3F80];
 }

@@ -18,8 +18,9 @@
 //! copy of A (`permute`) through a `cp.async` ring; `small` and `decode` build each lane's
 //! fragments from its own global loads. `small`, `large` and `tiled` dequantize to
 //! `(code - zero) * scale` rounded to A's type (as ONNX Runtime's CUDA kernel does); `decode`
-//! feeds the exact `code - zero` to the tensor cores and scales each block's f32 sums (no
-//! rounding of the weights). Accumulation in f32.
+//! scales each block's f32 sums instead (no rounding of the weights): `decode16*` feed the exact
+//! `code - zero` to the tensor cores, `decode8*` the codes plus fixed offsets, and take what the
+//! offsets and the zero point added off each chunk's f32 sums. Accumulation in f32.
 //!
 //! # Launch contract: `matmul_nbits_{f16,bf16}_{decode8,decode8_ahead3,decode16,small,large}[_zf]`
 //! - `_zf`: zero points in A's type (fractional allowed; dequantized in f32); otherwise u8 or
@@ -512,9 +513,11 @@ struct DecodeConsts {
 /// each step therefore turns its chunk's activations into `mma` fragments first and only then
 /// loads the next ones, which so get a whole step before the next wait (measured 4-10% faster
 /// than loading them just before that first use). 3 ahead measured 8-10% faster than 1 at
-/// M = 1 where the grid fits in one wave (it costs one block per SM). The zero point comes
-/// off exactly in packed 16-bit arithmetic; the scale multiplies each chunk's f32 sums. The
-/// warps' partial tiles meet in shared memory at the end.
+/// M = 1 where the grid fits in one wave (it costs one block per SM). At `R` = 2 the zero
+/// point comes off exactly in packed 16-bit arithmetic; at `R` = 1 the codes go in plus fixed
+/// offsets, and the offsets' and zero point's share comes off the f32 sums (see `compute`).
+/// The scale multiplies each chunk's f32 sums. The warps' partial tiles meet in shared memory
+/// at the end.
 ///
 /// # Safety
 /// The launch contract (`decode*` in the module docs).
@@ -663,14 +666,35 @@ unsafe fn matmul_nbits_decode<
         let fragments = |a: &[[[u32; 4]; 4]; R]| -> [[[[u32; 2]; 2]; 4]; R] {
             core::array::from_fn(|rr| core::array::from_fn(|i| [frag_pairs(a[rr][i], 0), frag_pairs(a[rr][i], 1)]))
         };
+        // `R` = 1: the codes go to the tensor cores plus fixed offsets (one `lop3` per pair),
+        // and what the offsets and the zero point add comes off each chunk's f32 sums: per
+        // token, the offsets' sum of its activations and their plain sum times the zero point,
+        // both from one more `mma` per K step against constant rows. `R` = 2 would need two
+        // more per K step, which cost more than they save (docs/perf-notes/matmul_nbits.md
+        // v27): there the zero point comes off exactly in packed 16-bit arithmetic. The offsets
+        // (at most 1024 times an activation) cost the f32 sums about 10 of their 24 bits, far
+        // less than an f16 output keeps. (`R == 1` is spelled out below, not captured in a
+        // local: a captured flag is no constant in the closure's body, and the dead path then
+        // kept its arrays on the stack.)
         let compute = |stage: u32, a: &[[[[u32; 2]; 2]; 4]; R], c: &DecodeConsts, acc: &mut [[[f32; 4]; R]; TILES]| {
+            let mut sums = [[0.0f32; 4]; R];
+            if R == 1 {
+                unroll!(I in [0, 1, 2, 3] {
+                    unroll!(H in [0, 1] {
+                        sums[0] = T::mma(sums[0], T::OFFSET_SUMS, a[0][I][H]);
+                    });
+                });
+            }
             unroll!(TT in [0, 1] {
                 let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
                 let bias = [T::code_bias(c.zeros[TT][0]), T::code_bias(c.zeros[TT][1])];
                 let mut part = [[0.0f32; 4]; R];
                 unroll!(I in [0, 1, 2, 3] {
-                    let d0 = T::codes_minus_bias::<true>(codes[0][I], bias[0]);
-                    let d1 = T::codes_minus_bias::<true>(codes[1][I], bias[1]);
+                    let (d0, d1) = if R == 1 {
+                        (T::codes_plus_offset(codes[0][I]), T::codes_plus_offset(codes[1][I]))
+                    } else {
+                        (T::codes_minus_bias::<true>(codes[0][I], bias[0]), T::codes_minus_bias::<true>(codes[1][I], bias[1]))
+                    };
                     unroll!(H in [0, 1] {
                         let af = [d0[2 * H], d1[2 * H], d0[2 * H + 1], d1[2 * H + 1]];
                         unroll!(RR in [0, 1] {
@@ -681,12 +705,18 @@ unsafe fn matmul_nbits_decode<
                     });
                 });
                 // Rows g (c0, c1) and g + 8 (c2, c3) of the tile are weight columns 16t + g and
-                // 16t + g + 8.
+                // 16t + g + 8; c0 and c2 are token 2q, c1 and c3 token 2q + 1.
                 let s = [T::from_bits(c.scales[TT][0]).to_f32(), T::from_bits(c.scales[TT][1]).to_f32()];
+                let neg_zero = [-(c.zeros[TT][0] as f32), -(c.zeros[TT][1] as f32)];
                 unroll!(RR in [0, 1] {
                     if RR < R {
                         unroll!(C in [0, 1, 2, 3] {
-                            acc[TT][RR][C] = fma(s[C / 2], part[RR][C], acc[TT][RR][C]);
+                            let exact = if R == 1 {
+                                fma(neg_zero[C / 2], sums[0][2 + C % 2], part[0][C] - sums[0][C % 2])
+                            } else {
+                                part[RR][C]
+                            };
+                            acc[TT][RR][C] = fma(s[C / 2], exact, acc[TT][RR][C]);
                         });
                     }
                 });
