@@ -677,22 +677,24 @@ unsafe fn matmul_nbits_decode<
         // local: a captured flag is no constant in the closure's body, and the dead path then
         // kept its arrays on the stack.)
         let compute = |stage: u32, a: &[[[[u32; 2]; 2]; 4]; R], c: &DecodeConsts, acc: &mut [[[f32; 4]; R]; TILES]| {
-            let mut sums = [[0.0f32; 4]; R];
+            // `R` = 1: rows 0-7 the offsets' sums of tokens 2q and 2q + 1, rows 8-15 their plain
+            // sums.
+            let mut sums = [0.0f32; 4];
             if R == 1 {
                 unroll!(I in [0, 1, 2, 3] {
                     unroll!(H in [0, 1] {
-                        sums[0] = T::mma(sums[0], T::OFFSET_SUMS, a[0][I][H]);
+                        sums = T::mma(sums, T::OFFSET_SUMS, a[0][I][H]);
                     });
                 });
             }
             unroll!(TT in [0, 1] {
                 let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
-                let bias = [T::code_bias(c.zeros[TT][0]), T::code_bias(c.zeros[TT][1])];
                 let mut part = [[0.0f32; 4]; R];
                 unroll!(I in [0, 1, 2, 3] {
                     let (d0, d1) = if R == 1 {
                         (T::codes_plus_offset(codes[0][I]), T::codes_plus_offset(codes[1][I]))
                     } else {
+                        let bias = [T::code_bias(c.zeros[TT][0]), T::code_bias(c.zeros[TT][1])];
                         (T::codes_minus_bias::<true>(codes[0][I], bias[0]), T::codes_minus_bias::<true>(codes[1][I], bias[1]))
                     };
                     unroll!(H in [0, 1] {
@@ -712,7 +714,7 @@ unsafe fn matmul_nbits_decode<
                     if RR < R {
                         unroll!(C in [0, 1, 2, 3] {
                             let exact = if R == 1 {
-                                fma(neg_zero[C / 2], sums[0][2 + C % 2], part[0][C] - sums[0][C % 2])
+                                fma(neg_zero[C / 2], sums[2 + C % 2], part[RR][C] - sums[C % 2])
                             } else {
                                 part[RR][C]
                             };
