@@ -82,10 +82,12 @@ proptest! {
                 for local in 0..32 {
                     let col = (tile * 32 + local).min(n - 1);
                     for i in 0..128.min(k - chunk * 128) {
-                        // The chunk's word `i / 8` = `4 w + piece` is word `w` of `piece`.
-                        let (w, piece) = (i / 32, i / 8 % 4);
-                        let byte = record[local * 64 + 16 * piece + 4 * w + i / 2 % 4];
-                        let code = if i % 2 == 0 { byte & 15 } else { byte >> 4 };
+                        // The chunk's word `i / 8` = `4 w + piece` is word `w` of `piece`;
+                        // in it, code `r` is at nibble `r / 2`, plus 4 when `r` is odd.
+                        let (w, piece, r) = (i / 32, i / 8 % 4, i % 8);
+                        let nibble = r / 2 + 4 * (r % 2);
+                        let byte = record[local * 64 + 16 * piece + 4 * w + nibble / 2];
+                        let code = if nibble % 2 == 0 { byte & 15 } else { byte >> 4 };
                         prop_assert_eq!(code, q.code(col, chunk * 128 + i));
                     }
                     let (g, u) = (local % 8, local / 8);

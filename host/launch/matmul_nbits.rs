@@ -466,9 +466,10 @@ impl MatMulNBitsParams {
         let kernel =
             if decode && rows8 && tiles_m * tiles_n * splits <= 2 * sms { names.decode8_ahead3 } else { kernel };
         // `decode8_packed_wide` (8 warps on the same block tile, 2 blocks per SM) while the grid
-        // fits one wave of it, `decode8_packed` (4 warps, 3 blocks per SM) beyond. Measured on the
-        // H200 (2026-12-01, docs/perf-notes/matmul_nbits.md v23): 256 blocks (N = 8192) 1.5-4%
-        // faster at M = 1-8; 896 blocks (N = 28672) 2-9% slower, in 3.4 waves instead of 2.3.
+        // fits one wave of it, `decode8_packed` (4 warps, 4 blocks per SM since v28, 3 before)
+        // beyond. Measured on the H200 (2026-12-01, docs/perf-notes/matmul_nbits.md v23): 256
+        // blocks (N = 8192) 1.5-4% faster at M = 1-8; 896 blocks (N = 28672) 2-9% slower, in 3.4
+        // waves instead of 2.3.
         let wide = variant == Variant::PackedMma && rows8 && tiles_m * tiles_n * splits <= 2 * sms;
         let (kernel, threads) =
             if wide { (names.decode8_packed_wide, DECODE_WIDE.threads()) } else { (kernel, threads) };
@@ -933,7 +934,7 @@ mod tests {
     #[test]
     fn early_dependents_follow_the_free_slots() {
         use super::early_dependents;
-        // 256 blocks: `decode8_packed` (3 per SM), `decode8_ahead3` / `decode16*` (2 per SM).
+        // 256 blocks at 3 per SM (`decode16_packed`) and at 2 (`decode8_ahead3`, `decode16`).
         assert!(!early_dependents(256, 3, 132));
         assert!(early_dependents(256, 2, 132));
         // 896 blocks (N = 28672) at 3 per SM: three waves.

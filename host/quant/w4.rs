@@ -111,12 +111,15 @@ impl W4Weights {
     /// record of `PACKED_RECORD_BYTES` per 32-column tile and 128-wide K chunk, tile-major. A
     /// record holds the tile's 64 code bytes of the chunk per column (columns past N repeat
     /// column N - 1), as four 16-byte pieces whose word `i` in piece `q` is the column's word
-    /// `4 i + q` of the chunk (the 8 codes at K `32 i + 8 q`), then per lane group `g` (0..8)
+    /// `4 i + q` of the chunk (the 8 codes at K `32 i + 8 q`, even codes in nibbles 0-3 and odd
+    /// ones in 4-7: `layout::packed_code_word`), then per lane group `g` (0..8)
     /// 16 bytes: `scale_bits` of columns `g`, `g + 8`, `g + 16`, `g + 24` (u16, little-endian),
     /// their zero points (u8) and 4 zero bytes. `scale_bits` are the scales in A's type,
     /// `[N, k_blocks]`, as the GPU gets them.
     pub fn pack_for_decode(&self, scale_bits: &[u16]) -> Result<Vec<u8>> {
-        use crate::launch::matmul_nbits::layout::{B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, PACKED_RECORD_BYTES};
+        use crate::launch::matmul_nbits::layout::{
+            B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, PACKED_RECORD_BYTES, packed_code_word,
+        };
         self.validate()?;
         let bad = |m: String| Error::invalid(KERNEL, m);
         if self.block_size < CHUNK || matches!(self.zero_points, ZeroPoints::Unpacked(_)) {
@@ -138,7 +141,8 @@ impl W4Weights {
                 for (word, dst) in bytes[local * B_CHUNK_BYTES..][..B_CHUNK_BYTES].chunks_exact_mut(4).enumerate() {
                     let (q, i) = (word / 4, word % 4);
                     let from = src + 4 * (4 * i + q);
-                    dst.copy_from_slice(&self.b[from..from + 4]);
+                    let word = u32::from_le_bytes([self.b[from], self.b[from + 1], self.b[from + 2], self.b[from + 3]]);
+                    dst.copy_from_slice(&packed_code_word(word).to_le_bytes());
                 }
             }
             for g in 0..8 {

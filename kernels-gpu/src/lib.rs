@@ -9,7 +9,7 @@
 //! This crate is compiled to PTX by the host crate's build script (see `builder/`); it is
 //! never linked into a host binary.
 #![no_std]
-#![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
+#![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, stmt_expr_attributes)]
 #![allow(clippy::missing_safety_doc)]
 
 pub mod attention;

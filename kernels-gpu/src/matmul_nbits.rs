@@ -12,11 +12,12 @@
 //! `mma.sync.m16n8k16` steps (codes `(0,4),(1,5)` then `(2,6),(3,7)`, which is what the
 //! OR-into-mantissa conversion yields); `decode` takes columns `g` and `g + 8` of 16-column
 //! tiles, the weights being its A operand. (`decode*_packed` read B repacked so that word `i` of
-//! lane `q`'s 16 bytes holds K `32i + 8q` instead of `32q + 8i`.) The sum over K does not care
-//! about order, so the activations are permuted to match: `large` stages them in shared memory
-//! in that order (see its staging loop) and reads them with `ldmatrix`, `tiled` reads a permuted
-//! copy of A (`permute`) through a `cp.async` ring; `small` and `decode` build each lane's
-//! fragments from its own global loads. `small`, `large` and `tiled` dequantize to
+//! lane `q`'s 16 bytes holds K `32i + 8q` instead of `32q + 8i`, its even codes in nibbles 0-3:
+//! the pairs are then `(0,1),(2,3)` and `(4,5),(6,7)`, consecutive K.) The sum over K does not
+//! care about order, so the activations are permuted to match: `large` stages them in shared
+//! memory in that order (see its staging loop) and reads them with `ldmatrix`, `tiled` reads a
+//! permuted copy of A (`permute`) through a `cp.async` ring; `small` and `decode` build each
+//! lane's fragments from its own global loads (`decode*_packed`: the loaded words as they are). `small`, `large` and `tiled` dequantize to
 //! `(code - zero) * scale` rounded to A's type (as ONNX Runtime's CUDA kernel does); `decode`
 //! scales each block's f32 sums instead (no rounding of the weights): `decode16*` feed the exact
 //! `code - zero` to the tensor cores, `decode8*` the codes plus fixed offsets, and take what the
@@ -623,7 +624,9 @@ unsafe fn matmul_nbits_decode<
             }
         };
         // Activations of rows `8r + g`: the 4 words of 8 halves that match this lane's codes.
-        let activations = |chunk: u32| -> [[[u32; 4]; 4]; R] {
+        // `whole`: K is a multiple of the chunk, so no word needs a bound check (nor the zeros a
+        // checked load must start from, one instruction per register).
+        let activations = |chunk: u32, whole: bool| -> [[[u32; 4]; 4]; R] {
             let kc = chunk * CHUNK as u32;
             let mut x = [[[0; 4]; 4]; R];
             unroll!(RR in [0, 1] {
@@ -631,7 +634,7 @@ unsafe fn matmul_nbits_decode<
                     unroll!(I in [0, 1, 2, 3] {
                         // K % 8 == 0: a word of 8 halves is all in or all out (zero past K,
                         // where the codes are padding).
-                        if kc + lane_k + word_k * (I as u32) < k {
+                        if whole || kc + lane_k + word_k * (I as u32) < k {
                             x[RR][I] = ld_global_nc_v4(a_rows[RR].add((kc + word_k * I as u32) as usize).cast());
                         }
                     });
@@ -663,8 +666,18 @@ unsafe fn matmul_nbits_decode<
         let mut acc = [[[0.0f32; 4]; R]; TILES];
         // The `mma` B fragments of a chunk's activations: built first thing in a step, so that
         // the next activations can load into the slot they came from (see the loop).
+        // `PACKED`: the records' nibble order makes each pair of codes two consecutive K, so
+        // the loaded words are the fragments as they are.
         let fragments = |a: &[[[u32; 4]; 4]; R]| -> [[[[u32; 2]; 2]; 4]; R] {
-            core::array::from_fn(|rr| core::array::from_fn(|i| [frag_pairs(a[rr][i], 0), frag_pairs(a[rr][i], 1)]))
+            core::array::from_fn(|rr| {
+                core::array::from_fn(|i| {
+                    if PACKED {
+                        [[a[rr][i][0], a[rr][i][1]], [a[rr][i][2], a[rr][i][3]]]
+                    } else {
+                        [frag_pairs(a[rr][i], 0), frag_pairs(a[rr][i], 1)]
+                    }
+                })
+            })
         };
         // `R` = 1: the codes go to the tensor cores plus fixed offsets (one `lop3` per pair),
         // and what the offsets and the zero point add comes off each chunk's f32 sums: per
@@ -676,9 +689,9 @@ unsafe fn matmul_nbits_decode<
         // less than an f16 output keeps. (`R == 1` is spelled out below, not captured in a
         // local: a captured flag is no constant in the closure's body, and the dead path then
         // kept its arrays on the stack.)
-        let compute = |stage: u32, a: &[[[[u32; 2]; 2]; 4]; R], c: &DecodeConsts, acc: &mut [[[f32; 4]; R]; TILES]| {
-            // `R` = 1: rows 0-7 the offsets' sums of tokens 2q and 2q + 1, rows 8-15 their plain
-            // sums.
+        // `R` = 1: rows 0-7 the offsets' sums of tokens 2q and 2q + 1, rows 8-15 their plain
+        // sums.
+        let offset_sums = |a: &[[[[u32; 2]; 2]; 4]; R]| -> [f32; 4] {
             let mut sums = [0.0f32; 4];
             if R == 1 {
                 unroll!(I in [0, 1, 2, 3] {
@@ -687,7 +700,19 @@ unsafe fn matmul_nbits_decode<
                     });
                 });
             }
+            sums
+        };
+        // Tiles `from..to` of a chunk.
+        #[allow(clippy::too_many_arguments)]
+        let compute = |stage: u32,
+                       a: &[[[[u32; 2]; 2]; 4]; R],
+                       c: &DecodeConsts,
+                       sums: &[f32; 4],
+                       from: usize,
+                       to: usize,
+                       acc: &mut [[[f32; 4]; R]; TILES]| {
             unroll!(TT in [0, 1] {
+                if TT >= from && TT < to {
                 let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
                 let mut part = [[0.0f32; 4]; R];
                 unroll!(I in [0, 1, 2, 3] {
@@ -722,6 +747,7 @@ unsafe fn matmul_nbits_decode<
                         });
                     }
                 });
+                }
             });
         };
 
@@ -747,62 +773,91 @@ unsafe fn matmul_nbits_decode<
         let mut a_ring = [[[[0; 4]; 4]; R]; 4];
         unroll!(S in [0, 1, 2] {
             if S < A_AHEAD && (S as u32) < count {
-                a_ring[S] = activations(chunk_of(S as u32));
+                a_ring[S] = activations(chunk_of(S as u32), false);
             }
         });
-        let mut j = 0u32;
-        while j < count {
-            unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
-                // Chunk j + S sits in stage S.
-                if S < DECODE_STAGES && j + (S as u32) < count {
-                    // The stage refilled here was read by this lane in the previous step, whose
-                    // math consumed those reads before this copy was issued; `PACKED`: its
-                    // constants were read by the whole lane group, hence the warp barrier.
-                    let ahead = j + S as u32 + STAGES - 1;
-                    let ahead_stage = (S + DECODE_STAGES - 1) % DECODE_STAGES;
-                    if PACKED {
-                        sync::sync_warp();
-                    }
-                    if ahead < count {
-                        copy(chunk_of(ahead), ahead_stage as u32);
-                        if !PACKED {
-                            ring_consts[ahead_stage] = consts(chunk_of(ahead));
+        // The loop twice, for K a multiple of the chunk (no bound checks) and for any K.
+        let mut main_loop = #[inline(always)]
+        |whole: bool| {
+            let mut j = 0u32;
+            while j < count {
+                unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    // Chunk j + S sits in stage S.
+                    if S < DECODE_STAGES && j + (S as u32) < count {
+                        // The stage refilled here was read by this lane in the previous step, whose
+                        // math consumed those reads before this copy was issued; `PACKED`: its
+                        // constants were read by the whole lane group, hence the warp barrier.
+                        let ahead = j + S as u32 + STAGES - 1;
+                        let ahead_stage = (S + DECODE_STAGES - 1) % DECODE_STAGES;
+                        if PACKED {
+                            sync::sync_warp();
                         }
-                    }
-                    async_copy::commit_group();
-                    async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
-                    // `PACKED`: lane `4g`'s copy of the group's constants is complete once that
-                    // lane has waited; the barrier makes it visible to the group.
-                    if PACKED {
-                        sync::sync_warp();
-                    }
-                    // ptxas tracks all of a warp's activation loads on one scoreboard, so the
-                    // first use of chunk j's waits for every activation load in flight: the
-                    // next chunk's loads go out only after that use, a whole step before the
-                    // next wait, not just before this one.
-                    let mut frags = fragments(&a_ring[S % (A_AHEAD + 1)]);
-                    // LLVM would otherwise sink the fragments to their `mma`s and hoist the
-                    // loads above them.
-                    unroll!(RR in [0, 1] {
-                        if RR < R {
-                            unroll!(I in [0, 1, 2, 3] {
-                                unroll!(H in [0, 1] {
-                                    sync::order_point(&mut frags[RR][I][H]);
+                        if ahead < count {
+                            copy(chunk_of(ahead), ahead_stage as u32);
+                            if !PACKED {
+                                ring_consts[ahead_stage] = consts(chunk_of(ahead));
+                            }
+                        }
+                        async_copy::commit_group();
+                        async_copy::wait_group::<{ DECODE_STAGES as u32 - 1 }>();
+                        // `PACKED`: lane `4g`'s copy of the group's constants is complete once that
+                        // lane has waited; the barrier makes it visible to the group.
+                        if PACKED {
+                            sync::sync_warp();
+                        }
+                        // ptxas tracks all of a warp's activation loads on one scoreboard, so the
+                        // first use of chunk j's waits for every activation load in flight: the
+                        // next chunk's loads go out only after that use, a whole step before the
+                        // next wait, not just before this one.
+                        let mut frags = fragments(&a_ring[S % (A_AHEAD + 1)]);
+                        // LLVM would otherwise sink the fragments to their `mma`s and hoist the
+                        // loads above them.
+                        unroll!(RR in [0, 1] {
+                            if RR < R {
+                                unroll!(I in [0, 1, 2, 3] {
+                                    unroll!(H in [0, 1] {
+                                        sync::order_point(&mut frags[RR][I][H]);
+                                    });
                                 });
-                            });
+                            }
+                        });
+                        let c = if PACKED { packed_consts(S as u32) } else { ring_consts[S] };
+                        let mut sums = offset_sums(&frags);
+                        // `PACKED`: the fragments are the loaded words, so the first use of them
+                        // has to be work: the offsets' sums at `R` = 1, the first tile at `R` = 2
+                        // (before the next loads in the PTX, which ptxas keeps).
+                        let mut from = 0;
+                        if PACKED {
+                            if R == 2 {
+                                compute(S as u32, &frags, &c, &sums, 0, 1, &mut acc);
+                                from = 1;
+                                unroll!(RR in [0, 1] {
+                                    if RR < R {
+                                        let mut bits = acc[0][RR].map(f32::to_bits);
+                                        sync::order_point(&mut bits);
+                                        acc[0][RR] = bits.map(f32::from_bits);
+                                    }
+                                });
+                            } else {
+                                let mut bits = sums.map(f32::to_bits);
+                                sync::order_point(&mut bits);
+                                sums = bits.map(f32::from_bits);
+                            }
                         }
-                    });
-                    if j + ((S + A_AHEAD) as u32) < count {
-                        a_ring[(S + A_AHEAD) % (A_AHEAD + 1)] = activations(chunk_of(j + (S + A_AHEAD) as u32));
+                        if j + ((S + A_AHEAD) as u32) < count {
+                            a_ring[(S + A_AHEAD) % (A_AHEAD + 1)] =
+                                activations(chunk_of(j + (S + A_AHEAD) as u32), whole);
+                        }
+                        compute(S as u32, &frags, &c, &sums, from, TILES, &mut acc);
                     }
-                    if PACKED {
-                        compute(S as u32, &frags, &packed_consts(S as u32), &mut acc);
-                    } else {
-                        compute(S as u32, &frags, &ring_consts[S], &mut acc);
-                    }
-                }
-            });
-            j += STAGES;
+                });
+                j += STAGES;
+            }
+        };
+        if k.is_multiple_of(CHUNK as u32) {
+            main_loop(true);
+        } else {
+            main_loop(false);
         }
         async_copy::wait_group::<0>();
 
@@ -1371,10 +1426,11 @@ unsafe fn pack_decode(b: *const u8, scales: *const u16, zeros_u8: *const u8, pac
     // `k_blocks * block_size / 2 >= chunks * B_CHUNK_BYTES` bytes, so the piece is inside it.
     unsafe {
         let dst = packed.add(record * PACKED_RECORD_BYTES);
-        // Word `i` of piece `q` is word `4 i + q` of the column's chunk (the layout's docs).
+        // Word `i` of piece `q` is word `4 i + q` of the column's chunk, its codes in the
+        // records' nibble order (the layout's docs).
         let (local, q) = (t / 4, t % 4);
         let src = b.add(column(local) * row_bytes + chunk * B_CHUNK_BYTES + 4 * q);
-        let words: [u32; 4] = core::array::from_fn(|i| ld_global_nc_u32(src.add(16 * i).cast()));
+        let words: [u32; 4] = core::array::from_fn(|i| packed_code_word(ld_global_nc_u32(src.add(16 * i).cast())));
         st_global_v4(dst.add(16 * t).cast(), words);
         if t < 8 {
             let blk = (chunk * CHUNK) >> p.block_shift;
@@ -1469,8 +1525,13 @@ macro_rules! matmul_nbits_entries {
         matmul_nbits_entry!($decode8_packed_wide, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
             matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WIDE_WARPS>(a, b, s, z, bias, y, ws, d)
         });
-        // 2 blocks of 256 threads per SM; ptxas 13.5 spills 12-16 bytes for it (tests/ptx.rs).
+        // 2 blocks of 256 threads per SM for the wide build, 4 of 128 for the other: both
+        // spill-free under ptxas 13.5 since the records' nibble order (132 and 128 registers
+        // uncapped; tests/ptx.rs). The cap measured 1-4.5% faster at N = 28672 (896 blocks),
+        // where the uncapped build, at 3 blocks per SM, lost 8% (docs/perf-notes/matmul_nbits.md
+        // v28).
         crate::entry_directive!($decode8_packed_wide, ".maxnreg 128");
+        crate::entry_directive!($decode8_packed, ".maxnreg 128");
         matmul_nbits_entry!($decode16_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
             matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
         });

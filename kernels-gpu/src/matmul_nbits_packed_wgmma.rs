@@ -39,7 +39,6 @@
 //!   block 0 through distributed shared memory. Writes `y` (+ bias).
 
 use crate::device::async_copy::{commit_group, cp_async_16, wait_group};
-use crate::device::bits::{high_halves, low_halves};
 use crate::device::cluster;
 use crate::device::memory::ld_global_nc_v4;
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32};
@@ -147,8 +146,9 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
     let consts_at = (record_local * RECORD + DECODE_STAGE_BYTES) as u32 + 16 * g;
     // This thread's activation piece: 8 halves at K `8 piece` of token `tid / 16` of a chunk,
     // which match word `piece / 4` of the codes of lanes `q = piece % 4` (lane % 4) in the
-    // records, and so go as 4 pairs to 4 consecutive 16-byte chunks of one half (at
-    // `4 (piece % 4)` bytes into each).
+    // records, and so go as its 4 words (pairs of consecutive K, as the records' nibble order
+    // pairs the codes) to 4 consecutive 16-byte chunks of one half (at `4 (piece % 4)` bytes
+    // into each).
     let (token, piece) = (tid / 16, tid % 16);
     let (quad, word) = (piece % 4, piece / 4);
     let stages_token = token < tokens;
@@ -192,10 +192,8 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
         let store_act = |j: u32, x: [u32; 4]| {
             if stages_token {
                 let stage = act_s(j % ACT_STAGES);
-                let pairs =
-                    [low_halves(x[0], x[2]), high_halves(x[0], x[2]), low_halves(x[1], x[3]), high_halves(x[1], x[3])];
                 unroll!(E in [0, 1, 2, 3] {
-                    st_shared_u32(stage.offset(act_dst[E]), pairs[E]);
+                    st_shared_u32(stage.offset(act_dst[E]), x[E]);
                 });
             }
         };
@@ -207,8 +205,8 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
             let s = [T::from_bits(scales as u16).to_f32(), T::from_bits((scales >> 16) as u16).to_f32()];
             (s, [T::code_bias(zeros & 0xff), T::code_bias((zeros >> 8) & 0xff)])
         };
-        // Word `i` of a row's 16 bytes gives steps `2i` (pairs (0,4), (1,5)) and `2i + 1`
-        // ((2,6), (3,7)), exactly `code - zero`.
+        // Word `i` of a row's 16 bytes gives steps `2i` (codes (0,1), (2,3) in the records'
+        // nibble order) and `2i + 1` ((4,5), (6,7)), exactly `code - zero`.
         let dequantize = |stage: crate::device::SharedAddr, code_bias: [[u32; 2]; 2], f: &mut Fragments| {
             let lo = ld_shared_v4(stage.offset(codes_at));
             let hi = ld_shared_v4(stage.offset(codes_at + 8 * B_CHUNK_BYTES as u32));

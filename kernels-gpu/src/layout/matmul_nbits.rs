@@ -58,15 +58,31 @@ const _: () = assert!(DECODE_COLUMNS == DECODE.block_n());
 /// the chunk, so that the 4 lanes reading a column's pieces need 64 contiguous bytes of each
 /// token's activations per word), then per lane group `g` 16 bytes: the scale bits of columns
 /// `g, g + 8, g + 16, g + 24` (4 x u16), their zero points (4 x u8, 8 when there are none) and
-/// 4 bytes of padding.
+/// 4 bytes of padding. Each word's 8 codes are in [`packed_code_word`]'s nibble order.
 pub const PACKED_CONSTS_BYTES: usize = 8 * 16;
+/// A word of 8 codes (code `j` in bits `4j..4j+4`, as `MatMulNBits` stores them) in the
+/// records' order: the even codes in nibbles 0-3, the odd ones in nibbles 4-7. The kernels'
+/// OR-into-the-mantissa conversion pairs nibbles `(j, j + 4)`, so the pairs then hold codes
+/// `(2j, 2j + 1)`, the K order of 2 consecutive activations: each 32-bit word of a token's
+/// activations is an `mma` fragment register as loaded, with no shuffle.
+pub const fn packed_code_word(word: u32) -> u32 {
+    let mut out = 0;
+    let mut j = 0;
+    while j < 8 {
+        let place = if j % 2 == 0 { j / 2 } else { 4 + j / 2 };
+        out |= ((word >> (4 * j)) & 0xF) << (4 * place);
+        j += 1;
+    }
+    out
+}
+const _: () = assert!(packed_code_word(0x7654_3210) == 0x7531_6420);
 pub const PACKED_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_CONSTS_BYTES;
 /// A `decode*_packed` stage: the record as it is in memory.
 pub const DECODE_PACKED_STAGE_BYTES: usize = PACKED_RECORD_BYTES;
 pub const DECODE_PACKED_SHARED_BYTES: usize = DECODE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
 /// `decode8_packed_wide`: twice [`DECODE_WARPS`] on the same 32-column block tile, so that a
-/// grid of as many tiles runs twice the warps (its entry is capped at 128 registers: 2 blocks
-/// of 256 threads per SM, against 3 of 128 for `decode8_packed`).
+/// grid of as many tiles runs twice the warps (both entries are capped at 128 registers: 2
+/// blocks of 256 threads per SM, against 4 of 128 for `decode8_packed`).
 pub const DECODE_WIDE_WARPS: usize = 8;
 pub const DECODE_WIDE: Tiling = Tiling { wk: DECODE_WIDE_WARPS, ..DECODE };
 pub const DECODE_WIDE_PACKED_SHARED_BYTES: usize = DECODE_WIDE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
