@@ -17,11 +17,12 @@
 //! care about order, so the activations are permuted to match: `large` stages them in shared
 //! memory in that order (see its staging loop) and reads them with `ldmatrix`, `tiled` reads a
 //! permuted copy of A (`permute`) through a `cp.async` ring; `small` and `decode` build each
-//! lane's fragments from its own global loads (`decode*_packed`: the loaded words as they are). `small`, `large` and `tiled` dequantize to
-//! `(code - zero) * scale` rounded to A's type (as ONNX Runtime's CUDA kernel does); `decode`
-//! scales each block's f32 sums instead (no rounding of the weights): `decode16*` feed the exact
-//! `code - zero` to the tensor cores, `decode8*` the codes plus fixed offsets, and take what the
-//! offsets and the zero point added off each chunk's f32 sums. Accumulation in f32.
+//! lane's fragments from its own global loads (`decode*_packed`: the loaded words as they are).
+//! `small`, `large` and `tiled` dequantize to `(code - zero) * scale` rounded to A's type (as
+//! ONNX Runtime's CUDA kernel does); `decode` scales each block's f32 sums instead (no rounding
+//! of the weights): `decode16*` feed the exact `code - zero` to the tensor cores, `decode8*` the
+//! codes plus fixed offsets, and take what the offsets and the zero point added off each chunk's
+//! f32 sums. Accumulation in f32.
 //!
 //! # Launch contract: `matmul_nbits_{f16,bf16}_{decode8,decode8_ahead3,decode16,small,large}[_zf]`
 //! - `_zf`: zero points in A's type (fractional allowed; dequantized in f32); otherwise u8 or
@@ -713,40 +714,43 @@ unsafe fn matmul_nbits_decode<
                        acc: &mut [[[f32; 4]; R]; TILES]| {
             unroll!(TT in [0, 1] {
                 if TT >= from && TT < to {
-                let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
-                let mut part = [[0.0f32; 4]; R];
-                unroll!(I in [0, 1, 2, 3] {
-                    let (d0, d1) = if R == 1 {
-                        (T::codes_plus_offset(codes[0][I]), T::codes_plus_offset(codes[1][I]))
-                    } else {
-                        let bias = [T::code_bias(c.zeros[TT][0]), T::code_bias(c.zeros[TT][1])];
-                        (T::codes_minus_bias::<true>(codes[0][I], bias[0]), T::codes_minus_bias::<true>(codes[1][I], bias[1]))
-                    };
-                    unroll!(H in [0, 1] {
-                        let af = [d0[2 * H], d1[2 * H], d0[2 * H + 1], d1[2 * H + 1]];
-                        unroll!(RR in [0, 1] {
-                            if RR < R {
-                                part[RR] = T::mma(part[RR], af, a[RR][I][H]);
-                            }
+                    let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
+                    let mut part = [[0.0f32; 4]; R];
+                    unroll!(I in [0, 1, 2, 3] {
+                        let (d0, d1) = if R == 1 {
+                            (T::codes_plus_offset(codes[0][I]), T::codes_plus_offset(codes[1][I]))
+                        } else {
+                            let bias = [T::code_bias(c.zeros[TT][0]), T::code_bias(c.zeros[TT][1])];
+                            (
+                                T::codes_minus_bias::<true>(codes[0][I], bias[0]),
+                                T::codes_minus_bias::<true>(codes[1][I], bias[1]),
+                            )
+                        };
+                        unroll!(H in [0, 1] {
+                            let af = [d0[2 * H], d1[2 * H], d0[2 * H + 1], d1[2 * H + 1]];
+                            unroll!(RR in [0, 1] {
+                                if RR < R {
+                                    part[RR] = T::mma(part[RR], af, a[RR][I][H]);
+                                }
+                            });
                         });
                     });
-                });
-                // Rows g (c0, c1) and g + 8 (c2, c3) of the tile are weight columns 16t + g and
-                // 16t + g + 8; c0 and c2 are token 2q, c1 and c3 token 2q + 1.
-                let s = [T::from_bits(c.scales[TT][0]).to_f32(), T::from_bits(c.scales[TT][1]).to_f32()];
-                let neg_zero = [-(c.zeros[TT][0] as f32), -(c.zeros[TT][1] as f32)];
-                unroll!(RR in [0, 1] {
-                    if RR < R {
-                        unroll!(C in [0, 1, 2, 3] {
-                            let exact = if R == 1 {
-                                fma(neg_zero[C / 2], sums[2 + C % 2], part[RR][C] - sums[C % 2])
-                            } else {
-                                part[RR][C]
-                            };
-                            acc[TT][RR][C] = fma(s[C / 2], exact, acc[TT][RR][C]);
-                        });
-                    }
-                });
+                    // Rows g (c0, c1) and g + 8 (c2, c3) of the tile are weight columns 16t + g and
+                    // 16t + g + 8; c0 and c2 are token 2q, c1 and c3 token 2q + 1.
+                    let s = [T::from_bits(c.scales[TT][0]).to_f32(), T::from_bits(c.scales[TT][1]).to_f32()];
+                    let neg_zero = [-(c.zeros[TT][0] as f32), -(c.zeros[TT][1] as f32)];
+                    unroll!(RR in [0, 1] {
+                        if RR < R {
+                            unroll!(C in [0, 1, 2, 3] {
+                                let exact = if R == 1 {
+                                    fma(neg_zero[C / 2], sums[2 + C % 2], part[RR][C] - sums[C % 2])
+                                } else {
+                                    part[RR][C]
+                                };
+                                acc[TT][RR][C] = fma(s[C / 2], exact, acc[TT][RR][C]);
+                            });
+                        }
+                    });
                 }
             });
         };
