@@ -362,7 +362,8 @@ mod gpu {
     }
 
     /// `PackedMma`: B, scales and zero points repacked per 32-column tile and K chunk; both row
-    /// builds, N off the tile, K ending inside a chunk and a block, forced splits, both types.
+    /// builds, N off the tile, K ending inside a chunk and a block or a multiple of both, forced
+    /// splits, both types.
     /// M <= 8 runs `decode8_packed_wide` while the grid fits one wave of 2 blocks per SM (the
     /// small N here), `decode8_packed` beyond (N = 9000: 282 blocks of 32 columns).
     #[test]
@@ -372,7 +373,9 @@ mod gpu {
         let one_wave = 2 * device.multiprocessors() as usize;
         let mut seed = 900;
         for m in [1, 5, 8, 9, 16] {
-            for (n, k, block) in [(100, 1096, 128), (64, 4104, 256), (33, 128, 128), (9000, 264, 128)] {
+            // K = 2048: the loop for K a multiple of the chunk, over several steps per warp.
+            for (n, k, block) in [(100, 1096, 128), (64, 4104, 256), (33, 128, 128), (9000, 264, 128), (100, 2048, 256)]
+            {
                 let base =
                     MatMulNBitsParams { variant: Some(Variant::PackedMma), ..params(DType::F16, m, n, k, block) };
                 check_zero_points_and_splits(base, &mut seed, |kernel| {
