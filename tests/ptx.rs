@@ -281,8 +281,8 @@ fn module_selection_follows_compute_capability() {
 ///
 /// Also `decode8_packed_wide` and `decode8_packed`, capped at 128 registers (2 blocks of 256
 /// threads, 4 of 128 per SM; the caps measured faster, docs/perf-notes/matmul_nbits.md v23 and
-/// v28): spill-free under ptxas 13.5 since the records' nibble order of v28 (128 and 132
-/// registers uncapped; before it the wide build spilled up to 32/68 bytes). 16 bytes leave room
+/// v28): spill-free under ptxas 13.5 since the records' nibble order of v28 (`decode8_packed`
+/// takes 132 registers uncapped; before it the wide build spilled up to 32/68 bytes). 16 bytes leave room
 /// for a compiler's whim, not for a return of those spills.
 fn spill_budget(entry: &str) -> u64 {
     if entry.starts_with("attention_fwd_") && (entry.ends_with("_d96") || entry.ends_with("_d128")) {

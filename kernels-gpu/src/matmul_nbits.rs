@@ -690,8 +690,8 @@ unsafe fn matmul_nbits_decode<
         // less than an f16 output keeps. (`R == 1` is spelled out below, not captured in a
         // local: a captured flag is no constant in the closure's body, and the dead path then
         // kept its arrays on the stack.)
-        // `R` = 1: rows 0-7 the offsets' sums of tokens 2q and 2q + 1, rows 8-15 their plain
-        // sums.
+        // Those sums of a chunk (`R` = 1; none at `R` = 2): rows 0-7 the offsets' sums of tokens
+        // 2q and 2q + 1, rows 8-15 their plain sums.
         let offset_sums = |a: &[[[[u32; 2]; 2]; 4]; R]| -> [f32; 4] {
             let mut sums = [0.0f32; 4];
             if R == 1 {
@@ -1530,8 +1530,8 @@ macro_rules! matmul_nbits_entries {
             matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WIDE_WARPS>(a, b, s, z, bias, y, ws, d)
         });
         // 2 blocks of 256 threads per SM for the wide build, 4 of 128 for the other: both
-        // spill-free under ptxas 13.5 since the records' nibble order (132 and 128 registers
-        // uncapped; tests/ptx.rs). The cap measured 1-4.5% faster at N = 28672 (896 blocks),
+        // spill-free under ptxas 13.5 since the records' nibble order (`decode8_packed` takes 132
+        // registers uncapped; tests/ptx.rs). The cap measured 1-4.5% faster at N = 28672 (896 blocks),
         // where the uncapped build, at 3 blocks per SM, lost 8% (docs/perf-notes/matmul_nbits.md
         // v28).
         crate::entry_directive!($decode8_packed_wide, ".maxnreg 128");
