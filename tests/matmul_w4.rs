@@ -364,8 +364,9 @@ mod gpu {
     /// `PackedMma`: B, scales and zero points repacked per 32-column tile and K chunk; both row
     /// builds, N off the tile, K ending inside a chunk and a block or a multiple of both, forced
     /// splits, both types.
-    /// M <= 8 runs `decode8_packed_wide` while the grid fits one wave of 2 blocks per SM (the
-    /// small N here), `decode8_packed` beyond (N = 9000: 282 blocks of 32 columns).
+    /// M <= 8 runs `decode8_packed_wide` (M <= 16 `decode16_packed_wide`) while the grid fits
+    /// one wave of 2 blocks per SM (the small N here), `decode8_packed` (`decode16_packed`)
+    /// beyond (N = 9000: 282 blocks of 32 columns).
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_packed_decode_matches_reference() {
@@ -380,8 +381,10 @@ mod gpu {
                     MatMulNBitsParams { variant: Some(Variant::PackedMma), ..params(DType::F16, m, n, k, block) };
                 check_zero_points_and_splits(base, &mut seed, |kernel| {
                     let tiles = n.div_ceil(32);
-                    if m > 8 {
+                    if m > 8 && tiles > one_wave {
                         kernel.ends_with("_decode16_packed")
+                    } else if m > 8 {
+                        kernel.ends_with("_decode16_packed_wide")
                     } else if tiles > one_wave {
                         kernel.ends_with("_decode8_packed")
                     } else {
@@ -959,17 +962,22 @@ fn gpu_plan_validates_and_splits() {
     // `Packed` reads its own B layout: never a non-packed build, whatever the grid; without
     // `wgmma`, the `mma.sync` decode kernels.
     // M <= 8: 8 warps per block while the grid is one wave of 2 blocks per SM (256 blocks), 4
-    // beyond (896).
+    // beyond (896); M <= 16: 6 warps, 4 beyond.
     for (m, n, expect) in [
         (1, 8192, "decode8_packed_wide"),
         (8, 8192, "decode8_packed_wide"),
         (1, 28672, "decode8_packed"),
-        (9, 8192, "decode16_packed"),
+        (9, 8192, "decode16_packed_wide"),
+        (16, 28672, "decode16_packed"),
     ] {
         let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132, false).unwrap();
         assert_eq!(plan.kernel, format!("matmul_nbits_f16_{expect}"), "M = {m}, N = {n}");
         assert_eq!(plan.variant, Variant::PackedMma);
-        let (threads, shared) = if expect.ends_with("_wide") { (256, 2 * 34816) } else { (128, 34816) };
+        let (threads, shared) = match expect {
+            "decode8_packed_wide" => (256, 2 * 34816),
+            "decode16_packed_wide" => (192, 3 * 34816 / 2),
+            _ => (128, 34816),
+        };
         assert_eq!((plan.dims.block, plan.dims.shared_bytes), ((threads, 1, 1), shared), "M = {m}, N = {n}");
     }
     // With `wgmma`, `Packed` runs `PackedWgmma` where M > 8 and N alone fills the GPU (no K
@@ -977,7 +985,7 @@ fn gpu_plan_validates_and_splits() {
     for (m, n, expect) in [
         (1, 28672, "decode8_packed"),
         (8, 28672, "decode8_packed"),
-        (16, 8192, "decode16_packed"),
+        (16, 8192, "decode16_packed_wide"),
         (16, 16768, "decode16_packed"),
         (9, 28672, "packed_wgmma16"),
         (16, 16896, "packed_wgmma16"),

@@ -55,6 +55,8 @@ const ENTRY_POINTS: &[&str] = &[
     "matmul_nbits_bf16_decode8_packed_wide",
     "matmul_nbits_f16_decode16_packed",
     "matmul_nbits_bf16_decode16_packed",
+    "matmul_nbits_f16_decode16_packed_wide",
+    "matmul_nbits_bf16_decode16_packed_wide",
     "matmul_nbits_f16_decode16",
     "matmul_nbits_bf16_decode16",
     "matmul_nbits_f16_small",
@@ -241,8 +243,15 @@ fn programmatic_dependents_wait_for_the_previous_grid() {
         &module.text[at..end]
     };
     for t in ["f16", "bf16"] {
-        let decode =
-            ["decode8", "decode8_ahead3", "decode16", "decode8_packed", "decode8_packed_wide", "decode16_packed"];
+        let decode = [
+            "decode8",
+            "decode8_ahead3",
+            "decode16",
+            "decode8_packed",
+            "decode8_packed_wide",
+            "decode16_packed",
+            "decode16_packed_wide",
+        ];
         let entries = decode.map(|kernel| format!("matmul_nbits_{t}_{kernel}"));
         for entry in entries.into_iter().chain([format!("matmul_nbits_permute_{t}")]) {
             let text = body(&entry);

@@ -37,11 +37,11 @@ const KERNEL: &str = "matmul_nbits";
 pub(crate) mod layout;
 use layout::{
     CHUNK, DECODE, DECODE_COLUMNS, DECODE_PACKED_SHARED_BYTES, DECODE_SHARED_BYTES, DECODE_WIDE,
-    DECODE_WIDE_PACKED_SHARED_BYTES, DECODE8_ROWS, Dims, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_EARLY_DEPENDENTS,
-    FLAG_WEIGHTS_READY, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, PACKED_WGMMA_COLUMNS,
-    PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK,
-    TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES,
-    WGMMA_THREADS, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
+    DECODE_WIDE_PACKED_SHARED_BYTES, DECODE8_ROWS, DECODE16_WIDE, DECODE16_WIDE_PACKED_SHARED_BYTES, Dims,
+    FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_EARLY_DEPENDENTS, FLAG_WEIGHTS_READY, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
+    LARGE_SHARED_BYTES, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS,
+    REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN,
+    WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
 
 /// `PackedWgmma` plans with this tiling: 8 warps, 128 columns, 16 rows (`block_m` is unused).
@@ -68,6 +68,7 @@ struct KernelNames {
     decode8_packed: &'static str,
     decode8_packed_wide: &'static str,
     decode16_packed: &'static str,
+    decode16_packed_wide: &'static str,
     /// `packed_wgmma8` / `packed_wgmma16` for 1, 2 and 4 K splits (clusters).
     packed_wgmma8: [&'static str; 3],
     packed_wgmma16: [&'static str; 3],
@@ -94,6 +95,7 @@ macro_rules! kernel_names {
             decode8_packed: concat!("matmul_nbits_", $t, "_decode8_packed"),
             decode8_packed_wide: concat!("matmul_nbits_", $t, "_decode8_packed_wide"),
             decode16_packed: concat!("matmul_nbits_", $t, "_decode16_packed"),
+            decode16_packed_wide: concat!("matmul_nbits_", $t, "_decode16_packed_wide"),
             packed_wgmma8: [
                 concat!("matmul_nbits_", $t, "_packed_wgmma8"),
                 concat!("matmul_nbits_", $t, "_packed_wgmma8_x2"),
@@ -470,9 +472,20 @@ impl MatMulNBitsParams {
         // beyond. Measured on the H200 (2026-12-01, docs/perf-notes/matmul_nbits.md v23): 256
         // blocks (N = 8192) 1.5-4% faster at M = 1-8; 896 blocks (N = 28672) 2-9% slower, in 3.4
         // waves instead of 2.3.
-        let wide = variant == Variant::PackedMma && rows8 && tiles_m * tiles_n * splits <= 2 * sms;
-        let (kernel, threads) =
-            if wide { (names.decode8_packed_wide, DECODE_WIDE.threads()) } else { (kernel, threads) };
+        // Likewise at M <= 16: `decode16_packed_wide` (6 warps, 2 blocks per SM) while the grid
+        // fits one wave of it, `decode16_packed` (4 warps, 3 blocks per SM) beyond. Measured on
+        // the H200 (2026-12-02, docs/perf-notes/matmul_nbits.md v29): 256 blocks 6-8% faster at
+        // M = 16; 896 blocks (N = 28672) 3% slower.
+        let one_wave = tiles_m * tiles_n * splits <= 2 * sms;
+        let wide = variant == Variant::PackedMma && rows8 && one_wave;
+        let wide16 = variant == Variant::PackedMma && !rows8 && one_wave;
+        let (kernel, threads) = if wide {
+            (names.decode8_packed_wide, DECODE_WIDE.threads())
+        } else if wide16 {
+            (names.decode16_packed_wide, DECODE16_WIDE.threads())
+        } else {
+            (kernel, threads)
+        };
         // Two splits of `wgmma` run as clusters of the pair, which sum through distributed
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
@@ -537,6 +550,7 @@ impl MatMulNBitsParams {
                 Variant::Large => LARGE_SHARED_BYTES as u32,
                 Variant::Tiled => tiled_shared_bytes(tiling) as u32,
                 Variant::Packed | Variant::PackedMma if wide => DECODE_WIDE_PACKED_SHARED_BYTES as u32,
+                Variant::Packed | Variant::PackedMma if wide16 => DECODE16_WIDE_PACKED_SHARED_BYTES as u32,
                 Variant::Packed | Variant::PackedMma => DECODE_PACKED_SHARED_BYTES as u32,
                 Variant::PackedWgmma => PACKED_WGMMA_SHARED_BYTES as u32,
                 Variant::Wgmma | Variant::WgmmaStreamK => WGMMA_SHARED_BYTES as u32,

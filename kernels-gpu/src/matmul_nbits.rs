@@ -48,7 +48,9 @@
 //!   chunk, tile-major; the scales and zero points are read from them), and the dynamic shared
 //!   memory is `DECODE_PACKED_SHARED_BYTES`.
 //! - `decode8_packed_wide`: `decode8_packed` with `DECODE_WIDE_WARPS` = 8 warps splitting K,
-//!   block `(256, 1, 1)`, `DECODE_WIDE_PACKED_SHARED_BYTES` of dynamic shared memory.
+//!   block `(256, 1, 1)`, `DECODE_WIDE_PACKED_SHARED_BYTES` of dynamic shared memory;
+//!   `decode16_packed_wide`: `decode16_packed` with `DECODE16_WIDE_WARPS` = 6, block
+//!   `(192, 1, 1)`, `DECODE16_WIDE_PACKED_SHARED_BYTES`.
 //! - `decode*` (and `packed_wgmma*`) may be launched as programmatic dependents of the previous
 //!   grid in the stream (sm_90a module): they wait for it before reading A or writing anything,
 //!   and before reading B, scales and zero points unless `flags & FLAG_WEIGHTS_READY`; with
@@ -1510,7 +1512,7 @@ macro_rules! matmul_nbits_tiled_entry {
 
 macro_rules! matmul_nbits_entries {
     (
-        $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $decode8_packed:ident, $decode8_packed_wide:ident, $decode16_packed:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
+        $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $decode8_packed:ident, $decode8_packed_wide:ident, $decode16_packed:ident, $decode16_packed_wide:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
         $tiled32x128:ident, $tiled64x128:ident, $tiled128x128:ident, $permute:ident,
         $reduce:ident
     ) => {
@@ -1538,6 +1540,9 @@ macro_rules! matmul_nbits_entries {
         crate::entry_directive!($decode8_packed, ".maxnreg 128");
         matmul_nbits_entry!($decode16_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
             matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($decode16_packed_wide, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            matmul_nbits_decode::<$ty, 2, 1, true, DECODE16_WIDE_WARPS>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($small, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, false>);
         matmul_nbits_entry!($small_zf, $ty, matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, true>);
@@ -1597,6 +1602,7 @@ matmul_nbits_entries!(
     matmul_nbits_f16_decode8_packed,
     matmul_nbits_f16_decode8_packed_wide,
     matmul_nbits_f16_decode16_packed,
+    matmul_nbits_f16_decode16_packed_wide,
     matmul_nbits_f16_small,
     matmul_nbits_f16_small_zf,
     matmul_nbits_f16_large,
@@ -1615,6 +1621,7 @@ matmul_nbits_entries!(
     matmul_nbits_bf16_decode8_packed,
     matmul_nbits_bf16_decode8_packed_wide,
     matmul_nbits_bf16_decode16_packed,
+    matmul_nbits_bf16_decode16_packed_wide,
     matmul_nbits_bf16_small,
     matmul_nbits_bf16_small_zf,
     matmul_nbits_bf16_large,

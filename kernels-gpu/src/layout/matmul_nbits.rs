@@ -86,6 +86,11 @@ pub const DECODE_PACKED_SHARED_BYTES: usize = DECODE_WARPS * DECODE_STAGES * DEC
 pub const DECODE_WIDE_WARPS: usize = 8;
 pub const DECODE_WIDE: Tiling = Tiling { wk: DECODE_WIDE_WARPS, ..DECODE };
 pub const DECODE_WIDE_PACKED_SHARED_BYTES: usize = DECODE_WIDE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
+/// `decode16_packed_wide`: `decode16_packed` with 6 warps splitting K (192 threads: 2 blocks per
+/// SM at its 158 registers, 12 warps where a one-wave grid of `decode16_packed` runs 8).
+pub const DECODE16_WIDE_WARPS: usize = 6;
+pub const DECODE16_WIDE: Tiling = Tiling { wk: DECODE16_WIDE_WARPS, ..DECODE };
+pub const DECODE16_WIDE_PACKED_SHARED_BYTES: usize = DECODE16_WIDE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
 /// `packed_wgmma` (Hopper, sm_90a module only; M <= 16 over the `decode*_packed` records): block
 /// tile 128 weight columns (the records of [`PACKED_WGMMA_TILES`] 32-column tiles; two
 /// warpgroups of 64, `wgmma`'s register operand) x 8 or 16 tokens (its shared-memory operand),
