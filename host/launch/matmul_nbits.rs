@@ -476,16 +476,15 @@ impl MatMulNBitsParams {
         // fits one wave of it, `decode16_packed` (4 warps, 3 blocks per SM) beyond. Measured on
         // the H200 (2026-12-02, docs/perf-notes/matmul_nbits.md v29): 256 blocks 6-8% faster at
         // M = 16; 896 blocks (N = 28672) 3% slower.
-        let one_wave = tiles_m * tiles_n * splits <= 2 * sms;
-        let wide = variant == Variant::PackedMma && rows8 && one_wave;
-        let wide16 = variant == Variant::PackedMma && !rows8 && one_wave;
-        let (kernel, threads) = if wide {
-            (names.decode8_packed_wide, DECODE_WIDE.threads())
-        } else if wide16 {
-            (names.decode16_packed_wide, DECODE16_WIDE.threads())
-        } else {
-            (kernel, threads)
-        };
+        // The wide build's name, threads and shared bytes, where it runs.
+        let wide = (variant == Variant::PackedMma && tiles_m * tiles_n * splits <= 2 * sms).then(|| {
+            if rows8 {
+                (names.decode8_packed_wide, DECODE_WIDE.threads(), DECODE_WIDE_PACKED_SHARED_BYTES)
+            } else {
+                (names.decode16_packed_wide, DECODE16_WIDE.threads(), DECODE16_WIDE_PACKED_SHARED_BYTES)
+            }
+        });
+        let (kernel, threads) = wide.map_or((kernel, threads), |(name, threads, _)| (name, threads));
         // Two splits of `wgmma` run as clusters of the pair, which sum through distributed
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
@@ -549,9 +548,9 @@ impl MatMulNBitsParams {
                 Variant::Small => 0,
                 Variant::Large => LARGE_SHARED_BYTES as u32,
                 Variant::Tiled => tiled_shared_bytes(tiling) as u32,
-                Variant::Packed | Variant::PackedMma if wide => DECODE_WIDE_PACKED_SHARED_BYTES as u32,
-                Variant::Packed | Variant::PackedMma if wide16 => DECODE16_WIDE_PACKED_SHARED_BYTES as u32,
-                Variant::Packed | Variant::PackedMma => DECODE_PACKED_SHARED_BYTES as u32,
+                Variant::Packed | Variant::PackedMma => {
+                    wide.map_or(DECODE_PACKED_SHARED_BYTES, |(_, _, bytes)| bytes) as u32
+                }
                 Variant::PackedWgmma => PACKED_WGMMA_SHARED_BYTES as u32,
                 Variant::Wgmma | Variant::WgmmaStreamK => WGMMA_SHARED_BYTES as u32,
             },
