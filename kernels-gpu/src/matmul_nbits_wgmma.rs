@@ -11,7 +11,10 @@
 //! Per chunk, a ring of [`WGMMA_STAGES`] holds the activations and the codes (`cp.async`;
 //! each thread copies the codes it later reads itself); the dequantization of chunk `j + 1`
 //! into the second of two fragment sets overlaps the tensor cores' work on chunk `j`. There is
-//! no dequantized weight tile in shared memory and no barrier for one.
+//! no dequantized weight tile in shared memory and no barrier for one. Each ring slot has two
+//! `mbarrier`s (its activations in; both warpgroups done reading them) instead of one block
+//! barrier per chunk, so the warpgroups wait only for what they use next and do not run in
+//! lockstep (docs/perf-notes/matmul_nbits.md, v30).
 //!
 //! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma`
 //! - `a` is the permuted copy of A (`matmul_nbits_permute_*`: rows of `ceil(K / 128) * 128`
@@ -47,7 +50,7 @@ use crate::device::cluster;
 use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, st_global_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
-use crate::device::{index, sync};
+use crate::device::{SharedAddr, index, mbarrier, sync};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::matmul_nbits::{BlockConsts, dequantize_biased, matmul_nbits_entry, split_chunk_range};
 use crate::unroll;
@@ -128,8 +131,8 @@ fn lane_rows(n0: usize) -> [usize; 2] {
 ///
 /// # Safety
 /// The launch contract in the module docs; every thread of the block calls it with the same
-/// arguments. It returns once this thread's `wgmma`s are complete, while the other
-/// warpgroup's may still read the ring: a block barrier must come before the ring is reused.
+/// arguments. It returns after a block barrier that follows every thread's last `wgmma`, so
+/// the ring is free for other uses (or the next call) when it returns.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_sums<T: WgmmaElement>(
@@ -245,6 +248,31 @@ unsafe fn tile_sums<T: WgmmaElement>(
 
         // Copies run two chunks ahead of the dequantization, three of the tensor cores.
         const AHEAD: u32 = WGMMA_STAGES as u32 - 1;
+        // Per ring slot, `full` completes a phase when a chunk's activations are in (every
+        // warp arrives once its lanes' copies landed), `empty` when both warpgroups' `wgmma`s
+        // have read them (every warp arrives after its wait). They replace one block barrier
+        // per chunk: a warpgroup waits only for what it is about to use, so the two no longer
+        // run in lockstep. Chunk `c` uses phase `c / 4` of slot `c % 4`'s pair; no warp gets
+        // a phase ahead, since refilling a slot waits for its `empty`.
+        let barriers = codes_base.offset((WGMMA_STAGES * WGMMA_CODES_STAGE_BYTES) as u32);
+        let full = |slot: u32| barriers.offset(8 * slot);
+        let empty = |slot: u32| barriers.offset(8 * (WGMMA_STAGES as u32 + slot));
+        let parity = |c: u32| (c / WGMMA_STAGES as u32) & 1;
+        let warps = (WGMMA_THREADS / 32) as u32;
+        let lane0 = index::lane_id() == 0;
+        // One arrival per warp, after all of its lanes' work before it.
+        let warp_arrive = |bar: SharedAddr| {
+            sync::sync_warp();
+            if lane0 {
+                mbarrier::arrive(bar);
+            }
+        };
+        if tid == 0 {
+            unroll!(S in [0, 1, 2, 3] {
+                mbarrier::init(full(S as u32), warps);
+                mbarrier::init(empty(S as u32), warps);
+            });
+        }
         // The first chunks' codes go before the wait for the grid writing the permuted copy of
         // A (`permute`, which this grid may overlap on Hopper: `launch_overlapping`); they join
         // the first copy group, so each group still holds all of its chunk.
@@ -265,41 +293,53 @@ unsafe fn tile_sums<T: WgmmaElement>(
         // slot per parity: nothing rotates between registers).
         let (mut even_consts, mut odd_consts) = (raw_consts(0), raw_consts(1));
         let (mut f0, mut f1): (Fragments, Fragments) = ([[0; 4]; 8], [[0; 4]; 8]);
+        // The barriers are initialized.
+        sync::sync_threads();
         wait_group::<{ AHEAD - 1 }>();
         fence_proxy_async_shared();
-        sync::sync_threads();
+        warp_arrive(full(0));
         if chunks > 0 {
             dequantize_chunk(0, even_consts, &mut f0);
         }
         even_consts = raw_consts(2);
 
-        // Chunk `$j`: its fragments are in `$cur`, its activations in slot `$j % 4` (fenced);
+        // Chunk `$j`: its fragments are in `$cur`, its activations in slot `$j % 4`;
         // `$consts` holds chunk `$j + 1`'s constants. A macro, not a closure: a closure called
         // twice may stay a function, and `ptxas` serializes `wgmma`s whose pipeline crosses a
         // call (C7510).
         macro_rules! chunk_step {
             ($j:expr, $cur:ident, $next:ident, $consts:ident) => {{
                 let j: u32 = $j;
-                let slot = a_s(j % WGMMA_STAGES as u32);
+                let slot = j % WGMMA_STAGES as u32;
+                mbarrier::wait_parity(full(slot), parity(j));
+                let tile = a_s(slot);
                 wgmma::fence();
                 unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
-                    let half = SharedMatrix::k_major_swizzle128(slot.offset(((S / 4) * WGMMA_A_HALF_BYTES) as u32));
+                    let half = SharedMatrix::k_major_swizzle128(tile.offset(((S / 4) * WGMMA_A_HALF_BYTES) as u32));
                     T::mma_async(&mut acc, $cur[S], half.advance_k(32 * (S % 4) as u32));
                 });
                 wgmma::commit_group();
-                // Chunk j - 1's `wgmma`s are done: `$next` and (after the barrier, for both
-                // warpgroups) slot (j - 1) % 4 are free. Chunk j + 1's copies landed.
+                // Chunk j - 1's `wgmma`s are done: `$next` is free, and so is slot (j - 1) % 4
+                // once the other warpgroup's are too.
                 wgmma::wait_group::<1>();
+                if j > 0 {
+                    warp_arrive(empty((j - 1) % WGMMA_STAGES as u32));
+                }
+                // Chunk j + 1's copies of this thread landed.
                 wait_group::<{ AHEAD - 2 }>();
-                fence_proxy_async_shared();
-                sync::sync_threads();
+                if j + 1 < chunks {
+                    fence_proxy_async_shared();
+                    warp_arrive(full((j + 1) % WGMMA_STAGES as u32));
+                    dequantize_chunk(j + 1, $consts, &mut $next);
+                }
                 if j + AHEAD < chunks {
+                    // Chunk j - 1 (this slot's last) read by both warpgroups.
+                    if j > 0 {
+                        mbarrier::wait_parity(empty((j - 1) % WGMMA_STAGES as u32), parity(j - 1));
+                    }
                     load(j + AHEAD);
                 }
                 commit_group();
-                if j + 1 < chunks {
-                    dequantize_chunk(j + 1, $consts, &mut $next);
-                }
                 $consts = raw_consts(j + 3);
             }};
         }
@@ -313,6 +353,15 @@ unsafe fn tile_sums<T: WgmmaElement>(
         }
         wgmma::wait_group::<0>();
         pin_accumulators_f32x64(&mut acc);
+        // Every thread is past its last wait: the barriers may be initialized again (the next
+        // tile of a stream-K block).
+        sync::sync_threads();
+        if tid == 0 {
+            unroll!(S in [0, 1, 2, 3] {
+                mbarrier::invalidate(full(S as u32));
+                mbarrier::invalidate(empty(S as u32));
+            });
+        }
     }
     acc
 }
@@ -442,11 +491,8 @@ unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement>(
     for i in 0..mine.segments() {
         let segment = mine.segment(i);
         unsafe {
-            if i > 0 {
-                // The other warpgroup's last `wgmma`s of the previous segment may still read the
-                // ring the next copies overwrite.
-                sync::sync_threads();
-            }
+            // (`tile_sums` ends with a block barrier: the previous segment's reads of the ring
+            // are over.)
             let origin = TileOrigin { m0: segment.tile_m as usize * WGMMA_BM, n0: segment.tile_n as usize * WGMMA_BN };
             let mut acc = tile_sums(a_perm, b, scales, zeros_u8, &p, origin, segment.first, segment.chunks);
             if !segment.finalizes {

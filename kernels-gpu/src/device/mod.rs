@@ -16,6 +16,8 @@ pub mod entry;
 pub mod index;
 pub mod ldmatrix;
 pub mod math;
+#[cfg(dlkern_arch_specific)]
+pub mod mbarrier;
 pub mod memory;
 pub mod mma;
 pub mod reduce;

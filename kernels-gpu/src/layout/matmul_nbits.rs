@@ -159,8 +159,13 @@ pub const WGMMA_A_HALF_BYTES: usize = WGMMA_BM * 128;
 pub const WGMMA_A_STAGE_BYTES: usize = 2 * WGMMA_A_HALF_BYTES;
 /// A stage's codes: 64 bytes per weight row.
 pub const WGMMA_CODES_STAGE_BYTES: usize = WGMMA_BN * B_CHUNK_BYTES;
-/// Dynamic shared memory of `wgmma`: the ring, plus 1 KiB to align it to the swizzle atom.
-pub const WGMMA_SHARED_BYTES: usize = WGMMA_STAGES * (WGMMA_A_STAGE_BYTES + WGMMA_CODES_STAGE_BYTES) + 1024;
+/// The ring's barrier objects after it: per stage, one that completes when its activations
+/// are in and one when both warpgroups' `wgmma`s have read them (8 bytes each).
+pub const WGMMA_RING_BARRIER_BYTES: usize = 2 * WGMMA_STAGES * 8;
+/// Dynamic shared memory of `wgmma`: the ring and its barriers, plus 1 KiB to align the ring
+/// to the swizzle atom.
+pub const WGMMA_SHARED_BYTES: usize =
+    WGMMA_STAGES * (WGMMA_A_STAGE_BYTES + WGMMA_CODES_STAGE_BYTES) + WGMMA_RING_BARRIER_BYTES + 1024;
 
 /// `wgmma_streamk` (Hopper): the `wgmma` kernel over a stream-K partition. The grid is a
 /// 1-D set of blocks (one per SM), and block `b` of `blocks` takes the iterations
