@@ -50,7 +50,7 @@ use crate::device::cluster;
 use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, st_global_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
-use crate::device::{SharedAddr, index, mbarrier, sync};
+use crate::device::{SharedAddr, WARP_SIZE, index, mbarrier, sync};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::matmul_nbits::{BlockConsts, dequantize_biased, matmul_nbits_entry, split_chunk_range};
 use crate::unroll;
@@ -258,7 +258,7 @@ unsafe fn tile_sums<T: WgmmaElement>(
         let full = |slot: u32| barriers.offset(8 * slot);
         let empty = |slot: u32| barriers.offset(8 * (WGMMA_STAGES as u32 + slot));
         let parity = |c: u32| (c / WGMMA_STAGES as u32) & 1;
-        let warps = (WGMMA_THREADS / 32) as u32;
+        let warps = WGMMA_THREADS as u32 / WARP_SIZE;
         let lane0 = index::lane_id() == 0;
         // One arrival per warp, after all of its lanes' work before it.
         let warp_arrive = |bar: SharedAddr| {
