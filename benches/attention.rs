@@ -8,7 +8,7 @@ mod common;
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::launch::attention::{AttentionParams, AttentionPointers, Batch, attention_raw};
+use dlkern::ops::attention::launch::{AttentionParams, AttentionPointers, Batch, attention_raw};
 use half::{bf16, f16};
 use std::time::Duration;
 

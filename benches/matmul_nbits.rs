@@ -17,7 +17,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::launch::matmul_nbits::{
+use dlkern::ops::matmul_nbits::launch::{
     MatMulNBitsParams, MatMulNBitsPointers, Variant, WeightsWritten, ZeroPointKind, matmul_nbits_raw_with,
 };
 use half::f16;

@@ -12,7 +12,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::launch::matmul_w8a8::{
+use dlkern::ops::matmul_w8a8::launch::{
     MatMulW8A8Params, MatMulW8A8Pointers, W8A8Variant, matmul_w8a8_raw, quantize_per_token_raw,
 };
 use half::{bf16, f16};
@@ -126,7 +126,8 @@ fn benches(c: &mut Criterion) {
         // same way.
         if m <= 16 && params.variant.is_none() {
             let packed_params = MatMulW8A8Params { variant: Some(W8A8Variant::Packed), ..params };
-            let packed = s.clone_htod(&dlkern::quant::w8::pack_for_decode(&w_host, n, k).unwrap()).unwrap();
+            let packed =
+                s.clone_htod(&dlkern::ops::matmul_w8a8::pack::pack_for_decode(&w_host, n, k).unwrap()).unwrap();
             let packed_ptrs = MatMulW8A8Pointers { w: packed.device_ptr(s).0, ..ptrs };
             let id = format!("dlkern_packed/m{m}_n{n}_k{k}");
             record(&id, "dlkern packed W", m * k + packed_params.packed_w_len() + 2 * m * n, 0);

@@ -7,7 +7,7 @@ mod common;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::launch::paged_attention::{PagedAttentionParams, PagedAttentionPointers, paged_attention_raw};
+use dlkern::ops::paged_attention::launch::{PagedAttentionParams, PagedAttentionPointers, paged_attention_raw};
 use half::f16;
 
 /// (batch, q heads, kv heads, context, head size)
@@ -88,7 +88,7 @@ fn benches(c: &mut Criterion) {
                 })
             })
         });
-        dlkern::launch::paged_attention::check_status(&gpu.stream, &status).expect("status");
+        dlkern::ops::paged_attention::launch::check_status(&gpu.stream, &status).expect("status");
     }
     group.finish();
 }

@@ -6,7 +6,7 @@ mod common;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dlkern::Element;
-use dlkern::launch::rmsnorm::rmsnorm;
+use dlkern::ops::rmsnorm::launch::rmsnorm;
 use half::{bf16, f16};
 
 const SHAPES: &[(usize, usize)] = &[(64, 4096), (2048, 4096), (16384, 4096), (4096, 8192), (16384, 8192)];

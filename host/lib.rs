@@ -1,14 +1,17 @@
 //! dlkern: CUDA kernels for LLM inference, written in Rust and compiled to PTX without nvcc.
 //!
-//! The crate is layered the way cudarc is:
-//! - [`runtime`]: the CUDA driver (loaded at run time), devices on their primary context, and
-//!   the embedded PTX modules loaded once per device.
-//! - [`launch`]: typed launchers. Each validates shapes, strides, alignment and the launch
-//!   budget, then makes exactly one unsafe launch on a caller-given stream. Every kernel has a
-//!   raw-pointer entry (for DLPack, ONNX Runtime and PyTorch memory) and a safe entry over
-//!   cudarc's `CudaSlice`.
-//! - [`reference`](mod@reference): CPU reference implementations in f64, the oracle of every GPU test.
+//! The crate is layered (top to bottom; a layer imports only the layers below it):
+//! - [`ort`] and [`capi`]: the adapters, ONNX Runtime's custom-op library and the C ABI;
+//! - [`registry`]: kernels by name, dlkern's own (from [`ops::DECLARATIONS`]) and users';
+//! - [`ops`]: one folder per kernel family: its op declarations, planner, launchers (validate
+//!   everything, then one unsafe launch on a caller-given stream; a raw-pointer entry for
+//!   DLPack, ONNX Runtime and PyTorch memory and a safe one over cudarc's `CudaSlice`), CPU
+//!   reference (f64, the oracle of every GPU test) and weight packing;
+//! - [`kernel`] (what a call of a kernel is: arguments, attributes, the op declaration type),
+//!   [`runtime`] (the CUDA driver, loaded at run time; devices on their primary context; the
+//!   embedded PTX modules, loaded once per device), [`dlpack`] (validated tensor views).
 //!
+//! `docs/architecture.md` draws the tree and lists the files a new op touches.
 //! Device code lives in the `kernels-gpu/` crate; `build.rs` compiles it to PTX.
 //!
 //! ```no_run
@@ -20,7 +23,7 @@
 //! let x = stream.clone_htod(&vec![half::f16::from_f32(0.5); rows * cols])?;
 //! let w = stream.clone_htod(&vec![half::f16::ONE; cols])?;
 //! let mut y = stream.alloc_zeros::<half::f16>(rows * cols)?;
-//! dlkern::launch::rmsnorm::rmsnorm(&device, &stream, &x, &w, &mut y, rows, cols, 1e-6)?;
+//! dlkern::ops::rmsnorm::launch::rmsnorm(&device, &stream, &x, &w, &mut y, rows, cols, 1e-6)?;
 //! let y = stream.clone_dtoh(&y)?;
 //! # Ok(()) }
 //! ```
@@ -29,9 +32,10 @@ pub mod capi;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
+pub mod kernel;
 pub mod launch;
+pub mod ops;
 pub mod ort;
-pub mod quant;
 pub mod reference;
 pub mod registry;
 pub mod runtime;

@@ -7,7 +7,7 @@ mod common;
 
 use common::{Host, Rng};
 use dlkern::dlpack::DLTensor;
-use dlkern::reference::attention::{AttentionOptions, attention_varlen};
+use dlkern::ops::attention::reference::{AttentionOptions, attention_varlen};
 use dlkern::registry::{self, AttrValue, Attributes};
 use half::f16;
 use proptest::prelude::*;
@@ -196,13 +196,13 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GPU kernel (`dlkern::launch::attention`) against the f64 reference.
+// GPU kernel (`dlkern::ops::attention::launch`) against the f64 reference.
 
 mod gpu {
     use super::common::{Rng, gpu, unit_roundoff};
     use cudarc::driver::{DevicePtr, DevicePtrMut};
-    use dlkern::launch::attention::*;
-    use dlkern::reference::attention::{AttentionOptions, attention_varlen, visible};
+    use dlkern::ops::attention::launch::*;
+    use dlkern::ops::attention::reference::{AttentionOptions, attention_varlen, visible};
     use dlkern::{DType, Element};
     use half::{bf16, f16};
     use proptest::prelude::*;

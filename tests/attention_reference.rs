@@ -5,7 +5,7 @@
 mod common;
 
 use common::Rng;
-use dlkern::reference::attention::{AttentionOptions, attention_varlen};
+use dlkern::ops::attention::reference::{AttentionOptions, attention_varlen};
 use half::f16;
 use proptest::prelude::*;
 

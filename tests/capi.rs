@@ -84,7 +84,7 @@ fn rust_mirrors_match_the_header_layout() {
     assert_eq!(std::mem::offset_of!(CAttr, count), 56);
     assert_eq!(size_of::<KernelDefC>(), 56);
     assert_eq!(std::mem::offset_of!(KernelDefC, user_data), 40);
-    assert_eq!(size_of::<dlkern::registry::PluginApi>(), 24);
+    assert_eq!(size_of::<dlkern::capi::PluginApi>(), 24);
 }
 
 #[test]

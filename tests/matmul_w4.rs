@@ -6,7 +6,7 @@ mod common;
 
 use common::{Host, Rng, on_cuda};
 use dlkern::dlpack::DLTensor;
-use dlkern::quant::w4::{W4Weights, ZeroPoints, matmul_reference, quantize};
+use dlkern::ops::matmul_nbits::pack::{W4Weights, ZeroPoints, matmul_reference, quantize};
 use dlkern::registry::{self, AttrValue, Attributes};
 use proptest::prelude::*;
 
@@ -181,13 +181,13 @@ fn registry_kernel_reports_format_errors() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GPU kernels (`dlkern::launch::matmul_nbits`) against the f64 reference.
+// GPU kernels (`dlkern::ops::matmul_nbits::launch`) against the f64 reference.
 
 mod gpu {
     use super::common::{Rng, gpu, unit_roundoff};
     use cudarc::driver::{CudaSlice, CudaStream};
-    use dlkern::launch::matmul_nbits::*;
-    use dlkern::quant::w4::{W4Weights, ZeroPoints as HostZeros, matmul_reference, quantize};
+    use dlkern::ops::matmul_nbits::launch::*;
+    use dlkern::ops::matmul_nbits::pack::{W4Weights, ZeroPoints as HostZeros, matmul_reference, quantize};
     use dlkern::runtime::Device;
     use dlkern::{DType, Element};
     use half::{bf16, f16};
@@ -907,7 +907,7 @@ mod gpu {
 #[test]
 fn device_packing_plan_covers_every_record_and_refuses_what_packed_cannot_hold() {
     use dlkern::DType;
-    use dlkern::launch::matmul_nbits::*;
+    use dlkern::ops::matmul_nbits::launch::*;
     let p = MatMulNBitsParams {
         dtype: DType::BF16,
         m: 1,
@@ -937,7 +937,7 @@ fn device_packing_plan_covers_every_record_and_refuses_what_packed_cannot_hold()
 #[test]
 fn gpu_plan_validates_and_splits() {
     use dlkern::DType;
-    use dlkern::launch::matmul_nbits::*;
+    use dlkern::ops::matmul_nbits::launch::*;
     let ok = MatMulNBitsParams {
         dtype: DType::F16,
         m: 1,

@@ -4,7 +4,7 @@
 mod common;
 
 use common::Rng;
-use dlkern::quant::w8::{self, MAX_K_I32, matmul_reference, quantize_rows};
+use dlkern::ops::matmul_w8a8::pack::{self as w8, MAX_K_I32, matmul_reference, quantize_rows};
 use proptest::prelude::*;
 
 proptest! {
@@ -98,12 +98,12 @@ fn registry_quantizer_gives_zero_width_rows_zero_scales() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GPU kernel (`dlkern::launch::matmul_w8a8`) against the exact integer reference.
+// GPU kernel (`dlkern::ops::matmul_w8a8::launch`) against the exact integer reference.
 
 mod gpu {
     use super::common::{Rng, gpu, subnormal_roundoff, unit_roundoff};
-    use dlkern::launch::matmul_w8a8::*;
-    use dlkern::quant::w8::{matmul_reference, pack_for_decode};
+    use dlkern::ops::matmul_w8a8::launch::*;
+    use dlkern::ops::matmul_w8a8::pack::{matmul_reference, pack_for_decode};
     use dlkern::{DType, Element};
     use half::{bf16, f16};
     use proptest::prelude::*;
@@ -492,7 +492,7 @@ mod gpu {
     #[ignore = "needs a CUDA device"]
     fn gpu_quantizer_matches_host_bit_for_bit() {
         use cudarc::driver::{DevicePtr, DevicePtrMut};
-        use dlkern::quant::w8::quantize_rows;
+        use dlkern::ops::matmul_w8a8::pack::quantize_rows;
         let (device, stream) = gpu();
         let mut rng = Rng::new(11);
         for &(rows, cols) in &[(1, 1), (3, 97), (17, 1025), (64, 8192)] {

@@ -6,8 +6,8 @@
 mod common;
 
 use common::{Rng, gpu, unit_roundoff};
-use dlkern::launch::paged_attention::*;
-use dlkern::reference::paged_attention::{PagedInputs, paged_attention as reference};
+use dlkern::ops::paged_attention::launch::*;
+use dlkern::ops::paged_attention::reference::{PagedInputs, paged_attention as reference};
 use dlkern::{DType, Element, Error};
 use half::{bf16, f16};
 use proptest::prelude::*;

@@ -24,7 +24,7 @@ fn rmsnorm_on_cpu<T: Element + Scalar>(shape: &[i64], seed: u64) {
     let mut tensors = [x.dl(), w.dl(), y.dl()];
     // SAFETY: host tensors alive for the call.
     unsafe { registry::call("dlkern.rmsnorm", &mut tensors, 2, std::ptr::null_mut(), &attrs) }.unwrap();
-    let expected = dlkern::reference::rmsnorm::rmsnorm(&x.data, &w.data, n / cols, cols, cols, 1e-3);
+    let expected = dlkern::ops::rmsnorm::reference::rmsnorm(&x.data, &w.data, n / cols, cols, cols, 1e-3);
     let expected_rounded: Vec<f64> = expected.iter().map(|&v| T::from_f64(v).to_f64()).collect();
     let got: Vec<f64> = y.data.iter().map(|v| v.to_f64()).collect();
     assert_eq!(got, expected_rounded, "{} {shape:?}", <T as Scalar>::DTYPE);

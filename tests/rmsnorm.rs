@@ -4,8 +4,8 @@
 mod common;
 
 use common::{Rng, assert_close, gpu};
-use dlkern::launch::rmsnorm::{RmsNormParams, rmsnorm, rmsnorm_raw};
-use dlkern::reference::rmsnorm::rmsnorm as reference;
+use dlkern::ops::rmsnorm::launch::{RmsNormParams, rmsnorm, rmsnorm_raw};
+use dlkern::ops::rmsnorm::reference::rmsnorm as reference;
 use dlkern::{DType, Element, Error};
 use half::{bf16, f16};
 use proptest::prelude::*;

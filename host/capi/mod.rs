@@ -4,12 +4,15 @@
 //! Every exported function catches panics and returns an error code; the message of the last
 //! failure on the calling thread is available from `dlkern_last_error`.
 
+mod plugin;
+
 use std::cell::RefCell;
 use std::ffi::{CString, c_char, c_void};
 
 use crate::dlpack::DLTensor;
 use crate::error::Error;
 use crate::registry::{self, Attributes, CAttr, CComputeFn, CInferFn, Compute, Infer, KernelDef, UserData};
+pub use plugin::{ABI_VERSION, PluginApi, load_plugin};
 
 /// Return codes (`DLKERN_OK`, ... in the header).
 pub const OK: i32 = 0;
@@ -115,7 +118,7 @@ unsafe fn tensor_slice<'a>(tensors: *const DLTensor, n: i32, what: &str) -> Resu
 /// `int32_t dlkern_abi_version(void)`
 #[unsafe(no_mangle)]
 pub extern "C" fn dlkern_abi_version() -> i32 {
-    registry::ABI_VERSION as i32
+    plugin::ABI_VERSION as i32
 }
 
 /// `const char* dlkern_last_error(void)`: the message of the calling thread's last failed call
@@ -281,7 +284,7 @@ pub unsafe extern "C" fn dlkern_load_plugin(path: *const c_char) -> i32 {
         // SAFETY: forwarded; trust is the caller's decision.
         unsafe {
             let path = name_arg(path, "path")?;
-            registry::load_plugin(&path).map(|()| OK)
+            plugin::load_plugin(&path).map(|()| OK)
         }
     })
 }

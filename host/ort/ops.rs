@@ -10,7 +10,8 @@ use ort_sys::*;
 use super::api::{Api, ORT_API_VERSION_NEEDED, OrtResult};
 use crate::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
 use crate::dtype::DType;
-use crate::registry::{self, AttrValue, Attributes, CallSite, TensorSpec};
+use crate::kernel::{AttrKind, AttrValue, Attributes, CallSite, OpDecl, TensorDecl, TensorSpec, TensorType};
+use crate::registry;
 
 /// Which ONNX Runtime execution provider an op instance serves.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -20,106 +21,22 @@ enum Provider {
 }
 
 /// What an op does.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy)]
 enum Kind {
-    /// A typed op for one built-in kernel: fixed name, inputs, element type (`elem`, ONNX's
-    /// `T`) and attributes; one output of type `elem`.
-    Typed { op: &'static CStr, kernel: &'static str, inputs: &'static [Input], elem: Elem, attrs: &'static [TypedAttr] },
+    /// A typed op for one declared kernel and one element type `T` (`elem`).
+    Typed { decl: &'static OpDecl, op: &'static CStr, elem: Elem },
     /// `DLPackKernel`: any registered kernel, variadic heterogeneous inputs and outputs.
     Generic,
 }
 
-/// An attribute of a typed op, read at kernel creation and passed to the kernel.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct TypedAttr {
-    name: &'static CStr,
-    kind: AttrKind,
+/// The ORT element type of a declared input or output (`UNDEFINED`: any, the kernel checks).
+fn elem_of_decl(ty: TensorType, elem: Elem) -> Elem {
+    match ty {
+        TensorType::T => elem,
+        TensorType::Fixed(dtype) => elem_of(dtype),
+        TensorType::Any(_) => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
+    }
 }
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum AttrKind {
-    /// A float with a default (its bits), finite and >= 0.
-    Float(u32),
-    /// A required int.
-    Int,
-    /// An int that may be absent.
-    OptionalInt,
-}
-
-/// One input of a typed op: its type and whether the node may omit it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Input {
-    ty: InputType,
-    optional: bool,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum InputType {
-    /// The op's element type `T`.
-    Elem,
-    /// A fixed type.
-    Fixed(Elem),
-    /// Any type (the kernel checks it).
-    Any,
-}
-
-const fn input(ty: InputType) -> Input {
-    Input { ty, optional: false }
-}
-
-const fn optional(ty: InputType) -> Input {
-    Input { ty, optional: true }
-}
-
-const RMSNORM_INPUTS: &[Input] = &[input(InputType::Elem), input(InputType::Elem)];
-const RMSNORM_ATTRS: &[TypedAttr] = &[TypedAttr { name: c"epsilon", kind: AttrKind::Float(0x3727_c5ac) }]; // 1e-5
-
-/// `com.microsoft` `MatMulNBits`' inputs: A, B (u8), scales, zero_points (u8 or T), g_idx
-/// (i32), bias.
-const MATMUL_NBITS_INPUTS: &[Input] = &[
-    input(InputType::Elem),
-    input(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)),
-    input(InputType::Elem),
-    optional(InputType::Any),
-    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)),
-    optional(InputType::Elem),
-];
-/// `com.microsoft` `MatMulIntegerToFloat`'s inputs (int8 only): A, B, a_scale, b_scale,
-/// a_zero_point, b_zero_point, bias.
-const MATMUL_ITF_INPUTS: &[Input] = &[
-    input(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)),
-    input(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)),
-    input(InputType::Elem),
-    input(InputType::Elem),
-    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)),
-    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8)),
-    optional(InputType::Elem),
-];
-
-/// `FlashAttention`'s inputs: q, k, v, then cu_seqlens_q and cu_seqlens_k (packed batches).
-const ATTENTION_INPUTS: &[Input] = &[
-    input(InputType::Elem),
-    input(InputType::Elem),
-    input(InputType::Elem),
-    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)),
-    optional(InputType::Fixed(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)),
-];
-/// `scale` 0 (the default) means 1/sqrt(head_dim).
-const ATTENTION_ATTRS: &[TypedAttr] = &[
-    TypedAttr { name: c"causal", kind: AttrKind::OptionalInt },
-    TypedAttr { name: c"scale", kind: AttrKind::Float(0) },
-    TypedAttr { name: c"softcap", kind: AttrKind::Float(0) },
-    TypedAttr { name: c"window_left", kind: AttrKind::OptionalInt },
-    TypedAttr { name: c"max_seqlen_q", kind: AttrKind::OptionalInt },
-];
-
-const MATMUL_NBITS_ATTRS: &[TypedAttr] = &[
-    TypedAttr { name: c"K", kind: AttrKind::Int },
-    TypedAttr { name: c"N", kind: AttrKind::Int },
-    TypedAttr { name: c"bits", kind: AttrKind::Int },
-    TypedAttr { name: c"block_size", kind: AttrKind::Int },
-    TypedAttr { name: c"accuracy_level", kind: AttrKind::OptionalInt },
-];
 
 /// One registered `OrtCustomOp` and what it stands for. `base` comes first so ORT's
 /// `*const OrtCustomOp` can be cast back.
@@ -160,59 +77,17 @@ fn all_ops() -> &'static [DlkernOp] {
     // Never modified after initialisation, so the elements keep their addresses (ORT holds them).
     static OPS: OnceLock<Vec<DlkernOp>> = OnceLock::new();
     OPS.get_or_init(|| {
-        let mut kinds = Vec::new();
-        for elem in [
-            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
-            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-            Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
-        ] {
-            kinds.push(Kind::Typed {
-                op: c"RMSNorm",
-                kernel: registry::builtin::RMSNORM,
-                inputs: RMSNORM_INPUTS,
-                elem,
-                attrs: RMSNORM_ATTRS,
-            });
-        }
-        kinds.push(Kind::Generic);
         let mut ops = Vec::new();
-        // MatMulNBits (bits = 4): the tensor-core kernels take f16/bf16 on the CUDA EP; the
-        // reference takes f32/f16 on the CPU EP.
-        let nbits = |elem| Kind::Typed {
-            op: c"MatMulNBits",
-            kernel: registry::builtin::MATMUL_NBITS,
-            inputs: MATMUL_NBITS_INPUTS,
-            elem,
-            attrs: MATMUL_NBITS_ATTRS,
-        };
-        let attention = |elem| Kind::Typed {
-            op: c"FlashAttention",
-            kernel: registry::builtin::ATTENTION,
-            inputs: ATTENTION_INPUTS,
-            elem,
-            attrs: ATTENTION_ATTRS,
-        };
-        for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16] {
-            ops.push(DlkernOp { base: custom_op_table(), kind: nbits(elem), provider: Provider::Cuda });
-            ops.push(DlkernOp { base: custom_op_table(), kind: attention(elem), provider: Provider::Cuda });
-        }
-        // MatMulIntegerToFloat has no GPU kernel yet: CPU EP only, so ORT places it there.
-        for elem in [Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16] {
-            ops.push(DlkernOp { base: custom_op_table(), kind: attention(elem), provider: Provider::Cpu });
-            ops.push(DlkernOp { base: custom_op_table(), kind: nbits(elem), provider: Provider::Cpu });
-            let kind = Kind::Typed {
-                op: c"MatMulIntegerToFloat",
-                kernel: registry::builtin::MATMUL_INTEGER_TO_FLOAT,
-                inputs: MATMUL_ITF_INPUTS,
-                elem,
-                attrs: &[],
-            };
-            ops.push(DlkernOp { base: custom_op_table(), kind, provider: Provider::Cpu });
-        }
         for provider in [Provider::Cuda, Provider::Cpu] {
-            for &kind in &kinds {
-                ops.push(DlkernOp { base: custom_op_table(), kind, provider });
+            for decl in crate::ops::DECLARATIONS {
+                let Some(ort) = &decl.ort else { continue };
+                let types = if provider == Provider::Cuda { ort.cuda } else { ort.cpu };
+                for &dtype in types {
+                    let kind = Kind::Typed { decl, op: ort.name, elem: elem_of(dtype) };
+                    ops.push(DlkernOp { base: custom_op_table(), kind, provider });
+                }
             }
+            ops.push(DlkernOp { base: custom_op_table(), kind: Kind::Generic, provider });
         }
         ops
     })
@@ -262,31 +137,42 @@ unsafe extern "system" fn get_provider(op: *const OrtCustomOp) -> *const c_char 
 
 unsafe extern "system" fn get_input_type(op: *const OrtCustomOp, index: usize) -> Elem {
     match op_of(op).kind {
-        Kind::Typed { elem, inputs, .. } => match inputs.get(index).map(|i| i.ty) {
-            Some(InputType::Elem) => elem,
-            Some(InputType::Fixed(ty)) => ty,
-            Some(InputType::Any) | None => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
-        },
+        Kind::Typed { decl, elem, .. } => {
+            decl.inputs.get(index).map_or(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, |t| elem_of_decl(t.ty, elem))
+        }
         Kind::Generic => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
     }
 }
 
-unsafe extern "system" fn get_output_type(op: *const OrtCustomOp, _index: usize) -> Elem {
+unsafe extern "system" fn get_output_type(op: *const OrtCustomOp, index: usize) -> Elem {
     match op_of(op).kind {
-        Kind::Typed { elem, .. } => elem,
+        Kind::Typed { decl, elem, .. } => {
+            decl.outputs.get(index).map_or(Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, |t| elem_of_decl(t.ty, elem))
+        }
         Kind::Generic => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
     }
 }
 
 unsafe extern "system" fn get_input_count(op: *const OrtCustomOp) -> usize {
     match op_of(op).kind {
-        Kind::Typed { inputs, .. } => inputs.len(),
+        Kind::Typed { decl, .. } => decl.inputs.len(),
         Kind::Generic => 1,
     }
 }
 
-unsafe extern "system" fn get_output_count(_op: *const OrtCustomOp) -> usize {
-    1 // typed ops have one output; for DLPackKernel this is the variadic output
+unsafe extern "system" fn get_output_count(op: *const OrtCustomOp) -> usize {
+    match op_of(op).kind {
+        Kind::Typed { decl, .. } => decl.outputs.len(),
+        Kind::Generic => 1, // the variadic output
+    }
+}
+
+fn characteristic(list: &[TensorDecl], index: usize) -> OrtCustomOpInputOutputCharacteristic {
+    if list.get(index).is_some_and(|t| t.optional) {
+        OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+    } else {
+        OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+    }
 }
 
 unsafe extern "system" fn get_input_characteristic(
@@ -294,20 +180,17 @@ unsafe extern "system" fn get_input_characteristic(
     index: usize,
 ) -> OrtCustomOpInputOutputCharacteristic {
     match op_of(op).kind {
-        Kind::Typed { inputs, .. } if inputs.get(index).is_some_and(|i| i.optional) => {
-            OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
-        }
-        Kind::Typed { .. } => OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED,
+        Kind::Typed { decl, .. } => characteristic(decl.inputs, index),
         Kind::Generic => OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_VARIADIC,
     }
 }
 
 unsafe extern "system" fn get_output_characteristic(
     op: *const OrtCustomOp,
-    _index: usize,
+    index: usize,
 ) -> OrtCustomOpInputOutputCharacteristic {
     match op_of(op).kind {
-        Kind::Typed { .. } => OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED,
+        Kind::Typed { decl, .. } => characteristic(decl.outputs, index),
         Kind::Generic => OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_VARIADIC,
     }
 }
@@ -334,7 +217,7 @@ unsafe extern "system" fn end_version(_op: *const OrtCustomOp) -> c_int {
 
 impl NodeKernel {
     fn optional_input(&self, i: usize) -> bool {
-        matches!(self.op.kind, Kind::Typed { inputs, .. } if inputs.get(i).is_some_and(|x| x.optional))
+        matches!(self.op.kind, Kind::Typed { decl, .. } if decl.inputs.get(i).is_some_and(|x| x.optional))
     }
 }
 
@@ -374,8 +257,8 @@ unsafe extern "system" fn create_kernel(
         api.check(unsafe { (api.0.KernelInfo_GetOutputCount)(info, &mut n_out) }).map_err(with_label)?;
         let mut attrs = Attributes::new();
         let function_name = match op.kind {
-            Kind::Typed { kernel, attrs: typed, .. } => {
-                for a in typed {
+            Kind::Typed { decl, .. } => {
+                for a in decl.attrs {
                     let name = a.name.to_string_lossy();
                     // Absent: the default (or an error if required). Present with another type:
                     // the node is wrong.
@@ -384,12 +267,12 @@ unsafe extern "system" fn create_kernel(
                         None => Ok(()),
                     };
                     match a.kind {
-                        AttrKind::Float(default_bits) => {
+                        AttrKind::Float { default } => {
                             let value = match api.attr_f32(info, a.name) {
                                 Ok(v) => v,
                                 Err(_) => {
                                     wrong_type("a float")?;
-                                    f32::from_bits(default_bits)
+                                    default
                                 }
                             };
                             if !value.is_finite() || value < 0.0 {
@@ -399,7 +282,7 @@ unsafe extern "system" fn create_kernel(
                             }
                             attrs.set(name, AttrValue::Float(value as f64));
                         }
-                        AttrKind::Int | AttrKind::OptionalInt => match api.attr_i64(info, a.name) {
+                        AttrKind::Int | AttrKind::OptionalInt { .. } => match api.attr_i64(info, a.name) {
                             Ok(v) => attrs.set(name, AttrValue::Int(v)),
                             Err(_) => {
                                 wrong_type("an int")?;
@@ -408,9 +291,13 @@ unsafe extern "system" fn create_kernel(
                                 }
                             }
                         },
+                        AttrKind::OptionalString { .. } => match api.attr_string(info, a.name) {
+                            Ok(v) => attrs.set(name, AttrValue::String(v)),
+                            Err(_) => wrong_type("a string")?,
+                        },
                     }
                 }
-                kernel.to_string()
+                decl.name.to_string()
             }
             Kind::Generic => {
                 let name = api.attr_string(info, c"function_name").map_err(|_| {
@@ -534,7 +421,7 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
     }
     // Trailing optional inputs the node left out.
     let declared = match kernel.op.kind {
-        Kind::Typed { inputs, .. } => inputs.len(),
+        Kind::Typed { decl, .. } => decl.inputs.len(),
         Kind::Generic => n_in,
     };
     for _ in n_in..declared {
@@ -605,15 +492,15 @@ fn infer_shapes(op: &DlkernOp, context: *mut OrtShapeInferContext) -> OrtResult<
     let api = api();
     let mut attrs = Attributes::new();
     let (function_name, n_out) = match op.kind {
-        Kind::Typed { kernel, attrs: typed, .. } => {
-            for a in typed {
+        Kind::Typed { decl, .. } => {
+            for a in decl.attrs {
                 if let Some(value) = api.infer_attr_any(context, a.name) {
                     attrs.set(a.name.to_string_lossy(), value);
-                } else if let AttrKind::Float(bits) = a.kind {
-                    attrs.set(a.name.to_string_lossy(), AttrValue::Float(f32::from_bits(bits) as f64));
+                } else if let AttrKind::Float { default } = a.kind {
+                    attrs.set(a.name.to_string_lossy(), AttrValue::Float(default as f64));
                 }
             }
-            (kernel.to_string(), 1)
+            (decl.name.to_string(), decl.outputs.len())
         }
         Kind::Generic => {
             let name = api

@@ -7,132 +7,21 @@
 //! safe: the running call finishes with the old entry, and the old entry's `destroy(user_data)`
 //! runs when the last such call returns.
 
-mod attributes;
-pub mod builtin;
-mod plugin;
+mod c_attrs;
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_void};
-use std::ops::RangeInclusive;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, LazyLock, RwLock};
 
-pub(crate) use attributes::c_string;
-pub use attributes::{ATTR_FLOAT, ATTR_FLOATS, ATTR_INT, ATTR_INTS, ATTR_STRING, AttrValue, Attributes, CAttr};
-pub use plugin::{ABI_VERSION, PluginApi, load_plugin};
+pub(crate) use c_attrs::c_string;
+pub use c_attrs::{ATTR_FLOAT, ATTR_FLOATS, ATTR_INT, ATTR_INTS, ATTR_STRING, CAttr};
+// The call interface lives in `kernel` (below the op families); re-exported here, where Rust
+// users registering their own kernels look for it.
+pub use crate::kernel::{AttrValue, Attributes, CallSite, InferArgs, KernelArgs, StreamHandle, TensorSpec};
 
 use crate::dlpack::{DLTensor, MAX_NDIM, TensorView, dtype_from_dl, dtype_to_dl};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-
-/// A CUDA stream handle as C sees it (`CUstream`/`cudaStream_t`); null is the legacy default
-/// stream. Ignored by CPU kernels.
-pub type StreamHandle = *mut c_void;
-
-/// The arguments of one call: tensors (inputs, then outputs), the stream and the attributes.
-pub struct KernelArgs<'a> {
-    /// The name the kernel was called by (one function may serve several names).
-    pub function_name: &'a str,
-    tensors: &'a [DLTensor],
-    num_inputs: usize,
-    /// CUDA stream to launch on (for CUDA tensors).
-    pub stream: StreamHandle,
-    pub attrs: &'a Attributes,
-    /// The call site, when the caller keeps one across calls ([`call_at`]; ONNX Runtime's nodes).
-    pub site: Option<&'a CallSite>,
-}
-
-/// What a caller that calls one kernel again and again from the same place (an ONNX node)
-/// tells it, and lets it keep: which inputs stay the same for the site's whole life (the node's
-/// initializers), and one slot for what the kernel derives from them (a repacked weight), freed
-/// with the site. Kernels must check that what they cached still belongs to the inputs they get.
-#[derive(Default)]
-pub struct CallSite {
-    constant_inputs: u64,
-    cache: Mutex<Option<Box<dyn Any + Send + Sync>>>,
-}
-
-impl CallSite {
-    /// A site whose inputs `i` with bit `i` set in `constant_inputs` never change (same address,
-    /// same contents) while it lives.
-    pub fn new(constant_inputs: u64) -> Self {
-        CallSite { constant_inputs, cache: Mutex::new(None) }
-    }
-
-    /// Whether input `i` is the same tensor, with the same contents, on every call.
-    pub fn is_constant(&self, i: usize) -> bool {
-        i < 64 && self.constant_inputs & (1 << i) != 0
-    }
-
-    /// The kernel's slot (a poisoned lock is taken over: a slot is replaced whole, never left
-    /// half written).
-    pub fn cache(&self) -> MutexGuard<'_, Option<Box<dyn Any + Send + Sync>>> {
-        self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl<'a> KernelArgs<'a> {
-    pub fn num_inputs(&self) -> usize {
-        self.num_inputs
-    }
-    pub fn num_outputs(&self) -> usize {
-        self.tensors.len() - self.num_inputs
-    }
-    /// Errors unless the call has exactly these counts.
-    pub fn expect_counts(&self, inputs: usize, outputs: usize) -> Result<()> {
-        self.expect_count_ranges(inputs..=inputs, outputs..=outputs)
-    }
-    /// Errors unless the input and output counts lie in these ranges (optional trailing
-    /// inputs, optional outputs).
-    pub fn expect_count_ranges(&self, inputs: RangeInclusive<usize>, outputs: RangeInclusive<usize>) -> Result<()> {
-        if inputs.contains(&self.num_inputs()) && outputs.contains(&self.num_outputs()) {
-            return Ok(());
-        }
-        let show = |r: &RangeInclusive<usize>| {
-            if r.start() == r.end() { r.start().to_string() } else { format!("{} to {}", r.start(), r.end()) }
-        };
-        Err(Error::KernelFailed {
-            name: self.function_name.to_string(),
-            message: format!(
-                "called with {} inputs and {} outputs (expected {} and {})",
-                self.num_inputs(),
-                self.num_outputs(),
-                show(&inputs),
-                show(&outputs)
-            ),
-        })
-    }
-    /// Input `i`, validated, named `name` in errors.
-    pub fn input(&self, i: usize, name: &'a str) -> Result<TensorView<'a>> {
-        let t = self.tensors[..self.num_inputs].get(i).ok_or_else(|| self.missing("input", i))?;
-        // SAFETY: the registry's callers guarantee the DLTensors' shape/stride arrays are valid.
-        unsafe { TensorView::from_raw(name, t) }
-    }
-    /// Output `i`, validated, named `name` in errors.
-    pub fn output(&self, i: usize, name: &'a str) -> Result<TensorView<'a>> {
-        let t = self.tensors[self.num_inputs..].get(i).ok_or_else(|| self.missing("output", i))?;
-        // SAFETY: as `input`.
-        unsafe { TensorView::from_raw(name, t) }
-    }
-    fn missing(&self, what: &str, i: usize) -> Error {
-        Error::KernelFailed { name: self.function_name.to_string(), message: format!("no {what} {i}") }
-    }
-}
-
-/// The dtype and shape of one output, as inference reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorSpec {
-    pub dtype: DType,
-    pub shape: Vec<i64>,
-}
-
-/// The arguments of an output inference: inputs' dtype/shape/device (data may be absent).
-pub struct InferArgs<'a> {
-    pub function_name: &'a str,
-    pub inputs: &'a [TensorView<'a>],
-    pub num_outputs: usize,
-    pub attrs: &'a Attributes,
-}
 
 /// A Rust compute function.
 pub type RustCompute = Arc<dyn Fn(&KernelArgs) -> Result<()> + Send + Sync>;
@@ -231,6 +120,13 @@ impl KernelDef {
         }
     }
 
+    /// The registry entry of a declared op.
+    pub fn builtin(decl: &crate::kernel::OpDecl) -> Self {
+        let mut def = KernelDef::rust(decl.name, decl.devices, decl.compute).with_infer(decl.infer);
+        def.num_outputs = decl.fixed_outputs();
+        def
+    }
+
     /// Adds a Rust inference function.
     pub fn with_infer(mut self, infer: impl Fn(&InferArgs) -> Result<Vec<TensorSpec>> + Send + Sync + 'static) -> Self {
         self.infer = Infer::Rust(Arc::new(infer));
@@ -248,8 +144,8 @@ type Entries = BTreeMap<String, Arc<KernelDef>>;
 
 static REGISTRY: LazyLock<RwLock<Entries>> = LazyLock::new(|| {
     let mut entries = Entries::new();
-    for def in builtin::definitions() {
-        entries.insert(def.name.clone(), Arc::new(def));
+    for decl in crate::ops::DECLARATIONS {
+        entries.insert(decl.name.to_string(), Arc::new(KernelDef::builtin(decl)));
     }
     RwLock::new(entries)
 });
@@ -430,7 +326,7 @@ unsafe fn call_with(
     }
     match &def.compute {
         Compute::Rust(f) => {
-            let args = KernelArgs { function_name: name, tensors, num_inputs, stream, attrs, site };
+            let args = KernelArgs::new(name, tensors, num_inputs, stream, attrs, site);
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&args))) {
                 Ok(result) => result,
                 Err(payload) => Err(fail(format!("panicked: {}", panic_message(payload)))),
@@ -438,7 +334,7 @@ unsafe fn call_with(
         }
         Compute::C(f) => {
             let c_name = CString::new(name).map_err(|_| fail("name contains NUL".into()))?;
-            let c_attrs = attributes::CAttrs::new(attrs);
+            let c_attrs = c_attrs::CAttrs::new(attrs);
             let mut buf = [0u8; ERROR_BUF_LEN];
             let user = def.user_data.as_ref().map_or(std::ptr::null_mut(), |u| u.ptr);
             // SAFETY: the C kernel's contract (include/dlkern.h); all pointers live for the call.
@@ -497,7 +393,7 @@ pub unsafe fn infer(
         }
         Infer::C(f) => {
             let c_name = CString::new(name).map_err(|_| fail("name contains NUL".into()))?;
-            let c_attrs = attributes::CAttrs::new(attrs);
+            let c_attrs = c_attrs::CAttrs::new(attrs);
             let mut shapes = vec![[0i64; MAX_NDIM]; num_outputs];
             let mut outputs: Vec<DLTensor> = shapes
                 .iter_mut()

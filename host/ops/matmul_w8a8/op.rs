@@ -1,12 +1,87 @@
-//! CPU implementations of the int8 (W8A8) registry kernels: per-token quantization, the W8A8
-//! matmul, and `com.microsoft` `MatMulIntegerToFloat` with int8 inputs.
+//! The int8 (W8A8) ops: per-token quantization and the W8A8 matmul (GPU kernels on CUDA
+//! tensors, the exact references on CPU tensors), and `com.microsoft` `MatMulIntegerToFloat`
+//! with int8 inputs (CPU only).
 
-use super::{floats, optional, store, with_last};
-use crate::dlpack::{DeviceKind, TensorView};
+use super::pack as w8;
+use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::quant::w8;
-use crate::registry::{InferArgs, KernelArgs, TensorSpec};
+use crate::kernel::{AttrDecl, AttrKind, InferArgs, KernelArgs, OpDecl, OrtDecl, TensorDecl, TensorSpec, TensorType};
+use crate::ops::common::{floats, optional, store, with_last};
+
+const FLOAT_TYPES: TensorType = TensorType::Any("`float`, `float16`, `bfloat16`");
+const I8: TensorType = TensorType::Fixed(DType::I8);
+const F32: TensorType = TensorType::Fixed(DType::F32);
+
+pub static QUANTIZE_PER_TOKEN: OpDecl = OpDecl {
+    name: "dlkern.quantize_per_token",
+    summary: "Symmetric int8 quantization with one f32 scale per row (round half to even, `scale = max|row| / 127`).",
+    inputs: &[TensorDecl { name: "x", ty: FLOAT_TYPES, optional: false, shape: "`[..., K]`" }],
+    outputs: &[
+        TensorDecl { name: "q", ty: I8, optional: false, shape: "`[..., K]`" },
+        TensorDecl { name: "scales", ty: F32, optional: false, shape: "`[rows]`" },
+    ],
+    attrs: &[],
+    devices: DEVICE_MASK_CPU | DEVICE_MASK_CUDA,
+    compute: quantize_compute,
+    infer: quantize_infer,
+    ort: None,
+};
+
+pub static MATMUL_W8A8: OpDecl = OpDecl {
+    name: "dlkern.matmul_w8a8",
+    summary: "`y = (a_q a_scale) (w_q w_scale)^T + bias`, int32 accumulation (exact for K <= 131071).",
+    inputs: &[
+        TensorDecl { name: "a_q", ty: I8, optional: false, shape: "`[..., K]`" },
+        TensorDecl { name: "a_scale", ty: F32, optional: false, shape: "`[rows]` or `[1]`" },
+        TensorDecl { name: "w_q", ty: I8, optional: false, shape: "`[N, K]`, or packed (see `w_layout`)" },
+        TensorDecl { name: "w_scale", ty: F32, optional: false, shape: "`[N]`" },
+        TensorDecl { name: "bias", ty: F32, optional: true, shape: "`[N]`" },
+    ],
+    outputs: &[TensorDecl {
+        name: "y",
+        ty: TensorType::Any("`float16`, `bfloat16` or `float`, as `out_dtype`"),
+        optional: false,
+        shape: "`[..., N]`",
+    }],
+    attrs: &[
+        AttrDecl {
+            name: c"out_dtype",
+            kind: AttrKind::OptionalString { default: "`\"f16\"`" },
+            doc: "`f16`, `bf16` or `f32`",
+        },
+        AttrDecl {
+            name: c"w_layout",
+            kind: AttrKind::OptionalString { default: "`\"nk\"`" },
+            doc: "`nk`, or `decode_packed`: `w_q` from `pack_for_decode`, `[ceil(N/16)*16, ceil(K/64)*64]`, for M <= 16 on the GPU",
+        },
+    ],
+    devices: DEVICE_MASK_CPU | DEVICE_MASK_CUDA,
+    compute: w8a8_compute,
+    infer: w8a8_infer,
+    ort: None,
+};
+
+pub static MATMUL_INTEGER_TO_FLOAT: OpDecl = OpDecl {
+    name: "dlkern.matmul_integer_to_float",
+    summary: "`com.microsoft` `MatMulIntegerToFloat` with int8 inputs.",
+    inputs: &[
+        TensorDecl { name: "A", ty: I8, optional: false, shape: "`[..., K]`" },
+        TensorDecl { name: "B", ty: I8, optional: false, shape: "`[K, N]`" },
+        TensorDecl { name: "a_scale", ty: TensorType::T, optional: false, shape: "`[1]` or `[K]`" },
+        TensorDecl { name: "b_scale", ty: TensorType::T, optional: false, shape: "`[1]` or `[N]`" },
+        TensorDecl { name: "a_zero_point", ty: I8, optional: true, shape: "`[1]` or `[K]`" },
+        TensorDecl { name: "b_zero_point", ty: I8, optional: true, shape: "`[1]` or `[N]`" },
+        TensorDecl { name: "bias", ty: TensorType::T, optional: true, shape: "`[N]`" },
+    ],
+    outputs: &[TensorDecl { name: "Y", ty: TensorType::T, optional: false, shape: "`[..., N]`" }],
+    attrs: &[],
+    devices: DEVICE_MASK_CPU,
+    compute: itf_compute,
+    infer: itf_infer,
+    // No GPU kernel: its `B [K, N]` with zero points does not fit the int8 tensor-core kernels.
+    ort: Some(OrtDecl { name: c"MatMulIntegerToFloat", cuda: &[], cpu: &[DType::F32, DType::F16] }),
+};
 
 fn fail(name: &str, message: String) -> Error {
     Error::KernelFailed { name: name.to_string(), message }
@@ -18,7 +93,7 @@ fn rows_cols(shape: &[i64]) -> (usize, usize) {
     (shape[..shape.len().saturating_sub(1)].iter().product::<i64>() as usize, cols)
 }
 
-pub(super) fn quantize_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+fn quantize_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     let x = args.inputs.first().ok_or_else(|| fail(args.function_name, "needs input x".into()))?;
     let (rows, _) = rows_cols(x.shape());
     Ok(vec![
@@ -27,7 +102,7 @@ pub(super) fn quantize_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     ])
 }
 
-pub(super) fn quantize_compute(args: &KernelArgs) -> Result<()> {
+fn quantize_compute(args: &KernelArgs) -> Result<()> {
     args.expect_counts(1, 2)?;
     let x = args.input(0, "x")?;
     x.expect_rank(1, crate::dlpack::MAX_NDIM)?;
@@ -48,7 +123,7 @@ pub(super) fn quantize_compute(args: &KernelArgs) -> Result<()> {
         // SAFETY: the registry's caller guarantees the tensors (shapes checked above); the
         // outputs are distinct buffers.
         return unsafe {
-            crate::launch::matmul_w8a8::quantize_per_token_raw(
+            crate::ops::matmul_w8a8::launch::quantize_per_token_raw(
                 &device,
                 args.stream.cast(),
                 dtype,
@@ -69,7 +144,7 @@ pub(super) fn quantize_compute(args: &KernelArgs) -> Result<()> {
     Ok(())
 }
 
-fn out_dtype(name: &str, attrs: &crate::registry::Attributes) -> Result<DType> {
+fn out_dtype(name: &str, attrs: &crate::kernel::Attributes) -> Result<DType> {
     match attrs.string("out_dtype")?.unwrap_or("f16") {
         "f16" => Ok(DType::F16),
         "bf16" => Ok(DType::BF16),
@@ -81,7 +156,7 @@ fn out_dtype(name: &str, attrs: &crate::registry::Attributes) -> Result<DType> {
 /// `w_q`'s layout (attribute `w_layout`): `"nk"` (default), `[N, K]` row-major; or
 /// `"decode_packed"`, the decode kernel's tiles (`quant::w8::pack_for_decode`, shape
 /// `packed_decode_shape(N, K)`), N then given by `w_scale`.
-fn w_packed(name: &str, attrs: &crate::registry::Attributes) -> Result<bool> {
+fn w_packed(name: &str, attrs: &crate::kernel::Attributes) -> Result<bool> {
     match attrs.string("w_layout")?.unwrap_or("nk") {
         "nk" => Ok(false),
         "decode_packed" => Ok(true),
@@ -89,7 +164,7 @@ fn w_packed(name: &str, attrs: &crate::registry::Attributes) -> Result<bool> {
     }
 }
 
-pub(super) fn w8a8_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+fn w8a8_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     let (a, w, w_scale) = match args.inputs {
         [a, _, w, w_scale, ..] => (a, w, w_scale),
         _ => return Err(fail(args.function_name, "needs a_q, a_scale, w_q, w_scale".into())),
@@ -99,7 +174,7 @@ pub(super) fn w8a8_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     Ok(vec![TensorSpec { dtype: out_dtype(args.function_name, args.attrs)?, shape: with_last(a.shape(), n) }])
 }
 
-pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
+fn w8a8_compute(args: &KernelArgs) -> Result<()> {
     let name = args.function_name;
     args.expect_count_ranges(4..=5, 1..=1)?;
     let a = args.input(0, "a_q")?;
@@ -154,7 +229,7 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
     }
     a.expect_contiguous()?;
     if let DeviceKind::Cuda(ordinal) = a.device() {
-        use crate::launch::matmul_w8a8::{MatMulW8A8Params, MatMulW8A8Pointers, matmul_w8a8_raw};
+        use crate::ops::matmul_w8a8::launch::{MatMulW8A8Params, MatMulW8A8Pointers, matmul_w8a8_raw};
         if m == 0 {
             return Ok(());
         }
@@ -166,7 +241,7 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
             per_row_a_scale: a_scale.len() == m,
             bias: bias.is_some(),
             splits: 0,
-            variant: packed.then_some(crate::launch::matmul_w8a8::W8A8Variant::Packed),
+            variant: packed.then_some(crate::ops::matmul_w8a8::launch::W8A8Variant::Packed),
         };
         let device = crate::runtime::Device::get(ordinal.max(0) as usize)?;
         let plan = params.plan(device.multiprocessors(), device.has_wgmma())?;
@@ -213,7 +288,7 @@ pub(super) fn w8a8_compute(args: &KernelArgs) -> Result<()> {
     }
 }
 
-pub(super) fn itf_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+fn itf_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     let (a, b, a_scale) = match args.inputs {
         [a, b, a_scale, ..] => (a, b, a_scale),
         _ => return Err(fail(args.function_name, "needs A, B, a_scale, b_scale".into())),
@@ -242,7 +317,7 @@ unsafe fn broadcast(t: &TensorView, len: usize, what: &str) -> Result<Vec<f64>> 
 /// `com.microsoft` `MatMulIntegerToFloat` with int8 A and B:
 /// `Y = sum_k (A[m,k] - a_zp[k]) a_scale[k] (B[k,n] - b_zp[n]) b_scale[n] + bias[n]`, where the A
 /// parameters are scalars or per column of A (per k), as that op defines them.
-pub(super) fn itf_compute(args: &KernelArgs) -> Result<()> {
+fn itf_compute(args: &KernelArgs) -> Result<()> {
     args.expect_count_ranges(4..=7, 1..=1)?;
     let a = args.input(0, "A")?;
     let b = args.input(1, "B")?;

@@ -8,16 +8,13 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::{check_pointer, check_same_device, check_slice};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::ops::common::checks::{check_pointer, check_same_device, check_slice};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "attention";
-/// The kernel's tile shapes: the device crate's own source, compiled here too.
-#[allow(dead_code)]
-#[path = "../../kernels-gpu/src/layout/attention.rs"]
-mod layout;
+use super::layout;
 use layout::{Dims, WARPS, block_m, shared_bytes};
 const THREADS: u32 = 32 * WARPS as u32;
 /// Head sizes with a kernel.

@@ -1,6 +1,6 @@
 //! Attention (prefill) registry kernels, flash-attention's interface: `dlkern.attention` (the
 //! output) and `dlkern.attention_lse` (the output and the row log-sum-exp). CPU tensors run the
-//! f64 reference ([`crate::reference::attention`], O(S) memory per row); the tensor-core kernel
+//! f64 reference ([`crate::ops::attention::reference`], O(S) memory per row); the tensor-core kernel
 //! (issue 6) will take CUDA tensors behind the same names.
 //!
 //! CUDA tensors (f16/bf16; head dims 64, 80, 96, 128, 256) run `launch::attention`; packed
@@ -22,12 +22,81 @@
 //! default 0 = none), `window_left` (int, default -1 = none: keys at most this far left of the
 //! query's diagonal).
 
-use super::{floats, optional, store};
-use crate::dlpack::{DeviceKind, TensorView};
+use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::reference::attention::{AttentionOptions, attention_varlen};
-use crate::registry::{Attributes, InferArgs, KernelArgs, TensorSpec};
+use crate::kernel::{
+    AttrDecl, AttrKind, Attributes, InferArgs, KernelArgs, OpDecl, OrtDecl, TensorDecl, TensorSpec, TensorType,
+};
+use crate::ops::attention::reference::{AttentionOptions, attention_varlen};
+use crate::ops::common::{floats, optional, store};
+
+const INPUTS: &[TensorDecl] = &[
+    TensorDecl { name: "q", ty: TensorType::T, optional: false, shape: "`[B, Sq, H, D]`, or packed `[total_q, H, D]`" },
+    TensorDecl {
+        name: "k",
+        ty: TensorType::T,
+        optional: false,
+        shape: "`[B, Sk, Hkv, D]`, or packed `[total_k, Hkv, D]`; `H` a multiple of `Hkv` (GQA/MQA)",
+    },
+    TensorDecl { name: "v", ty: TensorType::T, optional: false, shape: "as `k`" },
+    TensorDecl {
+        name: "cu_seqlens_q",
+        ty: TensorType::Fixed(DType::I32),
+        optional: true,
+        shape: "`[B + 1]`, with `cu_seqlens_k` or not at all: packed (variable-length) batches; sequence `b` owns rows `cu[b]..cu[b + 1]`",
+    },
+    TensorDecl { name: "cu_seqlens_k", ty: TensorType::Fixed(DType::I32), optional: true, shape: "`[B + 1]`" },
+];
+const OUT: TensorDecl = TensorDecl { name: "out", ty: TensorType::T, optional: false, shape: "as `q`" };
+const ATTRS: &[AttrDecl] = &[
+    AttrDecl { name: c"causal", kind: AttrKind::OptionalInt { default: "0" }, doc: "0/1, aligned to the bottom right" },
+    AttrDecl { name: c"scale", kind: AttrKind::Float { default: 0.0 }, doc: "0 means `1/sqrt(D)`" },
+    AttrDecl { name: c"softcap", kind: AttrKind::Float { default: 0.0 }, doc: "`cap * tanh(s / cap)`; 0: none" },
+    AttrDecl {
+        name: c"window_left",
+        kind: AttrKind::OptionalInt { default: "-1 (none)" },
+        doc: "keys at most this far left of the diagonal",
+    },
+    AttrDecl {
+        name: c"max_seqlen_q",
+        kind: AttrKind::OptionalInt { default: "the total" },
+        doc: "packed batches on the GPU: the longest sequence's query count",
+    },
+];
+const DEVICES: u32 = DEVICE_MASK_CPU | DEVICE_MASK_CUDA;
+
+pub static ATTENTION: OpDecl = OpDecl {
+    name: "dlkern.attention",
+    summary: "Attention (prefill) with flash-attention's interface.",
+    inputs: INPUTS,
+    outputs: &[OUT],
+    attrs: ATTRS,
+    devices: DEVICES,
+    compute,
+    infer,
+    ort: Some(OrtDecl { name: c"FlashAttention", cuda: &[DType::F16, DType::BF16], cpu: &[DType::F32, DType::F16] }),
+};
+
+pub static ATTENTION_LSE: OpDecl = OpDecl {
+    name: "dlkern.attention_lse",
+    summary: "`dlkern.attention`, and the row log-sum-exp.",
+    inputs: INPUTS,
+    outputs: &[
+        OUT,
+        TensorDecl {
+            name: "lse",
+            ty: TensorType::Fixed(DType::F32),
+            optional: false,
+            shape: "`[B, H, Sq]`, or `[H, total_q]` packed; natural log; `-inf` for a row that sees no key (its output is 0)",
+        },
+    ],
+    attrs: ATTRS,
+    devices: DEVICES,
+    compute,
+    infer,
+    ort: None,
+};
 
 fn fail(name: &str, message: String) -> Error {
     Error::KernelFailed { name: name.to_string(), message }
@@ -169,7 +238,7 @@ fn lse_shape(l: &Layout) -> Vec<i64> {
     }
 }
 
-pub(super) fn infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+fn infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     let name = args.function_name;
     let input = |i: usize| args.inputs.get(i).filter(|t| !t.is_empty());
     let (Some(q), Some(k), Some(v)) = (input(0), input(1), input(2)) else {
@@ -207,7 +276,7 @@ unsafe fn offsets(name: &str, l: &Layout, cu: Option<(&TensorView, &TensorView)>
     Ok((check(cu_q, l.total_q, "cu_seqlens_q")?, check(cu_k, l.total_k, "cu_seqlens_k")?))
 }
 
-pub(super) fn compute(args: &KernelArgs) -> Result<()> {
+fn compute(args: &KernelArgs) -> Result<()> {
     let name = args.function_name;
     let with_lse = args.num_outputs() == 2;
     args.expect_count_ranges(3..=5, 1..=2)?;
@@ -281,7 +350,7 @@ fn compute_cuda(
     cu: Option<(&TensorView, &TensorView)>,
     lse: Option<&TensorView>,
 ) -> Result<()> {
-    use crate::launch::attention::{AttentionParams, AttentionPointers, Batch, attention_raw};
+    use crate::ops::attention::launch::{AttentionParams, AttentionPointers, Batch, attention_raw};
     let name = args.function_name;
     let layout = match l.padded {
         Some((seqlen_q, seqlen_k)) => Batch::Padded { seqlen_q, seqlen_k },

@@ -117,9 +117,7 @@ impl W4Weights {
     /// their zero points (u8) and 4 zero bytes. `scale_bits` are the scales in A's type,
     /// `[N, k_blocks]`, as the GPU gets them.
     pub fn pack_for_decode(&self, scale_bits: &[u16]) -> Result<Vec<u8>> {
-        use crate::launch::matmul_nbits::layout::{
-            B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, PACKED_RECORD_BYTES, packed_code_word,
-        };
+        use super::layout::{B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, PACKED_RECORD_BYTES, packed_code_word};
         self.validate()?;
         let bad = |m: String| Error::invalid(KERNEL, m);
         if self.block_size < CHUNK || matches!(self.zero_points, ZeroPoints::Unpacked(_)) {

@@ -7,20 +7,17 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::{check_pointer, check_same_device, check_slice};
+use super::pack::MAX_K_I32;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::quant::w8::MAX_K_I32;
+use crate::ops::common::checks::{check_pointer, check_same_device, check_slice};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "matmul_w8a8";
-/// The kernels' tile shapes and flags: the device crate's own source, compiled here too.
-#[allow(dead_code)]
-#[path = "../../kernels-gpu/src/layout/matmul_w8a8.rs"]
-mod layout;
+use super::layout;
 use layout::{
     BK, BM, BN, Dims, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, MAX_SPLITS, QUANTIZE_THREADS, REDUCE_THREADS,
-    SHARED_BYTES, SMALL_K_STEP, SMALL_M_MAX, SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS, WGMMA_BK, WGMMA_BM, WGMMA_BN,
+    SHARED_BYTES, SMALL_M_MAX, SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS, WGMMA_BK, WGMMA_BM, WGMMA_BN,
     WGMMA_SHARED_BYTES, WGMMA_THREADS,
 };
 
@@ -30,7 +27,7 @@ pub enum W8A8Variant {
     /// `matmul_w8a8_small_*`: M <= 16, K % 16 == 0, 16-byte aligned operands; one pass over W.
     Decode,
     /// `matmul_w8a8_small_packed_*`: `Decode` over W packed by
-    /// [`crate::quant::w8::pack_for_decode`] (passed as `w`, [`MatMulW8A8Params::packed_w_len`]
+    /// [`crate::ops::matmul_w8a8::pack::pack_for_decode`] (passed as `w`, [`MatMulW8A8Params::packed_w_len`]
     /// bytes), where each block reads one contiguous run instead of 16 rows `K` apart (about 5%
     /// faster at M = 16 on the H200). Only on request: the planner cannot know `w`'s layout.
     Packed,
@@ -125,10 +122,10 @@ impl MatMulW8A8Params {
         }
     }
 
-    /// Bytes of W packed for [`W8A8Variant::Packed`] ([`crate::quant::w8::pack_for_decode`]):
+    /// Bytes of W packed for [`W8A8Variant::Packed`] ([`crate::ops::matmul_w8a8::pack::pack_for_decode`]):
     /// N and K padded to the kernel's 16 x 64 tiles.
     pub fn packed_w_len(&self) -> usize {
-        let [rows, cols] = crate::quant::w8::packed_decode_shape(self.n, self.k);
+        let [rows, cols] = crate::ops::matmul_w8a8::pack::packed_decode_shape(self.n, self.k);
         rows * cols
     }
 
@@ -259,10 +256,6 @@ fn split_k(args: &mut Dims, steps: usize, wanted: usize) -> usize {
     args.k_tiles_per_split = per_split as u32;
     steps.div_ceil(per_split)
 }
-
-/// The packed decode layout's tile: rows of W, K bytes (`quant::w8::pack_for_decode`).
-pub(crate) const PACKED_TILE_ROWS: usize = SMALL_N_PER_BLOCK;
-pub(crate) const PACKED_TILE_K: usize = SMALL_K_STEP;
 
 /// `matmul_w8a8[_variant]_{f16,bf16,f32}` (the dtype was validated).
 fn kernel_name(dtype: DType, variant: &str) -> &'static str {
@@ -405,7 +398,7 @@ pub fn matmul_w8a8<T: Element>(
 }
 
 /// Per-token int8 quantization on the GPU: row `r` of `x [rows, cols]` (f16/bf16/f32) to int8
-/// `q` with `scales[r] = max|x| / 127`, bit for bit what [`crate::quant::w8::quantize_rows`]
+/// `q` with `scales[r] = max|x| / 127`, bit for bit what [`crate::ops::matmul_w8a8::pack::quantize_rows`]
 /// computes on finite inputs.
 ///
 /// # Safety

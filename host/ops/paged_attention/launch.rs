@@ -17,18 +17,15 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::{check_pointer, check_same_device, check_slice};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::ops::common::checks::{check_pointer, check_same_device, check_slice};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "paged_attention";
 /// Head sizes with a kernel.
 pub const HEAD_SIZES: [usize; 5] = [64, 80, 96, 128, 256];
-/// The kernels' tile shapes and status bits: the device crate's own source, compiled here too.
-#[allow(dead_code)]
-#[path = "../../kernels-gpu/src/layout/paged_attention.rs"]
-mod layout;
+use super::layout;
 use layout::{Dims, M_TILE, THREADS};
 pub use layout::{STATUS_BAD_BLOCK, STATUS_BAD_CONTEXT};
 /// Most query rows (query heads per KV head times query tokens) one block handles.

@@ -7,8 +7,8 @@
 use std::ffi::c_char;
 use std::sync::Mutex;
 
-use super::attributes::c_string;
 use crate::error::{Error, Result};
+use crate::registry::c_string;
 
 /// The C ABI version of `dlkern_plugin_api` and `dlkern_kernel_def`.
 pub const ABI_VERSION: u32 = 1;
@@ -17,7 +17,7 @@ pub const ABI_VERSION: u32 = 1;
 #[repr(C)]
 pub struct PluginApi {
     pub abi_version: u32,
-    pub register_kernel: unsafe extern "C" fn(def: *const crate::capi::KernelDefC, replace: i32) -> i32,
+    pub register_kernel: unsafe extern "C" fn(def: *const super::KernelDefC, replace: i32) -> i32,
     pub last_error: unsafe extern "C" fn() -> *const c_char,
 }
 
@@ -48,14 +48,14 @@ pub unsafe fn load_plugin(path: &str) -> Result<()> {
     };
     let api = PluginApi {
         abi_version: ABI_VERSION,
-        register_kernel: crate::capi::dlkern_register_kernel,
-        last_error: crate::capi::dlkern_last_error,
+        register_kernel: super::dlkern_register_kernel,
+        last_error: super::dlkern_last_error,
     };
     // SAFETY: calling the plug-in's documented entry point with a valid table.
     let code = unsafe { init(&api) };
     if code != 0 {
         // SAFETY: dlkern_last_error returns a valid NUL-terminated string or null.
-        let detail = unsafe { c_string(crate::capi::dlkern_last_error()) }.unwrap_or_default();
+        let detail = unsafe { c_string(super::dlkern_last_error()) }.unwrap_or_default();
         return Err(err(format!(
             "dlkern_plugin_init returned {code}{}",
             if detail.is_empty() { String::new() } else { format!(": {detail}") }

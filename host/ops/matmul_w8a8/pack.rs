@@ -34,10 +34,12 @@ pub fn quantize_rows(x: &[f32], rows: usize, cols: usize) -> Result<(Vec<i8>, Ve
     Ok((q, scales))
 }
 
-use crate::launch::matmul_w8a8::{PACKED_TILE_K, PACKED_TILE_ROWS};
+/// The packed decode layout's tile: rows of W, K bytes (the decode kernel's block tile).
+pub(crate) const PACKED_TILE_ROWS: usize = super::layout::SMALL_N_PER_BLOCK;
+pub(crate) const PACKED_TILE_K: usize = super::layout::SMALL_K_STEP;
 
 /// Packs int8 weights `[N, K]` (row-major) for the decode kernel's
-/// [`crate::launch::matmul_w8a8::W8A8Variant::Packed`]: `[ceil(N / 16)][ceil(K / 64)][16][64]`,
+/// [`crate::ops::matmul_w8a8::launch::W8A8Variant::Packed`]: `[ceil(N / 16)][ceil(K / 64)][16][64]`,
 /// so that row `n`, column `k` lands at `((n / 16 * ceil(K / 64) + k / 64) * 16 + n % 16) * 64 +
 /// k % 64`; the padding (rows past N, columns past K) is zero. Once per weight matrix, at load
 /// time.

@@ -1,23 +1,66 @@
 //! `dlkern.matmul_nbits`: `com.microsoft` `MatMulNBits` (bits = 4) on CUDA tensors (the
-//! kernels of `launch::matmul_nbits`) and CPU tensors (the reference). At a call site that
+//! kernels of [`super::launch`]) and CPU tensors (the reference). At a call site that
 //! marks B, the scales and the zero points constant (an ONNX node's initializers), the GPU path
 //! repacks them once for `Variant::Packed` and keeps the copy in the site.
 
-use super::{floats, optional, store, with_last};
-use crate::dlpack::{DeviceKind, TensorView};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::registry::{InferArgs, KernelArgs, TensorSpec};
 use std::any::Any;
 
 use cudarc::driver::sys::{CUresult, CUstream};
 
-use crate::launch::matmul_nbits::{
+use super::launch::{
     MatMulNBitsParams, MatMulNBitsPointers, RowAlignment, Variant, WeightsWritten, ZeroPointKind,
     matmul_nbits_raw_with, pack_for_decode_raw,
 };
-use crate::registry::CallSite;
+use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernel::{
+    AttrDecl, AttrKind, CallSite, InferArgs, KernelArgs, OpDecl, OrtDecl, TensorDecl, TensorSpec, TensorType,
+};
+use crate::ops::common::{floats, optional, store, with_last};
 use crate::runtime::{Device, DeviceBuffer, synchronize_stream};
+
+/// Exactly `com.microsoft` `MatMulNBits`' inputs and attributes (bits = 4).
+pub static MATMUL_NBITS: OpDecl = OpDecl {
+    name: "dlkern.matmul_nbits",
+    summary: "`Y = A dequantize(B)^T + bias`, `B` in ONNX Runtime's 4-bit block format.",
+    inputs: &[
+        TensorDecl { name: "A", ty: TensorType::T, optional: false, shape: "`[..., K]`" },
+        TensorDecl {
+            name: "B",
+            ty: TensorType::Fixed(DType::U8),
+            optional: false,
+            shape: "`[N, k_blocks, block_size / 2]`, 4-bit values packed along K, low nibble first",
+        },
+        TensorDecl { name: "scales", ty: TensorType::T, optional: false, shape: "`[N, k_blocks]`" },
+        TensorDecl {
+            name: "zero_points",
+            ty: TensorType::Any("uint8 or T"),
+            optional: true,
+            shape: "uint8 packed `[N, ceil(k_blocks / 2)]`, or T `[N, k_blocks]`; default 8",
+        },
+        TensorDecl {
+            name: "g_idx",
+            ty: TensorType::Fixed(DType::I32),
+            optional: true,
+            shape: "deprecated upstream; refused if given",
+        },
+        TensorDecl { name: "bias", ty: TensorType::T, optional: true, shape: "`[N]`" },
+    ],
+    outputs: &[TensorDecl { name: "Y", ty: TensorType::T, optional: false, shape: "`[..., N]`" }],
+    attrs: &[
+        AttrDecl { name: c"K", kind: AttrKind::Int, doc: "" },
+        AttrDecl { name: c"N", kind: AttrKind::Int, doc: "" },
+        AttrDecl { name: c"bits", kind: AttrKind::Int, doc: "must be 4" },
+        AttrDecl { name: c"block_size", kind: AttrKind::Int, doc: "a power of two >= 16" },
+        AttrDecl { name: c"accuracy_level", kind: AttrKind::OptionalInt { default: "0" }, doc: "ignored" },
+    ],
+    devices: DEVICE_MASK_CPU | DEVICE_MASK_CUDA,
+    compute,
+    infer,
+    // The tensor-core kernels take f16/bf16; the reference takes f32/f16 on the CPU EP.
+    ort: Some(OrtDecl { name: c"MatMulNBits", cuda: &[DType::F16, DType::BF16], cpu: &[DType::F32, DType::F16] }),
+};
 
 /// `MatMulNBits` attributes, checked.
 struct NBitsAttrs {
@@ -26,7 +69,7 @@ struct NBitsAttrs {
     block_size: usize,
 }
 
-fn nbits_attrs(args_name: &str, attrs: &crate::registry::Attributes) -> Result<NBitsAttrs> {
+fn nbits_attrs(args_name: &str, attrs: &crate::kernel::Attributes) -> Result<NBitsAttrs> {
     let fail = |message: String| Error::KernelFailed { name: args_name.to_string(), message };
     let positive = |name: &str| -> Result<usize> {
         let v = attrs.require_int(name)?;
@@ -40,13 +83,13 @@ fn nbits_attrs(args_name: &str, attrs: &crate::registry::Attributes) -> Result<N
         return Err(fail(format!("bits = {bits}: dlkern implements bits = 4")));
     }
     let block_size = positive("block_size")?;
-    if !crate::quant::w4::valid_block_size(block_size) {
+    if !super::pack::valid_block_size(block_size) {
         return Err(fail(format!("block_size = {block_size} must be a power of two >= 16")));
     }
     Ok(NBitsAttrs { k: positive("K")?, n: positive("N")?, block_size })
 }
 
-pub(super) fn infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+fn infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     let at = nbits_attrs(args.function_name, args.attrs)?;
     let a = args
         .inputs
@@ -60,8 +103,8 @@ pub(super) fn infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     Ok(vec![TensorSpec { dtype: a.dtype(), shape }])
 }
 
-pub(super) fn compute(args: &KernelArgs) -> Result<()> {
-    use crate::quant::w4::{W4Weights, ZeroPoints, matmul_reference};
+fn compute(args: &KernelArgs) -> Result<()> {
+    use super::pack::{W4Weights, ZeroPoints, matmul_reference};
     args.expect_count_ranges(3..=6, 1..=1)?;
     let at = nbits_attrs(args.function_name, args.attrs)?;
     let a = args.input(0, "A")?;

@@ -7,9 +7,9 @@
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::{check_pointer, check_same_device, check_slice, overlaps, span_bytes};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::ops::common::checks::{check_pointer, check_same_device, check_slice, overlaps, span_bytes};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "rmsnorm";

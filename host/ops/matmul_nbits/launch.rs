@@ -1,6 +1,6 @@
 //! W4A16 matmul in `MatMulNBits` format on the GPU (device code:
 //! `kernels-gpu/src/matmul_nbits.rs`): `Y [M, N] = A [M, K] W^T (+ bias)` with `W` given as
-//! ONNX Runtime's 4-bit blocks (see [`crate::quant::w4`] for the format).
+//! ONNX Runtime's 4-bit blocks (see [`crate::ops::matmul_nbits::pack`] for the format).
 //!
 //! Tensor-core kernels: for small M, `decode8` / `decode16` (the common case: integer zero
 //! points, blocks >= 128, 16-byte rows) or else `small` stream the weights once per 8- or
@@ -24,17 +24,14 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::{check_pointer, check_same_device, check_slice};
+use super::pack::valid_block_size;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::quant::w4::valid_block_size;
+use crate::ops::common::checks::{check_pointer, check_same_device, check_slice};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "matmul_nbits";
-/// The kernels' tile shapes and flags: the device crate's own source, compiled here too.
-#[allow(dead_code)]
-#[path = "../../kernels-gpu/src/layout/matmul_nbits.rs"]
-pub(crate) mod layout;
+use super::layout;
 use layout::{
     CHUNK, DECODE, DECODE_COLUMNS, DECODE_PACKED_SHARED_BYTES, DECODE_SHARED_BYTES, DECODE_WIDE,
     DECODE_WIDE_PACKED_SHARED_BYTES, DECODE8_ROWS, DECODE16_WIDE, DECODE16_WIDE_PACKED_SHARED_BYTES, Dims,
@@ -147,7 +144,7 @@ pub enum Variant {
     /// weights: large M with integer zero points and blocks of at least 32. Runs `Large` when
     /// the rows of B are not 16-byte aligned.
     Tiled,
-    /// B repacked by [`crate::quant::w4::W4Weights::pack_for_decode`] (then passed as `b`; the
+    /// B repacked by [`crate::ops::matmul_nbits::pack::W4Weights::pack_for_decode`] (then passed as `b`; the
     /// scales and zero points are read from it): M <= 16, integer zero points, blocks of at
     /// least 128, 16-byte aligned A and B. The planner runs [`Variant::PackedWgmma`] where the
     /// GPU has `wgmma`, M > 8 and `ceil(N / 128)` is at least the SM count (measured faster
@@ -269,7 +266,7 @@ impl MatMulNBitsParams {
     }
 
     /// Bytes of B repacked for [`Variant::Packed`]
-    /// ([`crate::quant::w4::W4Weights::pack_for_decode`]).
+    /// ([`crate::ops::matmul_nbits::pack::W4Weights::pack_for_decode`]).
     pub fn packed_bytes(&self) -> usize {
         self.n.div_ceil(DECODE_COLUMNS) * self.k.div_ceil(CHUNK) * layout::PACKED_RECORD_BYTES
     }
@@ -868,7 +865,7 @@ pub fn pack_for_decode_plan(params: &MatMulNBitsParams) -> Result<(LaunchDims, D
 
 /// Repacks B, its scales and zero points for [`Variant::Packed`] on the device: the
 /// [`MatMulNBitsParams::packed_bytes`] that
-/// [`W4Weights::pack_for_decode`](crate::quant::w4::W4Weights::pack_for_decode) builds on the
+/// [`W4Weights::pack_for_decode`](crate::ops::matmul_nbits::pack::W4Weights::pack_for_decode) builds on the
 /// host, byte for byte. `zero_points` is read only for [`ZeroPointKind::PackedU8`].
 ///
 /// # Safety

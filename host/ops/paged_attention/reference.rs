@@ -3,10 +3,10 @@
 //! bad block id or context length yields NaN).
 
 use crate::dtype::Element;
-use crate::launch::paged_attention::PagedAttentionParams;
+use crate::ops::paged_attention::launch::PagedAttentionParams;
 
 /// Borrowed host copies of a decode step's inputs (layouts as in
-/// [`crate::launch::paged_attention`]).
+/// [`crate::ops::paged_attention::launch`]).
 pub struct PagedInputs<'a, T> {
     pub q: &'a [T],
     pub key_cache: &'a [T],

@@ -1,0 +1,113 @@
+//! Kernel attributes: named ints, floats, strings and lists, as ONNX node attributes carry
+//! them, with typed getters whose errors name the attribute.
+
+use crate::error::{Error, Result};
+
+/// One attribute value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    Int(i64),
+    Float(f64),
+    String(String),
+    Ints(Vec<i64>),
+    Floats(Vec<f64>),
+}
+
+impl AttrValue {
+    fn kind(&self) -> &'static str {
+        match self {
+            AttrValue::Int(_) => "int",
+            AttrValue::Float(_) => "float",
+            AttrValue::String(_) => "string",
+            AttrValue::Ints(_) => "ints",
+            AttrValue::Floats(_) => "floats",
+        }
+    }
+}
+
+/// The attributes of one call, in order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Attributes {
+    items: Vec<(String, AttrValue)>,
+}
+
+impl Attributes {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds (or replaces) an attribute; builder style.
+    pub fn with(mut self, name: impl Into<String>, value: AttrValue) -> Self {
+        self.set(name, value);
+        self
+    }
+
+    /// Adds or replaces an attribute.
+    pub fn set(&mut self, name: impl Into<String>, value: AttrValue) {
+        let name = name.into();
+        match self.items.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.items.push((name, value)),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&AttrValue> {
+        self.items.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &AttrValue)> {
+        self.items.iter().map(|(n, v)| (n.as_str(), v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    fn wrong(name: &str, want: &str, got: &AttrValue) -> Error {
+        Error::InvalidArgument {
+            kernel: "attributes",
+            message: format!("attribute '{name}' is {} (expected {want})", got.kind()),
+        }
+    }
+
+    /// Integer attribute, or `None` when absent.
+    pub fn int(&self, name: &str) -> Result<Option<i64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(AttrValue::Int(v)) => Ok(Some(*v)),
+            Some(other) => Err(Self::wrong(name, "int", other)),
+        }
+    }
+
+    /// Float attribute (an int is accepted and widened), or `None` when absent.
+    pub fn float(&self, name: &str) -> Result<Option<f64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(AttrValue::Float(v)) => Ok(Some(*v)),
+            Some(AttrValue::Int(v)) => Ok(Some(*v as f64)),
+            Some(other) => Err(Self::wrong(name, "float", other)),
+        }
+    }
+
+    /// String attribute, or `None` when absent.
+    pub fn string(&self, name: &str) -> Result<Option<&str>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(AttrValue::String(v)) => Ok(Some(v)),
+            Some(other) => Err(Self::wrong(name, "string", other)),
+        }
+    }
+
+    /// Integer attribute that must be present.
+    pub fn require_int(&self, name: &str) -> Result<i64> {
+        self.int(name)?.ok_or_else(|| Self::missing(name))
+    }
+
+    fn missing(name: &str) -> Error {
+        Error::InvalidArgument { kernel: "attributes", message: format!("required attribute '{name}' is missing") }
+    }
+}

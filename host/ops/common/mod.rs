@@ -1,0 +1,121 @@
+//! Pieces every op family shares: reading a call's tensors (optional inputs, float values on
+//! the CPU, rows of a strided tensor) and the launchers' pointer checks ([`checks`]).
+
+pub mod checks;
+
+use half::{bf16, f16};
+
+use crate::dlpack::TensorView;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernel::{InferArgs, KernelArgs, TensorSpec};
+
+/// An optional input: `None` when absent (missing or 0 elements).
+pub(crate) fn optional<'a>(args: &'a KernelArgs, i: usize, name: &'a str) -> Result<Option<TensorView<'a>>> {
+    if i >= args.num_inputs() {
+        return Ok(None);
+    }
+    let t = args.input(i, name)?;
+    Ok(if t.is_empty() { None } else { Some(t) })
+}
+
+/// `shape` with its last dimension replaced by `n`.
+pub(crate) fn with_last(shape: &[i64], n: i64) -> Vec<i64> {
+    let mut out = shape.to_vec();
+    if let Some(last) = out.last_mut() {
+        *last = n;
+    }
+    out
+}
+
+/// f32 values of a CPU float tensor.
+///
+/// # Safety
+/// A CPU tensor valid for the call (the registry's contract).
+pub(crate) unsafe fn floats(t: &TensorView) -> Result<Vec<f32>> {
+    // SAFETY: forwarded.
+    unsafe {
+        Ok(match t.dtype() {
+            DType::F32 => t.host_slice::<f32>()?.to_vec(),
+            DType::F16 => t.host_slice::<f16>()?.iter().map(|v| v.to_f32()).collect(),
+            DType::BF16 => t.host_slice::<bf16>()?.iter().map(|v| v.to_f32()).collect(),
+            other => {
+                return Err(Error::InvalidTensor {
+                    name: t.name().into(),
+                    message: format!("dtype {other} (expected a float)"),
+                });
+            }
+        })
+    }
+}
+
+/// Writes `values` into a CPU float tensor of matching length.
+///
+/// # Safety
+/// As [`floats`], and the tensor writable and unaliased.
+pub(crate) unsafe fn store(t: &TensorView, values: &[f64]) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe {
+        match t.dtype() {
+            DType::F32 => t.host_slice_mut::<f32>()?.iter_mut().zip(values).for_each(|(o, v)| *o = *v as f32),
+            DType::F16 => t.host_slice_mut::<f16>()?.iter_mut().zip(values).for_each(|(o, v)| *o = f16::from_f64(*v)),
+            DType::BF16 => {
+                t.host_slice_mut::<bf16>()?.iter_mut().zip(values).for_each(|(o, v)| *o = bf16::from_f64(*v))
+            }
+            other => {
+                return Err(Error::InvalidTensor {
+                    name: t.name().into(),
+                    message: format!("dtype {other} (expected a float)"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn same_as_first_input(args: &InferArgs) -> Result<Vec<TensorSpec>> {
+    let x = args.inputs.first().ok_or_else(|| Error::KernelFailed {
+        name: args.function_name.to_string(),
+        message: "needs at least one input".into(),
+    })?;
+    Ok(vec![TensorSpec { dtype: x.dtype(), shape: x.shape().to_vec() }])
+}
+
+/// Rows, row length and row stride of a tensor whose last axis is contiguous and whose leading
+/// axes collapse into one uniformly strided row axis.
+pub(crate) fn as_rows(t: &TensorView) -> Result<(usize, usize, usize)> {
+    t.expect_rank(1, crate::dlpack::MAX_NDIM)?;
+    let shape = t.shape();
+    let strides = t.strides();
+    let n = shape.len();
+    let cols = shape[n - 1] as usize;
+    let rows = shape[..n - 1].iter().product::<i64>() as usize;
+    let invalid = |why: &str| Error::InvalidTensor {
+        name: t.name().to_string(),
+        message: format!("{why}: shape {shape:?}, strides {strides:?}"),
+    };
+    if cols > 1 && strides[n - 1] != 1 {
+        return Err(invalid("the last axis must be contiguous"));
+    }
+    // Walk the leading axes from the innermost: each must step over exactly the axis inside it.
+    let mut row_stride: Option<i64> = None;
+    let mut span = 0i64; // elements covered by one step of the axis inside
+    for axis in (0..n - 1).rev() {
+        if shape[axis] == 1 {
+            continue;
+        }
+        match row_stride {
+            None => {
+                row_stride = Some(strides[axis]);
+                span = strides[axis] * shape[axis];
+            }
+            Some(_) if strides[axis] == span => span *= shape[axis],
+            Some(_) => return Err(invalid("the leading axes must collapse into evenly strided rows")),
+        }
+    }
+    let row_stride = row_stride.unwrap_or(cols as i64) as usize;
+    if rows > 1 && row_stride < cols {
+        return Err(invalid("rows overlap"));
+    }
+    Ok((rows, cols, row_stride))
+}
