@@ -2,7 +2,7 @@
 //!
 //! The crate is layered (top to bottom; a layer imports only the layers below it):
 //! - [`ort`] and [`capi`]: the adapters, ONNX Runtime's custom-op library and the C ABI;
-//! - [`registry`]: kernels by name, dlkern's own (from [`ops::DECLARATIONS`]) and users';
+//! - [`registry`]: kernels by name, dlkern's own (from [`ops::declarations`]) and users';
 //! - [`ops`]: one folder per kernel family: its op declarations, planner, launchers (validate
 //!   everything, then one unsafe launch on a caller-given stream; a raw-pointer entry for
 //!   DLPack, ONNX Runtime and PyTorch memory and a safe one over cudarc's `CudaSlice`), CPU

@@ -1,9 +1,9 @@
 //! `docs/ops.md` shows each declared op's schema exactly as its declaration states it: the
 //! tables between `<!-- dlkern-schema NAME -->` and `<!-- /dlkern-schema -->` are generated
-//! from `dlkern::ops::DECLARATIONS`. Run with `DLKERN_BLESS=1` to rewrite them after changing a
+//! from `dlkern::ops::declarations()`. Run with `DLKERN_BLESS=1` to rewrite them after changing a
 //! declaration (the prose around them stays as written).
 
-use dlkern::ops::DECLARATIONS;
+use dlkern::ops::declarations;
 
 const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/ops.md");
 const END: &str = "<!-- /dlkern-schema -->";
@@ -21,8 +21,7 @@ fn regenerate(doc: &str) -> Result<(String, Vec<String>), String> {
     while let Some(at) = rest.find("<!-- dlkern-schema ") {
         let line_end = rest[at..].find("-->").ok_or("unterminated schema marker")? + at + 3;
         let name = rest[at + "<!-- dlkern-schema ".len()..line_end - 3].trim().to_string();
-        let decl = DECLARATIONS
-            .iter()
+        let decl = declarations()
             .find(|d| d.name == name)
             .ok_or_else(|| format!("docs/ops.md has a schema block for '{name}', which no op declares"))?;
         let end =
@@ -43,7 +42,7 @@ fn regenerate(doc: &str) -> Result<(String, Vec<String>), String> {
 fn docs_ops_md_matches_the_declarations() {
     let doc = std::fs::read_to_string(DOC).expect("docs/ops.md");
     let (generated, names) = regenerate(&doc).unwrap_or_else(|e| panic!("{e}"));
-    for decl in DECLARATIONS {
+    for decl in declarations() {
         assert_eq!(
             names.iter().filter(|n| *n == decl.name).count(),
             1,
@@ -65,12 +64,13 @@ fn docs_ops_md_matches_the_declarations() {
 #[test]
 fn every_declared_name_is_registered_and_unique() {
     let names = dlkern::registry::names();
-    for (i, decl) in DECLARATIONS.iter().enumerate() {
+    let all: Vec<_> = declarations().collect();
+    for (i, decl) in all.iter().enumerate() {
         assert!(names.iter().any(|n| n == decl.name), "'{}' is not in the registry", decl.name);
-        assert!(DECLARATIONS[..i].iter().all(|d| d.name != decl.name), "'{}' is declared twice", decl.name);
+        assert!(all[..i].iter().all(|d| d.name != decl.name), "'{}' is declared twice", decl.name);
         let ort = decl.ort.as_ref().map(|o| o.name);
         assert!(
-            ort.is_none() || DECLARATIONS[..i].iter().all(|d| d.ort.as_ref().map(|o| o.name) != ort),
+            ort.is_none() || all[..i].iter().all(|d| d.ort.as_ref().map(|o| o.name) != ort),
             "ORT op {ort:?} is declared twice"
         );
     }

@@ -13,14 +13,17 @@ pub mod rmsnorm;
 
 use crate::kernel::OpDecl;
 
-/// Every op dlkern declares, in the order `docs/ops.md` lists them. The registry registers
-/// each under its name; the ORT adapter serves each that has an [`OpDecl::ort`].
-pub static DECLARATIONS: &[&OpDecl] = &[
-    &rmsnorm::op::RMSNORM,
-    &matmul_nbits::op::MATMUL_NBITS,
-    &matmul_w8a8::op::QUANTIZE_PER_TOKEN,
-    &matmul_w8a8::op::MATMUL_W8A8,
-    &matmul_w8a8::op::MATMUL_INTEGER_TO_FLOAT,
-    &attention::op::ATTENTION,
-    &attention::op::ATTENTION_LSE,
-];
+/// Every op dlkern declares, family by family, in the order `docs/ops.md` lists them (each
+/// family's `op.rs` lists its own). The registry registers each under its name; the ORT adapter
+/// serves each that has an [`OpDecl::ort`].
+pub fn declarations() -> impl Iterator<Item = &'static OpDecl> {
+    [
+        rmsnorm::op::DECLARATIONS,
+        matmul_nbits::op::DECLARATIONS,
+        matmul_w8a8::op::DECLARATIONS,
+        attention::op::DECLARATIONS,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
+}

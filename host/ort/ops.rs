@@ -79,7 +79,7 @@ fn all_ops() -> &'static [DlkernOp] {
     OPS.get_or_init(|| {
         let mut ops = Vec::new();
         for provider in [Provider::Cuda, Provider::Cpu] {
-            for decl in crate::ops::DECLARATIONS {
+            for decl in crate::ops::declarations() {
                 let Some(ort) = &decl.ort else { continue };
                 let types = if provider == Provider::Cuda { ort.cuda } else { ort.cpu };
                 for &dtype in types {

@@ -144,7 +144,7 @@ type Entries = BTreeMap<String, Arc<KernelDef>>;
 
 static REGISTRY: LazyLock<RwLock<Entries>> = LazyLock::new(|| {
     let mut entries = Entries::new();
-    for decl in crate::ops::DECLARATIONS {
+    for decl in crate::ops::declarations() {
         entries.insert(decl.name.to_string(), Arc::new(KernelDef::builtin(decl)));
     }
     RwLock::new(entries)

@@ -66,6 +66,9 @@ const ATTRS: &[AttrDecl] = &[
 ];
 const DEVICES: u32 = DEVICE_MASK_CPU | DEVICE_MASK_CUDA;
 
+/// This family's ops, in the order `docs/ops.md` lists them.
+pub static DECLARATIONS: &[&OpDecl] = &[&ATTENTION, &ATTENTION_LSE];
+
 pub static ATTENTION: OpDecl = OpDecl {
     name: "dlkern.attention",
     summary: "Attention (prefill) with flash-attention's interface.",

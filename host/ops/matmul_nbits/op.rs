@@ -20,6 +20,9 @@ use crate::kernel::{
 use crate::ops::common::{floats, optional, store, with_last};
 use crate::runtime::{Device, DeviceBuffer, synchronize_stream};
 
+/// This family's ops, in the order `docs/ops.md` lists them.
+pub static DECLARATIONS: &[&OpDecl] = &[&MATMUL_NBITS];
+
 /// Exactly `com.microsoft` `MatMulNBits`' inputs and attributes (bits = 4).
 pub static MATMUL_NBITS: OpDecl = OpDecl {
     name: "dlkern.matmul_nbits",

@@ -13,6 +13,9 @@ const FLOAT_TYPES: TensorType = TensorType::Any("`float`, `float16`, `bfloat16`"
 const I8: TensorType = TensorType::Fixed(DType::I8);
 const F32: TensorType = TensorType::Fixed(DType::F32);
 
+/// This family's ops, in the order `docs/ops.md` lists them.
+pub static DECLARATIONS: &[&OpDecl] = &[&QUANTIZE_PER_TOKEN, &MATMUL_W8A8, &MATMUL_INTEGER_TO_FLOAT];
+
 pub static QUANTIZE_PER_TOKEN: OpDecl = OpDecl {
     name: "dlkern.quantize_per_token",
     summary: "Symmetric int8 quantization with one f32 scale per row (round half to even, `scale = max|row| / 127`).",

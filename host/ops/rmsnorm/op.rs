@@ -16,6 +16,9 @@ pub const RMSNORM_DEFAULT_EPSILON: f64 = 1e-5;
 
 const FLOATS: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 
+/// This family's ops, in the order `docs/ops.md` lists them.
+pub static DECLARATIONS: &[&OpDecl] = &[&RMSNORM];
+
 pub static RMSNORM: OpDecl = OpDecl {
     name: "dlkern.rmsnorm",
     summary: "`Y = X / sqrt(mean(X^2, axis=-1) + epsilon) * scale`",
