@@ -38,6 +38,10 @@ def rows_by_family(results):
     return table
 
 
+# Variants that left main (issue 37: the planner never chose them), with the numbers of the last
+# run that measured them; appended to the report so that their numbers stay in BENCHMARKS.md.
+PRUNED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benches", "pruned.md")
+
 # Families bound by memory traffic: their rate is bytes per second.
 MEMORY_BOUND = {"rmsnorm", "paged_attention", "matmul_nbits"}
 
@@ -124,6 +128,9 @@ def render(results, plots_dir=None, plots_rel=None):
             png = plot(family, plot_points, ceiling, plots_dir)
             if png:
                 lines += [f"![{family}]({os.path.join(plots_rel or plots_dir, os.path.basename(png))})", ""]
+    if os.path.exists(PRUNED):
+        with open(PRUNED) as f:
+            lines += [f.read().rstrip("\n"), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -25,7 +25,7 @@ def model(nodes, inputs, outputs, initializers=()):
 
 def pack_w8_for_decode(w_q):
     """int8 weights [N, K] in the layout of dlkern.matmul_w8a8's w_layout="decode_packed" (the
-    Rust quant::w8::pack_for_decode): [ceil(N/16)*16, ceil(K/64)*64] bytes, zero-padded, each
+    Rust dlkern::ops::matmul_w8a8::pack::pack_for_decode): [ceil(N/16)*16, ceil(K/64)*64] bytes, zero-padded, each
     16 rows x 64 columns tile contiguous in K order. Do it once, when the weights are exported."""
     import numpy as np
 

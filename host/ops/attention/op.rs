@@ -3,7 +3,7 @@
 //! f64 reference ([`crate::ops::attention::reference`], O(S) memory per row); the tensor-core kernel
 //! (issue 6) will take CUDA tensors behind the same names.
 //!
-//! CUDA tensors (f16/bf16; head dims 64, 80, 96, 128, 256) run `launch::attention`; packed
+//! CUDA tensors (f16/bf16; head dims 64, 80, 96, 128, 256) run [`super::launch`]; packed
 //! batches there also read the optional `max_seqlen_q` attribute (the longest sequence's query
 //! count, flash-attention's argument; default the total), and their lengths are checked on the
 //! device only for memory safety (clamped), not for meaning.

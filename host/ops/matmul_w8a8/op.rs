@@ -157,7 +157,7 @@ fn out_dtype(name: &str, attrs: &crate::kernel::Attributes) -> Result<DType> {
 }
 
 /// `w_q`'s layout (attribute `w_layout`): `"nk"` (default), `[N, K]` row-major; or
-/// `"decode_packed"`, the decode kernel's tiles (`quant::w8::pack_for_decode`, shape
+/// `"decode_packed"`, the decode kernel's tiles (`super::pack::pack_for_decode`, shape
 /// `packed_decode_shape(N, K)`), N then given by `w_scale`.
 fn w_packed(name: &str, attrs: &crate::kernel::Attributes) -> Result<bool> {
     match attrs.string("w_layout")?.unwrap_or("nk") {
