@@ -4,7 +4,7 @@
 mod common;
 
 use common::Rng;
-use dlkern::ops::matmul_w8a8::pack::{self as w8, MAX_K_I32, matmul_reference, quantize_rows};
+use dlkern::ops::matmul_w8a8::pack::{self, MAX_K_I32, matmul_reference, quantize_rows};
 use proptest::prelude::*;
 
 proptest! {
@@ -34,7 +34,7 @@ proptest! {
         let mut rng = Rng::new(seed);
         // No zero codes, so that a zero in the packed buffer is padding.
         let w: Vec<i8> = rng.vec_i8(n * k).into_iter().map(|v| if v == 0 { 1 } else { v }).collect();
-        let packed = w8::pack_for_decode(&w, n, k).unwrap();
+        let packed = pack::pack_for_decode(&w, n, k).unwrap();
         let steps = k.div_ceil(64);
         prop_assert_eq!(packed.len(), n.div_ceil(16) * 16 * steps * 64);
         let mut placed = vec![false; packed.len()];
@@ -46,9 +46,9 @@ proptest! {
             }
         }
         prop_assert!(packed.iter().zip(&placed).all(|(&v, &p)| p || v == 0));
-        prop_assert_eq!(w8::unpack_decode(&packed, n, k).unwrap(), w.clone());
-        prop_assert!(w8::unpack_decode(&packed[1..], n, k).is_err());
-        prop_assert!(w8::pack_for_decode(&w[1..], n, k).is_err());
+        prop_assert_eq!(pack::unpack_decode(&packed, n, k).unwrap(), w.clone());
+        prop_assert!(pack::unpack_decode(&packed[1..], n, k).is_err());
+        prop_assert!(pack::pack_for_decode(&w[1..], n, k).is_err());
     }
 }
 

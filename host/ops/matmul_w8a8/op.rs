@@ -2,7 +2,7 @@
 //! tensors, the exact references on CPU tensors), and `com.microsoft` `MatMulIntegerToFloat`
 //! with int8 inputs (CPU only).
 
-use super::pack as w8;
+use super::pack;
 use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -140,7 +140,7 @@ fn quantize_compute(args: &KernelArgs) -> Result<()> {
     }
     // SAFETY: CPU tensors valid for the call; outputs are distinct buffers.
     unsafe {
-        let (codes, s) = w8::quantize_rows(&floats(&x)?, rows, cols)?;
+        let (codes, s) = pack::quantize_rows(&floats(&x)?, rows, cols)?;
         q.host_slice_mut::<i8>()?.copy_from_slice(&codes);
         scales.host_slice_mut::<f32>()?.copy_from_slice(&s);
     }
@@ -195,15 +195,16 @@ fn w8a8_compute(args: &KernelArgs) -> Result<()> {
     let packed = w_packed(name, args.attrs)?;
     let (m, k) = rows_cols(a.shape());
     let n = if packed { w_scale.shape()[0] } else { w.shape()[0] } as usize;
-    let (w_shape, layout) = if packed { (w8::packed_decode_shape(n, k), "decode_packed") } else { ([n, k], "[N, K]") };
+    let (w_shape, layout) =
+        if packed { (pack::packed_decode_shape(n, k), "decode_packed") } else { ([n, k], "[N, K]") };
     if w.shape() != [w_shape[0] as i64, w_shape[1] as i64] {
         return Err(Error::InvalidTensor {
             name: "w_q".into(),
             message: format!("shape {:?} (expected {w_shape:?}: {layout} for N = {n}, K = {k})", w.shape()),
         });
     }
-    if k > w8::MAX_K_I32 {
-        return Err(fail(name, format!("K = {k} exceeds {} (int32 accumulation could overflow)", w8::MAX_K_I32)));
+    if k > pack::MAX_K_I32 {
+        return Err(fail(name, format!("K = {k} exceeds {} (int32 accumulation could overflow)", pack::MAX_K_I32)));
     }
     a_scale.expect_dtype(&[DType::F32])?;
     if a_scale.len() != m && a_scale.len() != 1 {
@@ -274,12 +275,12 @@ fn w8a8_compute(args: &KernelArgs) -> Result<()> {
         };
         let unpacked;
         let w = if packed {
-            unpacked = w8::unpack_decode(w.host_slice::<i8>()?, n, k)?;
+            unpacked = pack::unpack_decode(w.host_slice::<i8>()?, n, k)?;
             &unpacked[..]
         } else {
             w.host_slice::<i8>()?
         };
-        let out = w8::matmul_reference(
+        let out = pack::matmul_reference(
             a.host_slice::<i8>()?,
             a_scale.host_slice::<f32>()?,
             w,
