@@ -1,4 +1,4 @@
-//! Attention (prefill) forward on the GPU (device code: `kernels-gpu/src/attention.rs`), with
+//! Attention (prefill) forward on the GPU (device code: `kernels-gpu/src/attention/`), with
 //! flash-attention's layouts: padded `[B, S, H, D]` or packed `[total, H, D]` batches with
 //! cumulative sequence lengths, GQA/MQA, bottom-right causal, left window, soft cap, and the
 //! optional row log-sum-exp. Memory: O(S) (the scores never leave registers).
@@ -16,7 +16,7 @@ use crate::runtime::{Device, KernelParams, LaunchDims};
 const KERNEL: &str = "attention";
 /// The kernel's tile shapes: the device crate's own source, compiled here too.
 #[allow(dead_code)]
-#[path = "../../kernels-gpu/src/layout/attention.rs"]
+#[path = "../../kernels-gpu/src/attention/layout.rs"]
 mod layout;
 use layout::{Dims, WARPS, block_m, shared_bytes};
 const THREADS: u32 = 32 * WARPS as u32;

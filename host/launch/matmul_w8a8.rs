@@ -1,4 +1,4 @@
-//! W8A8 matmul on the GPU (device code: `kernels-gpu/src/matmul_w8a8.rs`): int8 activations
+//! W8A8 matmul on the GPU (device code: `kernels-gpu/src/matmul_w8a8/`): int8 activations
 //! `[M, K]` (per-row or one scale) times int8 weights `[N, K]` (per-row scales) on int8 tensor
 //! cores, int32 accumulation, f32 epilogue (+ bias), stored as f16, bf16 or f32.
 
@@ -16,7 +16,7 @@ use crate::runtime::{Device, KernelParams, LaunchDims};
 const KERNEL: &str = "matmul_w8a8";
 /// The kernels' tile shapes and flags: the device crate's own source, compiled here too.
 #[allow(dead_code)]
-#[path = "../../kernels-gpu/src/layout/matmul_w8a8.rs"]
+#[path = "../../kernels-gpu/src/matmul_w8a8/layout.rs"]
 mod layout;
 use layout::{
     BK, BM, BN, Dims, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, MAX_SPLITS, QUANTIZE_THREADS, REDUCE_THREADS,

@@ -1,4 +1,4 @@
-//! PagedAttention decode and the KV-cache write (device code: `kernels-gpu/src/paged_attention.rs`).
+//! PagedAttention decode and the KV-cache write (device code: `kernels-gpu/src/paged_attention/`).
 //!
 //! Cache layout of ONNX Runtime's `PagedAttention`: `key_cache`/`value_cache`
 //! `[num_blocks, block_size, num_kv_heads, head_size]`, a block table i32
@@ -27,7 +27,7 @@ const KERNEL: &str = "paged_attention";
 pub const HEAD_SIZES: [usize; 5] = [64, 80, 96, 128, 256];
 /// The kernels' tile shapes and status bits: the device crate's own source, compiled here too.
 #[allow(dead_code)]
-#[path = "../../kernels-gpu/src/layout/paged_attention.rs"]
+#[path = "../../kernels-gpu/src/paged_attention/layout.rs"]
 mod layout;
 use layout::{Dims, M_TILE, THREADS};
 pub use layout::{STATUS_BAD_BLOCK, STATUS_BAD_CONTEXT};

@@ -1,4 +1,4 @@
-//! Launchers for the device self-test kernels (`kernels-gpu/src/probe.rs`).
+//! Launchers for the device self-test kernels (`kernels-gpu/src/probe/`).
 //!
 //! Each probe runs one device-module primitive (`cp.async` + `ldmatrix` + `mma.sync`, or the
 //! fast-math instructions) on host-provided data, so the test suite can pin down fragment
@@ -15,7 +15,7 @@ use crate::runtime::{Device, KernelParams, LaunchDims};
 const KERNEL: &str = "probe";
 const STREAM_READ: &str = "probe_stream_read";
 
-#[path = "../../kernels-gpu/src/layout/probe.rs"]
+#[path = "../../kernels-gpu/src/probe/layout.rs"]
 mod layout;
 use layout::{STREAM_READ_BEFORE_WAIT, STREAM_READ_EARLY_DEPENDENTS};
 pub use layout::{STREAM_READ_THREADS, stream_read_per_block};

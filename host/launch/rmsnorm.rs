@@ -1,6 +1,6 @@
 //! RMSNorm launcher: `y = x / sqrt(mean(x^2, last axis) + eps) * weight`.
 //!
-//! Kernels `rmsnorm_{vec,scalar}_{f32,f16,bf16}` (device code: `kernels-gpu/src/rmsnorm.rs`).
+//! Kernels `rmsnorm_{vec,scalar}_{f32,f16,bf16}` (device code: `kernels-gpu/src/rmsnorm/`).
 //! One block per row; the `vec` variant moves 16 bytes per access and is chosen whenever the
 //! pointers, strides and row length allow it.
 
@@ -13,10 +13,10 @@ use crate::error::{Error, Result};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "rmsnorm";
-/// Dynamic shared memory of every RMSNorm launch (the block reduction's scratch).
-const SHARED_BYTES: u32 = 128;
-/// Largest block the launcher picks; longer rows loop.
-const MAX_THREADS: u32 = 256;
+/// The kernels' block shape and shared memory: the device crate's own source, compiled here too.
+#[path = "../../kernels-gpu/src/rmsnorm/layout.rs"]
+mod layout;
+use layout::{MAX_THREADS, SHARED_BYTES, VEC_BYTES};
 
 /// Shape and layout of one RMSNorm call. `x` and `y` are `[rows, cols]` with the given row
 /// strides (elements; the last axis is contiguous), `weight` is `[cols]`.
@@ -101,10 +101,10 @@ impl RmsNormParams {
         if overlaps(weight, w_len, y, y_len) {
             return Err(Error::invalid(kernel, "y overlaps weight"));
         }
-        let vec_aligned = |v: u64| v.is_multiple_of(16);
+        let vec_aligned = |v: u64| v.is_multiple_of(VEC_BYTES as u64);
         let vec = [x, y, weight].into_iter().all(vec_aligned)
             && [p.cols, p.x_row_stride, p.y_row_stride].into_iter().all(|n| vec_aligned((n * size) as u64));
-        let per_thread_units = if vec { p.cols / (16 / size) } else { p.cols };
+        let per_thread_units = if vec { p.cols / (VEC_BYTES / size) } else { p.cols };
         let threads = (per_thread_units.div_ceil(32) * 32).clamp(32, MAX_THREADS as usize) as u32;
         Ok(Some(RmsNormPlan {
             kernel: variant(vec)?,

@@ -3,8 +3,17 @@
 //! Layout:
 //! - [`device`]: the only place with inline PTX; small `#[inline(always)]` wrappers, each with
 //!   a one-line PTX ISA reference and a `# Safety` contract. Kernels never write `asm!`.
-//! - one file per kernel family ([`rmsnorm`], [`probe`]), each exporting
-//!   `family_variant_dtype` entry points whose launch contract its docs state.
+//! - [`element`]: the element types (f16/bf16 as bits) and their tensor-core operations.
+//! - one folder per kernel family: [`rmsnorm`], [`attention`], [`paged_attention`],
+//!   [`matmul_w8a8`] and [`probe`]. Its `mod.rs` holds the kernels, `family_variant_dtype`
+//!   entry points whose launch contracts the family's module docs state, further files more of
+//!   them (`matmul_w8a8/wgmma.rs`: the sm_90a module's only), and `layout.rs` everything its
+//!   host launcher must agree on with them: grid, block and shared-memory shapes, flag bits and
+//!   the `#[repr(C)]` scalar-argument struct. A `layout.rs` has no device code: the host crate
+//!   compiles the very same file (`#[path]` modules in `host/launch/`), so a launch cannot
+//!   disagree with the kernel it launches.
+//! - The W4 family (`matmul_nbits*.rs`, its layout in `layout/matmul_nbits.rs`) is still one
+//!   file per kernel variant.
 //!
 //! This crate is compiled to PTX by the host crate's build script (see `builder/`); it is
 //! never linked into a host binary.
@@ -22,8 +31,6 @@ pub mod matmul_nbits_packed_wgmma;
 #[cfg(dlkern_arch_specific)]
 pub mod matmul_nbits_wgmma;
 pub mod matmul_w8a8;
-#[cfg(dlkern_arch_specific)]
-pub mod matmul_w8a8_wgmma;
 pub mod paged_attention;
 pub mod probe;
 pub mod rmsnorm;

@@ -1,5 +1,5 @@
-// Tile shapes and status bits of `paged_attention_*` (kernels-gpu/src/paged_attention.rs), also
-// compiled into the host launcher (host/launch/paged_attention.rs): no device code.
+// Tile shapes and status bits of `paged_attention_*` (kernels-gpu/src/paged_attention/mod.rs),
+// also compiled into the host launcher (host/launch/paged_attention.rs): no device code.
 
 pub const WARPS: u32 = 4;
 pub const THREADS: u32 = WARPS * 32;

@@ -1,4 +1,4 @@
-// Tile shapes and flags of `matmul_w8a8_*` (kernels-gpu/src/matmul_w8a8.rs), also compiled into
+// Tile shapes and flags of `matmul_w8a8_*` (kernels-gpu/src/matmul_w8a8/), also compiled into
 // the host launcher (host/launch/matmul_w8a8.rs): plain constants, no device code.
 
 /// Tiled kernel: rows of A and of W per block.

@@ -1,4 +1,4 @@
-// Block shape, flag bits and partition of `probe_stream_read` (kernels-gpu/src/probe.rs), also
+// Block shape, flag bits and partition of `probe_stream_read` (kernels-gpu/src/probe/mod.rs), also
 // compiled into the host launcher (host/launch/probe.rs): no device code.
 
 /// Threads per block of `probe_stream_read`.

@@ -1,4 +1,4 @@
-// Tile shapes of `attention_fwd_*` (kernels-gpu/src/attention.rs), also compiled into the host
+// Tile shapes of `attention_fwd_*` (kernels-gpu/src/attention/mod.rs), also compiled into the host
 // launcher (host/launch/attention.rs): plain `const fn`s, no device code.
 
 /// Warps per block; the block is `32 * WARPS` threads.
