@@ -85,19 +85,9 @@ pub struct PagedAttentionPlan {
 }
 
 fn kernel_names(dtype: DType, head_size: usize) -> Option<(&'static str, &'static str)> {
-    Some(match (dtype, head_size) {
-        (DType::F16, 64) => ("paged_attention_f16_d64", "paged_attention_combine_f16_d64"),
-        (DType::F16, 80) => ("paged_attention_f16_d80", "paged_attention_combine_f16_d80"),
-        (DType::F16, 96) => ("paged_attention_f16_d96", "paged_attention_combine_f16_d96"),
-        (DType::F16, 128) => ("paged_attention_f16_d128", "paged_attention_combine_f16_d128"),
-        (DType::F16, 256) => ("paged_attention_f16_d256", "paged_attention_combine_f16_d256"),
-        (DType::BF16, 64) => ("paged_attention_bf16_d64", "paged_attention_combine_bf16_d64"),
-        (DType::BF16, 80) => ("paged_attention_bf16_d80", "paged_attention_combine_bf16_d80"),
-        (DType::BF16, 96) => ("paged_attention_bf16_d96", "paged_attention_combine_bf16_d96"),
-        (DType::BF16, 128) => ("paged_attention_bf16_d128", "paged_attention_combine_bf16_d128"),
-        (DType::BF16, 256) => ("paged_attention_bf16_d256", "paged_attention_combine_bf16_d256"),
-        _ => return None,
-    })
+    let dtype = layout::Dtype::from_name(dtype.name())?;
+    let entry = |kernel: fn(layout::Dtype, usize) -> layout::Entry| layout::entry(kernel(dtype, head_size));
+    Some((entry(layout::Entry::Partition)?, entry(layout::Entry::Combine)?))
 }
 
 impl PagedAttentionParams {
@@ -385,10 +375,9 @@ pub unsafe fn paged_kv_write_raw(
     slot_mapping: u64,
     status: u64,
 ) -> Result<()> {
-    let kernel = match dtype {
-        DType::F16 => "paged_kv_write_f16",
-        DType::BF16 => "paged_kv_write_bf16",
-        other => return Err(Error::invalid(KERNEL, format!("dtype {other} not supported (f16, bf16)"))),
+    let entry = layout::Dtype::from_name(dtype.name()).and_then(|t| layout::entry(layout::Entry::KvWrite(t)));
+    let Some(kernel) = entry else {
+        return Err(Error::invalid(KERNEL, format!("dtype {dtype} not supported (f16, bf16)")));
     };
     if num_tokens == 0 {
         return Ok(());

@@ -13,11 +13,15 @@ use crate::error::{Error, Result};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "probe";
-const STREAM_READ: &str = "probe_stream_read";
+
+/// The symbol of `entry`.
+fn symbol(entry: Entry) -> Result<&'static str> {
+    layout::entry(entry).ok_or_else(|| Error::invalid(KERNEL, format!("no probe {entry:?}")))
+}
 
 #[path = "../../kernels-gpu/src/probe/layout.rs"]
 mod layout;
-use layout::{STREAM_READ_BEFORE_WAIT, STREAM_READ_EARLY_DEPENDENTS};
+use layout::{Entry, STREAM_READ_BEFORE_WAIT, STREAM_READ_EARLY_DEPENDENTS};
 pub use layout::{STREAM_READ_THREADS, stream_read_per_block};
 
 /// Which tensor-core probe to run; tiles are independent 16x8 products.
@@ -34,12 +38,12 @@ pub enum MmaProbe {
 }
 
 impl MmaProbe {
-    fn kernel(self) -> &'static str {
+    fn entry(self) -> Entry {
         match self {
-            MmaProbe::F16 => "probe_mma_m16n8k16_f16",
-            MmaProbe::Bf16 => "probe_mma_m16n8k16_bf16",
-            MmaProbe::F16KMajorB => "probe_mma_m16n8k16_f16_ktrans",
-            MmaProbe::S8 => "probe_mma_m16n8k32_s8",
+            MmaProbe::F16 => Entry::MmaF16,
+            MmaProbe::Bf16 => Entry::MmaBf16,
+            MmaProbe::F16KMajorB => Entry::MmaF16KTrans,
+            MmaProbe::S8 => Entry::MmaS8,
         }
     }
 
@@ -88,7 +92,7 @@ pub fn mma<A: DeviceRepr, B: DeviceRepr, C: DeviceRepr>(
     let args = KernelParams::new().pointers(&[a_ptr, b_ptr, c_ptr]);
     let dims = LaunchDims { grid: (tiles as u32, 1, 1), block: (32, 1, 1), shared_bytes: 0 };
     // SAFETY: three pointer parameters as the kernel declares, sized by check_slice.
-    unsafe { device.launch(probe.kernel(), dims, stream.cu_stream(), args) }
+    unsafe { device.launch(symbol(probe.entry())?, dims, stream.cu_stream(), args) }
 }
 
 /// Runs `ex2.approx`, `rcp.approx` and `rsqrt.approx` on every element of `x`.
@@ -118,7 +122,7 @@ pub fn fast_math(
     let args = KernelParams::new().pointers(&[x_ptr, e_ptr, r_ptr, s_ptr]).value(n as u32);
     let dims = LaunchDims { grid: ((n as u32).div_ceil(256), 1, 1), block: (256, 1, 1), shared_bytes: 0 };
     // SAFETY: parameters as the kernel declares, every array holds n elements.
-    unsafe { device.launch("probe_fast_math_f32", dims, stream.cu_stream(), args) }
+    unsafe { device.launch(symbol(Entry::FastMath)?, dims, stream.cu_stream(), args) }
 }
 
 /// How [`stream_read`] follows the kernel before it on the stream.
@@ -147,15 +151,12 @@ impl StreamReadPlan {
     /// most 2^16).
     pub fn new(bytes: usize, blocks: u32) -> Result<Self> {
         if bytes == 0 || !bytes.is_multiple_of(16) || bytes > 1 << 35 {
-            return Err(Error::invalid(
-                STREAM_READ,
-                format!("{bytes} bytes: need a nonzero multiple of 16, at most 2^35"),
-            ));
+            return Err(Error::invalid(KERNEL, format!("{bytes} bytes: need a nonzero multiple of 16, at most 2^35")));
         }
         // So that `blocks * per_block`, at most the vectors plus a step per block, stays below
         // 2^32 (the kernel's block offsets are 32-bit).
         if blocks == 0 || blocks > 1 << 16 {
-            return Err(Error::invalid(STREAM_READ, format!("{blocks} blocks: need 1 to 2^16")));
+            return Err(Error::invalid(KERNEL, format!("{blocks} blocks: need 1 to 2^16")));
         }
         let vectors = (bytes / 16) as u32;
         let per_block = stream_read_per_block(vectors, blocks);
@@ -170,7 +171,8 @@ fn stream_read_dims(blocks: u32) -> LaunchDims {
 
 /// One wave of [`stream_read`] blocks on `device`: its SMs times the blocks one SM holds.
 pub fn stream_read_wave(device: &Device) -> Result<u32> {
-    Ok(device.multiprocessors() * device.resident_blocks_per_sm(STREAM_READ, &stream_read_dims(1))?)
+    let name = symbol(Entry::StreamRead)?;
+    Ok(device.multiprocessors() * device.resident_blocks_per_sm(name, &stream_read_dims(1))?)
 }
 
 /// Reads all of `src` on the GPU and leaves in `out` (at least `plan.out_words` words) words
@@ -226,9 +228,9 @@ unsafe fn launch_stream_read(
     flags: u32,
 ) -> Result<()> {
     let plan = StreamReadPlan::new(src.len(), blocks)?;
-    check_same_device(STREAM_READ, device, stream)?;
-    check_slice(STREAM_READ, "src", device, src, src.len())?;
-    check_slice(STREAM_READ, "out", device, out, plan.out_words)?;
+    check_same_device(KERNEL, device, stream)?;
+    check_slice(KERNEL, "src", device, src, src.len())?;
+    check_slice(KERNEL, "out", device, out, plan.out_words)?;
     let (src_ptr, _src) = src.device_ptr(stream);
     let (out_ptr, _out) = out.device_ptr_mut(stream);
     // cudarc allocations are 256-byte aligned: the 16-byte loads need 16.
@@ -238,15 +240,15 @@ unsafe fn launch_stream_read(
         .value(plan.per_block)
         .pointers(&[out_ptr])
         .value(flags);
-    let stream = stream.cu_stream();
+    let (name, stream) = (symbol(Entry::StreamRead)?, stream.cu_stream());
     // SAFETY: parameters as the kernel declares, `src` and `out` sized by the plan; the
     // overlapped launch waits before it writes, and before it reads unless the caller's
     // contract (STREAM_READ_BEFORE_WAIT) says the kernel before does not write `src`.
     unsafe {
         if overlap {
-            device.launch_overlapping(STREAM_READ, stream_read_dims(plan.blocks), stream, args)
+            device.launch_overlapping(name, stream_read_dims(plan.blocks), stream, args)
         } else {
-            device.launch(STREAM_READ, stream_read_dims(plan.blocks), stream, args)
+            device.launch(name, stream_read_dims(plan.blocks), stream, args)
         }
     }
 }

@@ -13,10 +13,11 @@ use crate::error::{Error, Result};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "rmsnorm";
-/// The kernels' block shape and shared memory: the device crate's own source, compiled here too.
+/// The kernels' block shape, shared memory and entry points: the device crate's own source,
+/// compiled here too.
 #[path = "../../kernels-gpu/src/rmsnorm/layout.rs"]
 mod layout;
-use layout::{MAX_THREADS, SHARED_BYTES, VEC_BYTES};
+use layout::{Entry, MAX_THREADS, SHARED_BYTES, VEC_BYTES};
 
 /// Shape and layout of one RMSNorm call. `x` and `y` are `[rows, cols]` with the given row
 /// strides (elements; the last axis is contiguous), `weight` is `[cols]`.
@@ -51,17 +52,9 @@ impl RmsNormParams {
         let kernel = KERNEL;
         let size = p.dtype.size_bytes();
         let variant = |vec: bool| -> Result<&'static str> {
-            Ok(match (vec, p.dtype) {
-                (true, DType::F32) => "rmsnorm_vec_f32",
-                (true, DType::F16) => "rmsnorm_vec_f16",
-                (true, DType::BF16) => "rmsnorm_vec_bf16",
-                (false, DType::F32) => "rmsnorm_scalar_f32",
-                (false, DType::F16) => "rmsnorm_scalar_f16",
-                (false, DType::BF16) => "rmsnorm_scalar_bf16",
-                (_, other) => {
-                    return Err(Error::invalid(kernel, format!("dtype {other} not supported (f32, f16, bf16)")));
-                }
-            })
+            let dtype = layout::Dtype::from_name(p.dtype.name());
+            let entry = dtype.and_then(|t| layout::entry(if vec { Entry::Vec(t) } else { Entry::Scalar(t) }));
+            entry.ok_or_else(|| Error::invalid(kernel, format!("dtype {} not supported (f32, f16, bf16)", p.dtype)))
         };
         variant(false)?;
         if p.cols == 0 {

@@ -15,6 +15,14 @@
 //! - The W4 family (`matmul_nbits*.rs`, its layout in `layout/matmul_nbits.rs`) is still one
 //!   file per kernel variant.
 //!
+//! Each `layout.rs` also has the table of its family's entry points: an `Entry` enum naming
+//! them in typed terms (variant, element type, head size), `ENTRIES: &[(Entry, &str)]` pairing
+//! each with its symbol, and `entry(Entry)`, the lookup the host launchers use instead of
+//! string literals (`entries.rs`, which each one `include!`s, has the element types and the
+//! lookup). Rust cannot name an `extern "ptx-kernel"` function from a constant, so the kernels
+//! keep their own function names; `tests/ptx.rs` checks that each PTX module's entries are
+//! exactly those of the tables of the families it ships.
+//!
 //! This crate is compiled to PTX by the host crate's build script (see `builder/`); it is
 //! never linked into a host binary.
 #![no_std]

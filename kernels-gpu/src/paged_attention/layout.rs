@@ -1,5 +1,9 @@
-// Tile shapes and status bits of `paged_attention_*` (kernels-gpu/src/paged_attention/mod.rs),
-// also compiled into the host launcher (host/launch/paged_attention.rs): no device code.
+// Tile shapes, status bits and entry points of `paged_attention_*` and `paged_kv_write_*`
+// (kernels-gpu/src/paged_attention/mod.rs), also compiled into the host launcher
+// (host/launch/paged_attention.rs): no device code.
+
+// `Dtype` and `find`, shared by the families' tables.
+include!("../entries.rs");
 
 pub const WARPS: u32 = 4;
 pub const THREADS: u32 = WARPS * 32;
@@ -55,4 +59,47 @@ pub struct Dims {
     /// [`divmod`] constants for `block_size`.
     pub block_magic: u32,
     pub block_shift: u32,
+}
+
+/// An entry point, for f16 and bf16; the attention kernels for head sizes 64, 80, 96, 128 and
+/// 256.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `paged_attention_{dtype}_d{head_size}`: the partition kernel.
+    Partition(Dtype, usize),
+    /// `paged_attention_combine_{dtype}_d{head_size}`: the partitions' merge.
+    Combine(Dtype, usize),
+    /// `paged_kv_write_{dtype}`: the cache write.
+    KvWrite(Dtype),
+}
+
+/// Every entry point of the family, with its symbol.
+pub const ENTRIES: &[(Entry, &str)] = &[
+    (Entry::Partition(Dtype::F16, 64), "paged_attention_f16_d64"),
+    (Entry::Combine(Dtype::F16, 64), "paged_attention_combine_f16_d64"),
+    (Entry::Partition(Dtype::F16, 80), "paged_attention_f16_d80"),
+    (Entry::Combine(Dtype::F16, 80), "paged_attention_combine_f16_d80"),
+    (Entry::Partition(Dtype::F16, 96), "paged_attention_f16_d96"),
+    (Entry::Combine(Dtype::F16, 96), "paged_attention_combine_f16_d96"),
+    (Entry::Partition(Dtype::F16, 128), "paged_attention_f16_d128"),
+    (Entry::Combine(Dtype::F16, 128), "paged_attention_combine_f16_d128"),
+    (Entry::Partition(Dtype::F16, 256), "paged_attention_f16_d256"),
+    (Entry::Combine(Dtype::F16, 256), "paged_attention_combine_f16_d256"),
+    (Entry::KvWrite(Dtype::F16), "paged_kv_write_f16"),
+    (Entry::Partition(Dtype::Bf16, 64), "paged_attention_bf16_d64"),
+    (Entry::Combine(Dtype::Bf16, 64), "paged_attention_combine_bf16_d64"),
+    (Entry::Partition(Dtype::Bf16, 80), "paged_attention_bf16_d80"),
+    (Entry::Combine(Dtype::Bf16, 80), "paged_attention_combine_bf16_d80"),
+    (Entry::Partition(Dtype::Bf16, 96), "paged_attention_bf16_d96"),
+    (Entry::Combine(Dtype::Bf16, 96), "paged_attention_combine_bf16_d96"),
+    (Entry::Partition(Dtype::Bf16, 128), "paged_attention_bf16_d128"),
+    (Entry::Combine(Dtype::Bf16, 128), "paged_attention_combine_bf16_d128"),
+    (Entry::Partition(Dtype::Bf16, 256), "paged_attention_bf16_d256"),
+    (Entry::Combine(Dtype::Bf16, 256), "paged_attention_combine_bf16_d256"),
+    (Entry::KvWrite(Dtype::Bf16), "paged_kv_write_bf16"),
+];
+
+/// The symbol of `entry`, if the family has it.
+pub fn entry(entry: Entry) -> Option<&'static str> {
+    find(ENTRIES, entry)
 }

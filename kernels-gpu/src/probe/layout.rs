@@ -1,5 +1,6 @@
-// Block shape, flag bits and partition of `probe_stream_read` (kernels-gpu/src/probe/mod.rs), also
-// compiled into the host launcher (host/launch/probe.rs): no device code.
+// Block shape, flag bits and partition of `probe_stream_read`, and the entry points of the
+// probes (kernels-gpu/src/probe/mod.rs), also compiled into the host launcher
+// (host/launch/probe.rs): no device code.
 
 /// Threads per block of `probe_stream_read`.
 pub const STREAM_READ_THREADS: u32 = 256;
@@ -22,4 +23,36 @@ pub const fn stream_read_per_block(vectors: u32, blocks: u32) -> u32 {
     let step = STREAM_READ_THREADS * STREAM_READ_UNROLL;
     let blocks = if blocks == 0 { 1 } else { blocks };
     vectors.div_ceil(blocks).div_ceil(step) * step
+}
+
+/// An entry point of the probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `probe_mma_m16n8k16_f16`: `mma.sync` m16n8k16, f16 inputs, B n-major.
+    MmaF16,
+    /// `probe_mma_m16n8k16_bf16`: as [`Entry::MmaF16`] for bf16.
+    MmaBf16,
+    /// `probe_mma_m16n8k16_f16_ktrans`: as [`Entry::MmaF16`], B k-major (`ldmatrix.trans`).
+    MmaF16KTrans,
+    /// `probe_mma_m16n8k32_s8`: `mma.sync` m16n8k32, int8 inputs.
+    MmaS8,
+    /// `probe_fast_math_f32`: `ex2.approx`, `rcp.approx`, `rsqrt.approx`.
+    FastMath,
+    /// `probe_stream_read`: the read-only memory ceiling.
+    StreamRead,
+}
+
+/// Every entry point of the probes, with its symbol.
+pub const ENTRIES: &[(Entry, &str)] = &[
+    (Entry::MmaF16, "probe_mma_m16n8k16_f16"),
+    (Entry::MmaBf16, "probe_mma_m16n8k16_bf16"),
+    (Entry::MmaF16KTrans, "probe_mma_m16n8k16_f16_ktrans"),
+    (Entry::MmaS8, "probe_mma_m16n8k32_s8"),
+    (Entry::FastMath, "probe_fast_math_f32"),
+    (Entry::StreamRead, "probe_stream_read"),
+];
+
+/// The symbol of `entry`, if the probes have it.
+pub fn entry(entry: Entry) -> Option<&'static str> {
+    ENTRIES.iter().find(|&&(e, _)| e == entry).map(|&(_, name)| name)
 }
