@@ -1,8 +1,11 @@
-//! The PTX that build.rs embeds: right targets, exactly the entry points of the kernel
-//! families' tables, the instructions the kernels are meant to use, and a clean assembly by
-//! `ptxas` (from the PyPI package `nvidia-cuda-nvcc`) with no spills.
+//! The PTX that build.rs embeds, and the probe modules it builds for the tests and benches:
+//! right targets, exactly the entry points of the kernel families' tables, the instructions the
+//! kernels are meant to use, and a clean assembly by `ptxas` (from the PyPI package
+//! `nvidia-cuda-nvcc`) with no spills.
 
 mod common;
+#[path = "common/probe.rs"]
+mod probe;
 
 // The kernel families' tables of entry points: the very files the kernels and their launchers
 // compile.
@@ -16,15 +19,22 @@ mod matmul_w8a8;
 #[path = "../kernels-gpu/src/paged_attention/layout.rs"]
 mod paged_attention;
 #[allow(dead_code)]
-#[path = "../kernels-gpu/src/probe/layout.rs"]
-mod probe;
-#[allow(dead_code)]
 #[path = "../kernels-gpu/src/rmsnorm/layout.rs"]
 mod rmsnorm;
 
 use std::collections::BTreeSet;
 
 use dlkern::runtime::ptx;
+
+/// The probe modules (`common/probe.rs`), which only the tests and benches load.
+fn probe_modules() -> impl Iterator<Item = ptx::Module> {
+    probe::PTX_MODULES.iter().map(|&(arch, arch_specific, text)| ptx::Module { arch, arch_specific, text })
+}
+
+/// The production modules (the library's) and the probe modules.
+fn all_modules() -> impl Iterator<Item = (&'static str, ptx::Module)> {
+    ptx::modules().map(|m| ("kernels", m)).chain(probe_modules().map(|m| ("probes", m)))
+}
 
 /// The names of a module's entry points.
 fn entries(text: &'static str) -> BTreeSet<&'static str> {
@@ -42,7 +52,6 @@ fn names<K>(table: &'static [(K, &'static str)]) -> impl Iterator<Item = &'stati
 fn table_entries(module: &ptx::Module) -> BTreeSet<&'static str> {
     let w8a8 = matmul_w8a8::ENTRIES.iter().filter(|(e, _)| module.arch_specific || !e.arch_specific());
     let families = names(rmsnorm::ENTRIES).chain(names(attention::ENTRIES)).chain(names(paged_attention::ENTRIES));
-    let families = families.chain(names(probe::ENTRIES));
     families.chain(w8a8.map(|&(_, name)| name)).collect()
 }
 
@@ -66,6 +75,8 @@ fn assert_same_entries(what: &str, have: &BTreeSet<&str>, want: &BTreeSet<&str>)
 fn ships_sm80_and_sm90a() {
     let targets: Vec<String> = ptx::modules().map(|m| m.target()).collect();
     assert_eq!(targets, vec!["sm_90a", "sm_80"]);
+    let probe_targets: Vec<String> = probe_modules().map(|m| m.target()).collect();
+    assert_eq!(probe_targets, targets, "a probe module for each module");
 }
 
 #[test]
@@ -79,9 +90,19 @@ fn each_module_has_exactly_the_entries_of_the_families_it_ships() {
         let mut want = table_entries(&module);
         want.extend(w4);
         assert_same_entries(&target, &have, &want);
+        assert!(!have.iter().any(|e| e.starts_with("probe_")), "{target}: a probe in a production module");
         if !module.arch_specific {
             assert!(!text.contains("wgmma"), "{target}: wgmma outside the arch-specific module");
         }
+    }
+    for module in probe_modules() {
+        let target = module.target();
+        assert!(module.text.lines().any(|l| l.trim() == format!(".target {target}")), "probes {target}: .target");
+        assert_same_entries(
+            &format!("probes {target}"),
+            &entries(module.text),
+            &names(probe::layout::ENTRIES).collect(),
+        );
     }
 }
 
@@ -114,7 +135,6 @@ fn kernels_use_the_intended_instructions() {
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
         "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
-        "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
         "cp.async.cg.shared.global",
         "cp.async.wait_group 0",
         "ex2.approx.ftz.f32",
@@ -161,6 +181,37 @@ fn kernels_use_the_intended_instructions() {
     }
 }
 
+#[test]
+fn probes_use_the_instructions_they_test() {
+    let expected = [
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+        "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
+        "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+        "cp.async.cg.shared.global",
+        "cp.async.wait_group 0",
+        "ex2.approx.ftz.f32",
+        "rcp.approx.ftz.f32",
+        "rsqrt.approx.ftz.f32",
+        "ld.global.nc.v4.u32",
+        "shfl.sync.bfly.b32",
+    ];
+    let hopper = ["griddepcontrol.launch_dependents", "griddepcontrol.wait"];
+    for module in probe_modules() {
+        let (sm, text) = (module.target(), module.text);
+        let extra: &[&str] = if module.arch_specific { &hopper } else { &[] };
+        for instruction in expected.iter().chain(extra) {
+            assert!(text.contains(instruction), "probes {sm}: no `{instruction}` in the PTX");
+        }
+        if !module.arch_specific {
+            assert!(!text.contains("griddepcontrol"), "probes {sm}: griddepcontrol in the portable module");
+        }
+        assert!(!text.contains("trap;"), "probes {sm}: a kernel contains a panic path (trap)");
+    }
+}
+
 /// The kernels the host launches as programmatic dependents (`Device::launch_overlapping`)
 /// wait for the previous grid in the sm_90a module, and the decode kernels and the permutation
 /// let the next one start only after that wait (so what the next copies early overlaps them
@@ -191,7 +242,8 @@ fn programmatic_dependents_wait_for_the_previous_grid() {
         }
     }
     // The read ceiling may read before its wait, but writes only after it.
-    let text = entry_body(module.text, probe::entry(probe::Entry::StreamRead).unwrap());
+    let probes = probe_modules().find(|m| m.arch_specific).expect("an sm_90a probe module");
+    let text = entry_body(probes.text, probe::layout::entry(probe::layout::Entry::StreamRead).unwrap());
     let (wait, store) = (text.rfind("griddepcontrol.wait;"), text.find("st.global"));
     assert!(wait.is_some() && store.is_some() && wait < store, "probe_stream_read: wait, then store");
 }
@@ -243,9 +295,9 @@ fn ptxas_assembles_every_module_without_spills() {
         .expect("ptxas not found: `pip install nvidia-cuda-nvcc` (the test scripts do) or set DLKERN_PTXAS");
     let dir = std::env::temp_dir().join(format!("dlkern-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for module in ptx::modules() {
+    for (kind, module) in all_modules() {
         let sm = module.target();
-        let src = dir.join(format!("dlkern.{sm}.ptx"));
+        let src = dir.join(format!("dlkern-{kind}.{sm}.ptx"));
         std::fs::write(&src, module.text).unwrap();
         let out = std::process::Command::new(&ptxas)
             .arg(format!("-arch={sm}"))
@@ -253,11 +305,12 @@ fn ptxas_assembles_every_module_without_spills() {
             .arg("--warning-as-error")
             .arg(&src)
             .arg("-o")
-            .arg(dir.join(format!("dlkern.{sm}.cubin")))
+            .arg(dir.join(format!("dlkern-{kind}.{sm}.cubin")))
             .output()
             .expect("run ptxas");
         let log = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "ptxas -arch={sm} failed:\n{log}");
+        assert!(out.status.success(), "{kind}: ptxas -arch={sm} failed:\n{log}");
+        let sm = format!("{kind} {sm}");
         // ptxas reports serialized `wgmma`s (C7514, C7515) as info, not as a warning.
         assert!(!log.contains("wgmma.mma_async instructions are serialized"), "{sm}: serialized wgmma:\n{log}");
         let compiled = log.matches("Compiling entry function").count();

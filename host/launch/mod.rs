@@ -10,7 +10,6 @@ pub mod attention;
 pub mod matmul_nbits;
 pub mod matmul_w8a8;
 pub mod paged_attention;
-pub mod probe;
 pub mod rmsnorm;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};

@@ -1,6 +1,6 @@
 // Block shape, flag bits and partition of `probe_stream_read`, and the entry points of the
-// probes (kernels-gpu/src/probe/mod.rs), also compiled into the host launcher
-// (host/launch/probe.rs): no device code.
+// probe modules (kernels-gpu/src/probe/mod.rs), also compiled into the host launchers of the
+// tests and benches (tests/common/probe.rs): no device code.
 
 /// Threads per block of `probe_stream_read`.
 pub const STREAM_READ_THREADS: u32 = 256;
@@ -25,7 +25,7 @@ pub const fn stream_read_per_block(vectors: u32, blocks: u32) -> u32 {
     vectors.div_ceil(blocks).div_ceil(step) * step
 }
 
-/// An entry point of the probes.
+/// An entry point of the probe modules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Entry {
     /// `probe_mma_m16n8k16_f16`: `mma.sync` m16n8k16, f16 inputs, B n-major.
@@ -42,7 +42,7 @@ pub enum Entry {
     StreamRead,
 }
 
-/// Every entry point of the probes, with its symbol.
+/// Every entry point of the probe modules, with its symbol.
 pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::MmaF16, "probe_mma_m16n8k16_f16"),
     (Entry::MmaBf16, "probe_mma_m16n8k16_bf16"),
@@ -52,7 +52,7 @@ pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::StreamRead, "probe_stream_read"),
 ];
 
-/// The symbol of `entry`, if the probes have it.
+/// The symbol of `entry`, if the modules have it.
 pub fn entry(entry: Entry) -> Option<&'static str> {
     ENTRIES.iter().find(|&&(e, _)| e == entry).map(|&(_, name)| name)
 }
