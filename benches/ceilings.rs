@@ -7,13 +7,16 @@
 //! 1x8192x8192 GEMV), the bars for the matmul and attention kernels.
 
 mod common;
+/// The probe kernels' launchers, shared with `tests/probe.rs` (the probes are not in the library).
+#[path = "../tests/common/probe.rs"]
+mod probe;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use dlkern::Element;
-use dlkern::launch::probe::{StreamReadOrder, StreamReadPlan, stream_read, stream_read_constant, stream_read_wave};
 use half::{bf16, f16};
+use probe::{Probes, StreamReadOrder, StreamReadPlan, stream_read, stream_read_constant, stream_read_wave};
 
 fn copy_bandwidth(c: &mut Criterion) {
     let Some(gpu) = common::gpu() else { return };
@@ -52,8 +55,9 @@ enum ReadChain {
 
 fn stream_read_rates(c: &mut Criterion) {
     let Some(gpu) = common::gpu() else { return };
-    let blocks = match stream_read_wave(&gpu.device) {
-        Ok(blocks) => blocks,
+    let wave = Probes::new(&gpu.device).and_then(|probes| stream_read_wave(&probes).map(|blocks| (probes, blocks)));
+    let (probes, blocks) = match wave {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("skipping the read ceilings: {e}");
             return;
@@ -109,11 +113,11 @@ fn stream_read_rates(c: &mut Criterion) {
                         next += 1;
                         match chain {
                             ReadChain::Ordered(order) => {
-                                stream_read(&gpu.device, &gpu.stream, src, &mut out, blocks, order)
+                                stream_read(&probes, &gpu.stream, src, &mut out, blocks, order)
                             }
                             // SAFETY: nothing writes the copies after their upload.
                             ReadChain::ReadFirst { early_dependents } => unsafe {
-                                stream_read_constant(&gpu.device, &gpu.stream, src, &mut out, blocks, early_dependents)
+                                stream_read_constant(&probes, &gpu.stream, src, &mut out, blocks, early_dependents)
                             },
                         }
                         .expect("stream read")

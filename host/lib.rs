@@ -33,10 +33,8 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod kernel;
-pub mod launch;
 pub mod ops;
 pub mod ort;
-pub mod reference;
 pub mod registry;
 pub mod runtime;
 

@@ -1,18 +1,29 @@
 //! Device-module self-tests on the GPU: the `mma.sync` fragment layouts as loaded by `cp.async`
 //! and `ldmatrix` (all four variants) and the fast-math instructions, against CPU references;
-//! and the read-only ceiling kernel of the benches, which must read every byte.
+//! and the read-only ceiling kernel of the benches, which must read every byte. The probe
+//! kernels are in PTX modules of their own (`common/probe.rs`), not in the library's.
 
 mod common;
+#[path = "common/probe.rs"]
+mod probe;
+
+use std::sync::Arc;
 
 use common::{Rng, gpu};
-use dlkern::launch::probe::{
-    MmaProbe, StreamReadOrder, StreamReadPlan, fast_math, mma, stream_read, stream_read_constant, stream_read_wave,
-};
-use dlkern::reference::matmul::{matmul_nt, matmul_nt_i8};
-use dlkern::reference::xor_words;
+use cudarc::driver::CudaStream;
 use half::{bf16, f16};
+use probe::{
+    MmaProbe, Probes, STREAM_READ_THREADS, StreamReadOrder, StreamReadPlan, fast_math, mma, stream_read,
+    stream_read_constant, stream_read_wave,
+};
 
 const TILES: usize = 7;
+
+/// The GPU with the probe module, and a stream.
+fn gpu_probes() -> (Probes, Arc<CudaStream>) {
+    let (device, stream) = gpu();
+    (Probes::new(&device).expect("the probe module for this GPU"), stream)
+}
 
 /// f32 accumulation of 16 exact products: error bounded by k * 2^-24 * sum|a*b|.
 fn check_f32_tile(what: &str, got: &[f32], a: &[f64], b_nt: &[f64], tile: usize) {
@@ -38,14 +49,14 @@ fn check_f32_tile(what: &str, got: &[f32], a: &[f64], b_nt: &[f64], tile: usize)
 }
 
 fn run_16bit<T: dlkern::Element>(probe: MmaProbe, seed: u64) {
-    let (device, stream) = gpu();
+    let (probes, stream) = gpu_probes();
     let mut rng = Rng::new(seed);
     let a: Vec<T> = rng.vec(TILES * 256, -2.0, 2.0);
     let b: Vec<T> = rng.vec(TILES * 128, -2.0, 2.0);
     let a_dev = stream.clone_htod(&a).unwrap();
     let b_dev = stream.clone_htod(&b).unwrap();
     let mut c_dev = stream.clone_htod(&vec![f32::NAN; TILES * 128]).unwrap();
-    mma(&device, &stream, probe, &a_dev, &b_dev, &mut c_dev, TILES).unwrap();
+    mma(&probes, &stream, probe, &a_dev, &b_dev, &mut c_dev, TILES).unwrap();
     let c: Vec<f32> = stream.clone_dtoh(&c_dev).unwrap();
     for t in 0..TILES {
         let a64: Vec<f64> = a[t * 256..(t + 1) * 256].iter().map(|v| v.to_f64()).collect();
@@ -81,7 +92,7 @@ fn mma_f16_with_k_major_b_matches_reference() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn mma_s8_is_exact_including_extremes() {
-    let (device, stream) = gpu();
+    let (probes, stream) = gpu_probes();
     let mut rng = Rng::new(4);
     let mut a = rng.vec_i8(TILES * 512);
     let mut b = rng.vec_i8(TILES * 256);
@@ -91,7 +102,7 @@ fn mma_s8_is_exact_including_extremes() {
     let a_dev = stream.clone_htod(&a).unwrap();
     let b_dev = stream.clone_htod(&b).unwrap();
     let mut c_dev = stream.clone_htod(&vec![i32::MIN; TILES * 128]).unwrap();
-    mma(&device, &stream, MmaProbe::S8, &a_dev, &b_dev, &mut c_dev, TILES).unwrap();
+    mma(&probes, &stream, MmaProbe::S8, &a_dev, &b_dev, &mut c_dev, TILES).unwrap();
     let c: Vec<i32> = stream.clone_dtoh(&c_dev).unwrap();
     for t in 0..TILES {
         let expected = matmul_nt_i8(&a[t * 512..(t + 1) * 512], &b[t * 256..(t + 1) * 256], 16, 8, 32);
@@ -104,17 +115,17 @@ fn mma_s8_is_exact_including_extremes() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn mma_probe_rejects_wrong_element_sizes() {
-    let (device, stream) = gpu();
+    let (probes, stream) = gpu_probes();
     let a = stream.alloc_zeros::<f32>(256).unwrap();
     let mut c = stream.alloc_zeros::<f32>(128).unwrap();
-    let err = mma(&device, &stream, MmaProbe::F16, &a, &a, &mut c, 1).unwrap_err();
+    let err = mma(&probes, &stream, MmaProbe::F16, &a, &a, &mut c, 1).unwrap_err();
     assert!(err.to_string().contains("2-byte inputs"), "{err}");
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn fast_math_is_within_its_documented_error() {
-    let (device, stream) = gpu();
+    let (probes, stream) = gpu_probes();
     let mut rng = Rng::new(9);
     let x: Vec<f32> = (0..10_000).map(|_| rng.uniform(-20.0, 20.0) as f32).filter(|v| v.abs() > 1e-3).collect();
     let positive: Vec<f32> = x.iter().map(|v| v.abs()).collect();
@@ -124,9 +135,9 @@ fn fast_math_is_within_its_documented_error() {
     let mut e = stream.alloc_zeros::<f32>(n).unwrap();
     let mut r = stream.alloc_zeros::<f32>(n).unwrap();
     let mut s = stream.alloc_zeros::<f32>(n).unwrap();
-    fast_math(&device, &stream, &x_dev, &mut e, &mut r, &mut s).unwrap();
+    fast_math(&probes, &stream, &x_dev, &mut e, &mut r, &mut s).unwrap();
     let (exp2, recip) = (stream.clone_dtoh(&e).unwrap(), stream.clone_dtoh(&r).unwrap());
-    fast_math(&device, &stream, &p_dev, &mut e, &mut r, &mut s).unwrap();
+    fast_math(&probes, &stream, &p_dev, &mut e, &mut r, &mut s).unwrap();
     let rsqrt = stream.clone_dtoh(&s).unwrap();
     let rel = |got: f32, want: f64| ((got as f64 - want) / want).abs();
     for i in 0..n {
@@ -146,8 +157,8 @@ fn folded(out: &[u32], words: usize) -> u32 {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_stream_read_reads_every_word() {
-    let (device, stream) = gpu();
-    let wave = stream_read_wave(&device).unwrap();
+    let (probes, stream) = gpu_probes();
+    let wave = stream_read_wave(&probes).unwrap();
     let mut rng = Rng::new(21);
     // One vector; a count off every step and block boundary; two whole steps per block of a
     // wave; a W4-sized buffer (in a wave only: the sanitizers run this test too).
@@ -163,13 +174,13 @@ fn gpu_stream_read_reads_every_word() {
                     (0..plan.out_words + 1).map(|i| 0x9e37_79b9u32.wrapping_mul(i as u32 + 1)).collect();
                 let mut out = stream.clone_htod(&junk).unwrap();
                 match order {
-                    0 => stream_read(&device, &stream, &src, &mut out, blocks, StreamReadOrder::Serialized).unwrap(),
+                    0 => stream_read(&probes, &stream, &src, &mut out, blocks, StreamReadOrder::Serialized).unwrap(),
                     1 | 2 => {
                         let order = StreamReadOrder::Overlapped { early_dependents: order == 2 };
-                        stream_read(&device, &stream, &src, &mut out, blocks, order).unwrap()
+                        stream_read(&probes, &stream, &src, &mut out, blocks, order).unwrap()
                     }
                     // SAFETY: nothing writes `src` after its upload.
-                    _ => unsafe { stream_read_constant(&device, &stream, &src, &mut out, blocks, order == 4) }.unwrap(),
+                    _ => unsafe { stream_read_constant(&probes, &stream, &src, &mut out, blocks, order == 4) }.unwrap(),
                 }
                 let got: Vec<u32> = stream.clone_dtoh(&out).unwrap();
                 assert_eq!(
@@ -188,8 +199,8 @@ fn gpu_stream_read_reads_every_word() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_stream_read_chain_keeps_the_last_result() {
-    let (device, stream) = gpu();
-    let wave = stream_read_wave(&device).unwrap();
+    let (probes, stream) = gpu_probes();
+    let wave = stream_read_wave(&probes).unwrap();
     let bytes = 4 << 20;
     let hosts: Vec<Vec<u8>> =
         (0..3u8).map(|c| (0..bytes).map(|i| (i * 131) as u8 ^ c.wrapping_mul(77)).collect()).collect();
@@ -200,7 +211,7 @@ fn gpu_stream_read_chain_keeps_the_last_result() {
         for last in 0..3 {
             for i in 0..=last {
                 // SAFETY: nothing writes the sources after their upload.
-                unsafe { stream_read_constant(&device, &stream, &srcs[i % 3], &mut out, wave, early) }.unwrap();
+                unsafe { stream_read_constant(&probes, &stream, &srcs[i % 3], &mut out, wave, early) }.unwrap();
             }
             let got: Vec<u32> = stream.clone_dtoh(&out).unwrap();
             assert_eq!(
@@ -216,13 +227,75 @@ fn gpu_stream_read_chain_keeps_the_last_result() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_stream_read_rejects_bad_buffers() {
-    let (device, stream) = gpu();
+    let (probes, stream) = gpu_probes();
     let src = stream.alloc_zeros::<u8>(4096).unwrap();
     let mut small = stream.alloc_zeros::<u32>(7).unwrap();
-    let err = stream_read(&device, &stream, &src, &mut small, 1, StreamReadOrder::Serialized).unwrap_err();
+    let err = stream_read(&probes, &stream, &src, &mut small, 1, StreamReadOrder::Serialized).unwrap_err();
     assert!(err.to_string().contains("out"), "{err}");
     let odd = stream.alloc_zeros::<u8>(4100).unwrap();
     let mut out = stream.alloc_zeros::<u32>(8).unwrap();
-    let err = stream_read(&device, &stream, &odd, &mut out, 1, StreamReadOrder::Serialized).unwrap_err();
+    let err = stream_read(&probes, &stream, &odd, &mut out, 1, StreamReadOrder::Serialized).unwrap_err();
     assert!(err.to_string().contains("multiple of 16"), "{err}");
+}
+
+#[test]
+fn stream_read_plan_covers_every_vector_in_whole_steps() {
+    let step = (STREAM_READ_THREADS * probe::layout::STREAM_READ_UNROLL) as usize;
+    let cases = [(16, 1), (16 * 1001, 3), (34_603_008, 1056), (121_110_528, 528), (16 << 20, 7), (1 << 35, 1 << 16)];
+    for (bytes, blocks) in cases {
+        let plan = StreamReadPlan::new(bytes, blocks).unwrap();
+        assert_eq!(plan.vectors as usize * 16, bytes);
+        assert!((plan.per_block as usize).is_multiple_of(step) && plan.per_block > 0);
+        // Every vector lies in some block, the shares are even up to a step (trailing
+        // blocks may read nothing), and the blocks' spans stay below 2^32.
+        assert!(plan.blocks as u64 * plan.per_block as u64 >= plan.vectors as u64);
+        assert!((plan.per_block as usize) < (plan.vectors as usize).div_ceil(blocks as usize) + step);
+        assert!((plan.blocks as u64 * plan.per_block as u64) < 1 << 32);
+        assert_eq!(plan.out_words, blocks as usize * 8);
+    }
+}
+
+#[test]
+fn stream_read_plan_rejects_bad_sizes() {
+    for (bytes, blocks, what) in [
+        (0, 1, "nonzero"),
+        (24, 1, "multiple of 16"),
+        ((1 << 35) + 16, 1, "2^35"),
+        (16, 0, "blocks"),
+        (16, (1 << 16) + 1, "blocks"),
+    ] {
+        let err = StreamReadPlan::new(bytes, blocks).unwrap_err().to_string();
+        assert!(err.contains(what), "{bytes} bytes, {blocks} blocks: {err}");
+    }
+}
+
+// The probes' oracles.
+
+/// `C[m][n] = sum_k A[m][k] * B[n][k]` (B given n-major, "NT") in f64.
+fn matmul_nt(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[j * k + p]).sum();
+        }
+    }
+    c
+}
+
+/// `C[m][n] = sum_k A[m][k] * B[n][k]` in exact integer arithmetic (i64, so no overflow for
+/// any int8 inputs with k < 2^48).
+fn matmul_nt_i8(a: &[i8], b: &[i8], m: usize, n: usize, k: usize) -> Vec<i64> {
+    let mut c = vec![0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] as i64 * b[j * k + p] as i64).sum();
+        }
+    }
+    c
+}
+
+/// The XOR of `bytes`' little-endian 32-bit words (`bytes.len() % 4 == 0`): what
+/// `probe_stream_read` leaves in its output.
+fn xor_words(bytes: &[u8]) -> u32 {
+    bytes.chunks_exact(4).fold(0, |acc, w| acc ^ u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
 }

@@ -1,156 +1,108 @@
-//! The PTX that build.rs embeds: right targets, the instructions the kernels are meant to use,
-//! and a clean assembly by `ptxas` (from the PyPI package `nvidia-cuda-nvcc`) with no spills.
+//! The PTX that build.rs embeds, and the probe modules it builds for the tests and benches:
+//! right targets, exactly the entry points of the kernel families' tables, the instructions the
+//! kernels are meant to use, and a clean assembly by `ptxas` (from the PyPI package
+//! `nvidia-cuda-nvcc`) with no spills.
 
 mod common;
+#[path = "common/probe.rs"]
+mod probe;
+
+// The kernel families' tables of entry points: the very files the kernels and their launchers
+// compile.
+#[allow(dead_code)]
+#[path = "../kernels-gpu/src/attention/layout.rs"]
+mod attention;
+#[allow(dead_code)]
+#[path = "../kernels-gpu/src/matmul_w8a8/layout.rs"]
+mod matmul_w8a8;
+#[allow(dead_code)]
+#[path = "../kernels-gpu/src/paged_attention/layout.rs"]
+mod paged_attention;
+#[allow(dead_code)]
+#[path = "../kernels-gpu/src/rmsnorm/layout.rs"]
+mod rmsnorm;
+
+use std::collections::BTreeSet;
 
 use dlkern::runtime::ptx;
 
-/// Every kernel the host launches by name.
-const ENTRY_POINTS: &[&str] = &[
-    "rmsnorm_vec_f32",
-    "rmsnorm_vec_f16",
-    "rmsnorm_vec_bf16",
-    "rmsnorm_scalar_f32",
-    "rmsnorm_scalar_f16",
-    "rmsnorm_scalar_bf16",
-    "probe_mma_m16n8k16_f16",
-    "probe_mma_m16n8k16_bf16",
-    "probe_mma_m16n8k16_f16_ktrans",
-    "probe_mma_m16n8k32_s8",
-    "probe_fast_math_f32",
-    "probe_stream_read",
-    "attention_fwd_f16_d64",
-    "attention_fwd_f16_d80",
-    "attention_fwd_f16_d96",
-    "attention_fwd_f16_d128",
-    "attention_fwd_f16_d256",
-    "attention_fwd_bf16_d64",
-    "attention_fwd_bf16_d80",
-    "attention_fwd_bf16_d96",
-    "attention_fwd_bf16_d128",
-    "attention_fwd_bf16_d256",
-    "matmul_w8a8_f16",
-    "matmul_w8a8_bf16",
-    "matmul_w8a8_f32",
-    "matmul_w8a8_small_f16",
-    "matmul_w8a8_small_bf16",
-    "matmul_w8a8_small_f32",
-    "matmul_w8a8_small_packed_f16",
-    "matmul_w8a8_small_packed_bf16",
-    "matmul_w8a8_small_packed_f32",
-    "matmul_w8a8_partial",
-    "matmul_w8a8_reduce_f16",
-    "matmul_w8a8_reduce_bf16",
-    "matmul_w8a8_reduce_f32",
-    "matmul_w8a8_quantize_f16",
-    "matmul_w8a8_quantize_bf16",
-    "matmul_w8a8_quantize_f32",
-    "matmul_nbits_f16_decode8",
-    "matmul_nbits_bf16_decode8",
-    "matmul_nbits_f16_decode8_ahead3",
-    "matmul_nbits_bf16_decode8_ahead3",
-    "matmul_nbits_f16_decode8_packed",
-    "matmul_nbits_f16_decode8_packed_wide",
-    "matmul_nbits_bf16_decode8_packed",
-    "matmul_nbits_bf16_decode8_packed_wide",
-    "matmul_nbits_f16_decode16_packed",
-    "matmul_nbits_bf16_decode16_packed",
-    "matmul_nbits_f16_decode16_packed_wide",
-    "matmul_nbits_bf16_decode16_packed_wide",
-    "matmul_nbits_f16_decode16",
-    "matmul_nbits_bf16_decode16",
-    "matmul_nbits_f16_small",
-    "matmul_nbits_f16_large",
-    "matmul_nbits_bf16_small",
-    "matmul_nbits_bf16_large",
-    "matmul_nbits_f16_small_zf",
-    "matmul_nbits_f16_large_zf",
-    "matmul_nbits_bf16_small_zf",
-    "matmul_nbits_bf16_large_zf",
-    "matmul_nbits_f16_tiled32x128",
-    "matmul_nbits_bf16_tiled32x128",
-    "matmul_nbits_f16_tiled64x128",
-    "matmul_nbits_bf16_tiled64x128",
-    "matmul_nbits_f16_tiled128x128",
-    "matmul_nbits_bf16_tiled128x128",
-    "matmul_nbits_permute_f16",
-    "matmul_nbits_permute_bf16",
-    "matmul_nbits_reduce_f16",
-    "matmul_nbits_reduce_bf16",
-    "matmul_nbits_pack_decode",
-    "paged_attention_f16_d64",
-    "paged_attention_combine_f16_d64",
-    "paged_attention_f16_d80",
-    "paged_attention_combine_f16_d80",
-    "paged_attention_f16_d96",
-    "paged_attention_combine_f16_d96",
-    "paged_attention_f16_d128",
-    "paged_attention_combine_f16_d128",
-    "paged_attention_f16_d256",
-    "paged_attention_combine_f16_d256",
-    "paged_kv_write_f16",
-    "paged_attention_bf16_d64",
-    "paged_attention_combine_bf16_d64",
-    "paged_attention_bf16_d80",
-    "paged_attention_combine_bf16_d80",
-    "paged_attention_bf16_d96",
-    "paged_attention_combine_bf16_d96",
-    "paged_attention_bf16_d128",
-    "paged_attention_combine_bf16_d128",
-    "paged_attention_bf16_d256",
-    "paged_attention_combine_bf16_d256",
-    "paged_kv_write_bf16",
-];
+/// The probe modules (`common/probe.rs`), which only the tests and benches load.
+fn probe_modules() -> impl Iterator<Item = ptx::Module> {
+    probe::PTX_MODULES.iter().map(|&(arch, arch_specific, text)| ptx::Module { arch, arch_specific, text })
+}
 
-/// The kernels only the Hopper-specific module (`sm_90a`) has: they use `wgmma`.
-const WGMMA_ENTRY_POINTS: &[&str] = &[
-    "matmul_w8a8_wgmma_f16",
-    "matmul_w8a8_wgmma_bf16",
-    "matmul_w8a8_wgmma_f32",
-    "matmul_w8a8_wgmma_partial",
-    "matmul_nbits_f16_wgmma",
-    "matmul_nbits_bf16_wgmma",
-    "matmul_nbits_f16_wgmma_pair",
-    "matmul_nbits_bf16_wgmma_pair",
-    "matmul_nbits_f16_wgmma_streamk",
-    "matmul_nbits_bf16_wgmma_streamk",
-    "matmul_nbits_f16_packed_wgmma8",
-    "matmul_nbits_f16_packed_wgmma16",
-    "matmul_nbits_bf16_packed_wgmma8",
-    "matmul_nbits_bf16_packed_wgmma16",
-    "matmul_nbits_f16_packed_wgmma8_x2",
-    "matmul_nbits_f16_packed_wgmma16_x2",
-    "matmul_nbits_bf16_packed_wgmma8_x2",
-    "matmul_nbits_bf16_packed_wgmma16_x2",
-    "matmul_nbits_f16_packed_wgmma8_x4",
-    "matmul_nbits_f16_packed_wgmma16_x4",
-    "matmul_nbits_bf16_packed_wgmma8_x4",
-    "matmul_nbits_bf16_packed_wgmma16_x4",
-];
+/// The production modules (the library's) and the probe modules.
+fn all_modules() -> impl Iterator<Item = (&'static str, ptx::Module)> {
+    ptx::modules().map(|m| ("kernels", m)).chain(probe_modules().map(|m| ("probes", m)))
+}
 
-/// The entries a module must have.
-fn entry_points(module: &ptx::Module) -> Vec<&'static str> {
-    let extra = if module.arch_specific { WGMMA_ENTRY_POINTS } else { &[] };
-    ENTRY_POINTS.iter().chain(extra).copied().collect()
+/// The names of a module's entry points.
+fn entries(text: &'static str) -> BTreeSet<&'static str> {
+    let headers = text.lines().filter_map(|line| line.trim_start().strip_prefix(".visible .entry "));
+    headers.map(|rest| rest.split('(').next().unwrap_or(rest)).collect()
+}
+
+/// The symbols of an entry-point table.
+fn names<K>(table: &'static [(K, &'static str)]) -> impl Iterator<Item = &'static str> {
+    table.iter().map(|&(_, name)| name)
+}
+
+/// The entries the families' tables give `module`: all of theirs, but the arch-specific (sm_90a)
+/// ones in that module only.
+fn table_entries(module: &ptx::Module) -> BTreeSet<&'static str> {
+    let w8a8 = matmul_w8a8::ENTRIES.iter().filter(|(e, _)| module.arch_specific || !e.arch_specific());
+    let families = names(rmsnorm::ENTRIES).chain(names(attention::ENTRIES)).chain(names(paged_attention::ENTRIES));
+    families.chain(w8a8.map(|&(_, name)| name)).collect()
+}
+
+/// The W4 (`matmul_nbits`) family's entries of a module with `module_entries`. W4 has no table
+/// yet: until it has, they are the module's entries with its prefix. Its table plugs in here
+/// (and the W4 entries then join the others in [`table_entries`]).
+fn w4_entries(module_entries: &BTreeSet<&'static str>) -> BTreeSet<&'static str> {
+    module_entries.iter().copied().filter(|e| e.starts_with("matmul_nbits")).collect()
+}
+
+fn assert_same_entries(what: &str, have: &BTreeSet<&str>, want: &BTreeSet<&str>) {
+    let missing: Vec<_> = want.difference(have).collect();
+    let unlisted: Vec<_> = have.difference(want).collect();
+    assert!(
+        missing.is_empty() && unlisted.is_empty(),
+        "{what}: entries missing from the PTX {missing:?}, entries in no table {unlisted:?}"
+    );
 }
 
 #[test]
 fn ships_sm80_and_sm90a() {
     let targets: Vec<String> = ptx::modules().map(|m| m.target()).collect();
     assert_eq!(targets, vec!["sm_90a", "sm_80"]);
+    let probe_targets: Vec<String> = probe_modules().map(|m| m.target()).collect();
+    assert_eq!(probe_targets, targets, "a probe module for each module");
 }
 
 #[test]
-fn each_module_targets_its_architecture_and_has_every_entry_point() {
+fn each_module_has_exactly_the_entries_of_the_families_it_ships() {
     for module in ptx::modules() {
         let (target, text) = (module.target(), module.text);
         assert!(text.lines().any(|l| l.trim() == format!(".target {target}")), "{target}: .target line");
-        for entry in entry_points(&module) {
-            assert!(text.contains(&format!(".visible .entry {entry}(")), "{target}: missing entry {entry}");
-        }
+        let have = entries(text);
+        let w4 = w4_entries(&have);
+        assert!(!w4.is_empty(), "{target}: no W4 entries");
+        let mut want = table_entries(&module);
+        want.extend(w4);
+        assert_same_entries(&target, &have, &want);
+        assert!(!have.iter().any(|e| e.starts_with("probe_")), "{target}: a probe in a production module");
         if !module.arch_specific {
             assert!(!text.contains("wgmma"), "{target}: wgmma outside the arch-specific module");
         }
+    }
+    for module in probe_modules() {
+        let target = module.target();
+        assert!(module.text.lines().any(|l| l.trim() == format!(".target {target}")), "probes {target}: .target");
+        assert_same_entries(
+            &format!("probes {target}"),
+            &entries(module.text),
+            &names(probe::layout::ENTRIES).collect(),
+        );
     }
 }
 
@@ -183,7 +135,6 @@ fn kernels_use_the_intended_instructions() {
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
         "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
-        "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
         "cp.async.cg.shared.global",
         "cp.async.wait_group 0",
         "ex2.approx.ftz.f32",
@@ -230,6 +181,37 @@ fn kernels_use_the_intended_instructions() {
     }
 }
 
+#[test]
+fn probes_use_the_instructions_they_test() {
+    let expected = [
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+        "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
+        "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+        "cp.async.cg.shared.global",
+        "cp.async.wait_group 0",
+        "ex2.approx.ftz.f32",
+        "rcp.approx.ftz.f32",
+        "rsqrt.approx.ftz.f32",
+        "ld.global.nc.v4.u32",
+        "shfl.sync.bfly.b32",
+    ];
+    let hopper = ["griddepcontrol.launch_dependents", "griddepcontrol.wait"];
+    for module in probe_modules() {
+        let (sm, text) = (module.target(), module.text);
+        let extra: &[&str] = if module.arch_specific { &hopper } else { &[] };
+        for instruction in expected.iter().chain(extra) {
+            assert!(text.contains(instruction), "probes {sm}: no `{instruction}` in the PTX");
+        }
+        if !module.arch_specific {
+            assert!(!text.contains("griddepcontrol"), "probes {sm}: griddepcontrol in the portable module");
+        }
+        assert!(!text.contains("trap;"), "probes {sm}: a kernel contains a panic path (trap)");
+    }
+}
+
 /// The kernels the host launches as programmatic dependents (`Device::launch_overlapping`)
 /// wait for the previous grid in the sm_90a module, and the decode kernels and the permutation
 /// let the next one start only after that wait (so what the next copies early overlaps them
@@ -237,11 +219,7 @@ fn kernels_use_the_intended_instructions() {
 #[test]
 fn programmatic_dependents_wait_for_the_previous_grid() {
     let module = ptx::modules().find(|m| m.arch_specific).expect("an sm_90a module");
-    let body = |entry: &str| {
-        let at = module.text.find(&format!(".visible .entry {entry}(")).expect(entry);
-        let end = module.text[at + 1..].find(".visible .entry ").map_or(module.text.len(), |e| at + 1 + e);
-        &module.text[at..end]
-    };
+    let body = |entry: &str| entry_body(module.text, entry);
     for t in ["f16", "bf16"] {
         let decode = [
             "decode8",
@@ -264,9 +242,17 @@ fn programmatic_dependents_wait_for_the_previous_grid() {
         }
     }
     // The read ceiling may read before its wait, but writes only after it.
-    let text = body("probe_stream_read");
+    let probes = probe_modules().find(|m| m.arch_specific).expect("an sm_90a probe module");
+    let text = entry_body(probes.text, probe::layout::entry(probe::layout::Entry::StreamRead).unwrap());
     let (wait, store) = (text.rfind("griddepcontrol.wait;"), text.find("st.global"));
     assert!(wait.is_some() && store.is_some() && wait < store, "probe_stream_read: wait, then store");
+}
+
+/// The text of `entry` in a module: its header and body, up to the next entry.
+fn entry_body(text: &'static str, entry: &str) -> &'static str {
+    let at = text.find(&format!(".visible .entry {entry}(")).expect(entry);
+    let end = text[at + 1..].find(".visible .entry ").map_or(text.len(), |e| at + 1 + e);
+    &text[at..end]
 }
 
 #[test]
@@ -309,9 +295,9 @@ fn ptxas_assembles_every_module_without_spills() {
         .expect("ptxas not found: `pip install nvidia-cuda-nvcc` (the test scripts do) or set DLKERN_PTXAS");
     let dir = std::env::temp_dir().join(format!("dlkern-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for module in ptx::modules() {
+    for (kind, module) in all_modules() {
         let sm = module.target();
-        let src = dir.join(format!("dlkern.{sm}.ptx"));
+        let src = dir.join(format!("dlkern-{kind}.{sm}.ptx"));
         std::fs::write(&src, module.text).unwrap();
         let out = std::process::Command::new(&ptxas)
             .arg(format!("-arch={sm}"))
@@ -319,15 +305,16 @@ fn ptxas_assembles_every_module_without_spills() {
             .arg("--warning-as-error")
             .arg(&src)
             .arg("-o")
-            .arg(dir.join(format!("dlkern.{sm}.cubin")))
+            .arg(dir.join(format!("dlkern-{kind}.{sm}.cubin")))
             .output()
             .expect("run ptxas");
         let log = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "ptxas -arch={sm} failed:\n{log}");
+        assert!(out.status.success(), "{kind}: ptxas -arch={sm} failed:\n{log}");
+        let sm = format!("{kind} {sm}");
         // ptxas reports serialized `wgmma`s (C7514, C7515) as info, not as a warning.
         assert!(!log.contains("wgmma.mma_async instructions are serialized"), "{sm}: serialized wgmma:\n{log}");
-        let entries = log.matches("Compiling entry function").count();
-        assert_eq!(entries, entry_points(&module).len(), "{sm}: ptxas compiled {entries} entries:\n{log}");
+        let compiled = log.matches("Compiling entry function").count();
+        assert_eq!(compiled, entries(module.text).len(), "{sm}: ptxas compiled {compiled} entries:\n{log}");
         // Per entry: "Compiling entry function 'NAME'", then a line with the stack frame and
         // spill bytes.
         let mut entry = "";

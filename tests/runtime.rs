@@ -54,7 +54,7 @@ fn unknown_kernels_and_oversized_launches_are_errors() {
     let too_much_shared = LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), shared_bytes: 4 << 20 };
     for dims in [too_many_threads, too_much_shared] {
         // SAFETY: the launch is rejected before it reaches the driver (no parameters needed).
-        let result = unsafe { device.launch("probe_fast_math_f32", dims, stream.cu_stream(), KernelParams::new()) };
+        let result = unsafe { device.launch("rmsnorm_vec_f16", dims, stream.cu_stream(), KernelParams::new()) };
         assert!(matches!(result, Err(Error::LaunchLimit { .. })), "{result:?}");
     }
 }

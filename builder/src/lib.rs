@@ -121,6 +121,8 @@ pub struct BuiltPtx {
 pub struct KernelBuilder {
     crate_dir: PathBuf,
     archs: Vec<Arch>,
+    features: Vec<String>,
+    name: Option<String>,
     out_dir: Option<PathBuf>,
     target_dir: Option<PathBuf>,
     emit_cargo_directives: bool,
@@ -136,7 +138,15 @@ impl KernelBuilder {
         } else {
             std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from).unwrap_or_default().join(dir)
         };
-        KernelBuilder { crate_dir, archs: Vec::new(), out_dir: None, target_dir: None, emit_cargo_directives: true }
+        KernelBuilder {
+            crate_dir,
+            archs: Vec::new(),
+            features: Vec::new(),
+            name: None,
+            out_dir: None,
+            target_dir: None,
+            emit_cargo_directives: true,
+        }
     }
 
     /// Adds an architecture to build for.
@@ -147,7 +157,23 @@ impl KernelBuilder {
         self
     }
 
-    /// Where to write the PTX modules and `<crate>_ptx.rs` (default: `OUT_DIR`).
+    /// Enables a Cargo feature of the kernel crate (`--features`). The build keeps `core`: a
+    /// crate built with and without a feature shares one compiled `core` per architecture, and
+    /// cargo keeps both builds of the crate itself side by side.
+    pub fn feature(mut self, feature: impl Into<String>) -> Self {
+        self.features.push(feature.into());
+        self
+    }
+
+    /// The stem of the files [`KernelBuilder::build`] writes: `<name>.<sm_XY>.ptx` and
+    /// `<name>_ptx.rs` (default: the crate's name, `-` spelled `_`). Builds of one crate with
+    /// different features need different names.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Where to write the PTX modules and `<name>_ptx.rs` (default: `OUT_DIR`).
     pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.out_dir = Some(dir.into());
         self
@@ -166,11 +192,13 @@ impl KernelBuilder {
     }
 
     /// Compiles the kernel crate once per architecture (in parallel) and writes
-    /// `<out>/<crate>.<sm_XY>.ptx` for each, plus `<out>/<crate>_ptx.rs` defining
-    /// `PTX_MODULES: &[(u32, bool, &str)]`, newest architecture first.
+    /// `<out>/<name>.<sm_XY>.ptx` for each, plus `<out>/<name>_ptx.rs` defining
+    /// `PTX_MODULES: &[(u32, bool, &str)]`, newest architecture first (see
+    /// [`KernelBuilder::name`]).
     pub fn build(self) -> Result<Vec<BuiltPtx>, BuildError> {
         let crate_name = package_name(&self.crate_dir)?;
-        let file_stem = crate_name.replace('-', "_");
+        let crate_stem = crate_name.replace('-', "_");
+        let file_stem = self.name.clone().unwrap_or_else(|| crate_stem.clone());
         if self.emit_cargo_directives {
             // Only the kernel sources and the knobs below can change the PTX.
             println!("cargo:rerun-if-changed={}", self.crate_dir.join("src").display());
@@ -185,7 +213,9 @@ impl KernelBuilder {
                 .map(PathBuf::from)
                 .ok_or_else(|| BuildError::Io("OUT_DIR is not set; call out_dir() outside a build script".into()))?,
         };
-        let target_root = self.inner_target_root(&out_dir).join(&file_stem);
+        // One inner target directory per crate and architecture, whatever the features: they
+        // share `core`.
+        let target_root = self.inner_target_root(&out_dir).join(&crate_stem);
         if self.archs.is_empty() {
             return Err(BuildError::BadKernelCrate("no architecture requested; call arch()".into()));
         }
@@ -197,9 +227,11 @@ impl KernelBuilder {
                 .archs
                 .iter()
                 .map(|&arch| {
-                    let (toolchain, target_root, out_dir, name) = (&toolchain, &target_root, &out_dir, &crate_name);
+                    let (toolchain, target_root, out_dir) = (&toolchain, &target_root, &out_dir);
+                    let (crate_name, file_stem) = (&crate_name, &file_stem);
                     scope.spawn(move || {
-                        this.build_arch(toolchain, arch, &target_root.join(arch.to_string()), out_dir, name)
+                        let target_dir = target_root.join(arch.to_string());
+                        this.build_arch(toolchain, arch, &target_dir, out_dir, crate_name, file_stem)
                     })
                 })
                 .collect();
@@ -238,8 +270,8 @@ impl KernelBuilder {
         target_dir: &Path,
         out_dir: &Path,
         crate_name: &str,
+        file_stem: &str,
     ) -> Result<BuiltPtx, BuildError> {
-        let file_stem = crate_name.replace('-', "_");
         let emitted = target_dir.join(format!("{file_stem}.ptx"));
         let mut command = self.inner_cargo(toolchain, arch, target_dir, &emitted);
         let mut output = run(&mut command, arch)?;
@@ -280,7 +312,11 @@ impl KernelBuilder {
             .arg(self.crate_dir.join("Cargo.toml"))
             .arg("-Zbuild-std=core")
             .arg("--target")
-            .arg("nvptx64-nvidia-cuda")
+            .arg("nvptx64-nvidia-cuda");
+        if !self.features.is_empty() {
+            command.arg("--features").arg(self.features.join(","));
+        }
+        command
             .arg("--")
             // The kernel crate only (not `core`): its warnings fail the build, since cargo shows
             // a build script's output only when it fails.

@@ -15,6 +15,9 @@ edition = "2024"
 [lib]
 crate-type = ["staticlib"]
 
+[features]
+extra = []
+
 [profile.release]
 lto = "fat"
 codegen-units = 1
@@ -32,6 +35,9 @@ pub unsafe extern "ptx-kernel" fn add_one_f32(x: *const f32, y: *mut f32, n: u32
         + core::arch::nvptx::_thread_idx_x() } as u32;
     if i < n { unsafe { *y.add(i as usize) = *x.add(i as usize) + 1.0 } }
 }
+#[cfg(feature = "extra")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn extra_kernel() {}
 "#;
 
 fn scratch(name: &str) -> PathBuf {
@@ -62,6 +68,16 @@ fn builds_a_user_kernel_crate_and_reports_compile_errors() {
     assert!(ptx.contains(".visible .entry add_one_f32("), "{ptx}");
     let table = std::fs::read_to_string(dir.join("out/user_kernels_ptx.rs")).unwrap();
     assert!(table.contains("(80, false, include_str!("), "{table}");
+    assert!(!ptx.contains("extra_kernel"), "{ptx}");
+
+    // The same crate with a feature, under another name: its own files beside the first build's.
+    let extra = builder(&dir).feature("extra").name("user_kernels_extra").build().expect("builds with a feature");
+    assert_eq!(extra[0].path, dir.join("out/user_kernels_extra.sm_80.ptx"));
+    let extra_ptx = std::fs::read_to_string(&extra[0].path).unwrap();
+    assert!(extra_ptx.contains(".visible .entry extra_kernel(") && extra_ptx.contains("add_one_f32"), "{extra_ptx}");
+    let extra_table = std::fs::read_to_string(dir.join("out/user_kernels_extra_ptx.rs")).unwrap();
+    assert!(extra_table.contains("user_kernels_extra.sm_80.ptx"), "{extra_table}");
+    assert_eq!(std::fs::read_to_string(&built[0].path).unwrap(), ptx, "the first build's PTX stays");
 
     std::fs::write(dir.join("src/lib.rs"), LIB.replace("+ 1.0", "+ undefined_name")).unwrap();
     match builder(&dir).build() {

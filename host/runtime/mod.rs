@@ -114,18 +114,47 @@ impl Device {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .during("cuDeviceGetAttribute")?
             .max(1) as u32;
-        Ok(Device {
+        Ok(Device::on_module(ctx, name, (major, minor), ptx, max_shared_optin, multiprocessors))
+    }
+
+    /// A device running `ptx`, with nothing loaded yet.
+    fn on_module(
+        ctx: Arc<CudaContext>,
+        name: String,
+        compute_capability: (i32, i32),
+        ptx: ptx::Module,
+        max_shared_optin: u32,
+        multiprocessors: u32,
+    ) -> Device {
+        Device {
             multiprocessors,
             ctx,
             name,
-            compute_capability: (major, minor),
+            compute_capability,
             ptx,
             module: OnceLock::new(),
             module_init: Mutex::new(()),
             functions: Mutex::new(HashMap::new()),
             occupancy: Mutex::new(HashMap::new()),
             max_shared_optin,
-        })
+        }
+    }
+
+    /// This device with the kernels of another PTX module instead of dlkern's: the one in
+    /// `modules` (a table as `dlkern-builder` writes it: sm number, arch-specific, PTX text) for
+    /// the target of the module this device runs ([`Device::module_arch`]), loaded on its first
+    /// launch. For modules built beside dlkern's but kept out of the library, such as the
+    /// device self-tests that the tests and benches load. The handle shares this device's
+    /// primary context and launches as [`Device::launch`] does.
+    pub fn with_module(&self, modules: &[(u32, bool, &'static str)]) -> Result<Device> {
+        let (arch, arch_specific) = (self.ptx.arch, self.ptx.arch_specific);
+        let Some(&(_, _, text)) = modules.iter().find(|&&(a, s, _)| (a, s) == (arch, arch_specific)) else {
+            let message = format!("no PTX module for {} among {} given", self.ptx.target(), modules.len());
+            return Err(Error::invalid("Device::with_module", message));
+        };
+        let ptx = ptx::Module { arch, arch_specific, text };
+        let (ctx, name) = (self.ctx.clone(), self.name.clone());
+        Ok(Device::on_module(ctx, name, self.compute_capability, ptx, self.max_shared_optin, self.multiprocessors))
     }
 
     /// The primary context (cudarc), for allocations, streams and copies.

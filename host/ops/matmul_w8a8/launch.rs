@@ -1,4 +1,4 @@
-//! W8A8 matmul on the GPU (device code: `kernels-gpu/src/matmul_w8a8.rs`): int8 activations
+//! W8A8 matmul on the GPU (device code: `kernels-gpu/src/matmul_w8a8/`): int8 activations
 //! `[M, K]` (per-row or one scale) times int8 weights `[N, K]` (per-row scales) on int8 tensor
 //! cores, int32 accumulation, f32 epilogue (+ bias), stored as f16, bf16 or f32.
 
@@ -16,7 +16,7 @@ use crate::runtime::{Device, KernelParams, LaunchDims};
 const KERNEL: &str = "matmul_w8a8";
 use super::layout;
 use layout::{
-    BK, BM, BN, Dims, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, MAX_SPLITS, QUANTIZE_THREADS, REDUCE_THREADS,
+    BK, BM, BN, Dims, Entry, FLAG_BIAS, FLAG_SCALAR_A_SCALE, FLAG_VEC16, MAX_SPLITS, QUANTIZE_THREADS, REDUCE_THREADS,
     SHARED_BYTES, SMALL_M_MAX, SMALL_N_PER_BLOCK, SMALL_THREADS, THREADS, WGMMA_BK, WGMMA_BM, WGMMA_BN,
     WGMMA_SHARED_BYTES, WGMMA_THREADS,
 };
@@ -114,7 +114,7 @@ impl MatMulW8A8Params {
                     shared_bytes: 0,
                 };
                 let packed = variant == W8A8Variant::Packed;
-                let kernel = kernel_name(p.out_dtype, if packed { "small_packed" } else { "small" });
+                let kernel = kernel_name(p.out_dtype, if packed { Entry::SmallPacked } else { Entry::Small })?;
                 Ok(MatMulW8A8Plan { kernel, dims, variant, splits: 1, workspace_bytes: 0, reduce: None, args })
             }
             W8A8Variant::Wgmma => p.wgmma(args, multiprocessors, p.splits),
@@ -177,8 +177,8 @@ impl MatMulW8A8Params {
             block: (THREADS as u32, 1, 1),
             shared_bytes: SHARED_BYTES as u32,
         };
-        let unsplit = kernel_name(p.out_dtype, "");
-        p.finish(args, dims, W8A8Variant::Tiled, splits, unsplit, "matmul_w8a8_partial")
+        let unsplit = kernel_name(p.out_dtype, Entry::Tiled)?;
+        p.finish(args, dims, W8A8Variant::Tiled, splits, unsplit, entry_name(Entry::Partial)?)
     }
 
     /// The `wgmma` kernel with `requested` K splits (0: as many as fill the SMs once, one block
@@ -201,8 +201,8 @@ impl MatMulW8A8Params {
             block: (WGMMA_THREADS as u32, 1, 1),
             shared_bytes: WGMMA_SHARED_BYTES as u32,
         };
-        let unsplit = kernel_name(p.out_dtype, "wgmma");
-        p.finish(args, dims, W8A8Variant::Wgmma, splits, unsplit, "matmul_w8a8_wgmma_partial")
+        let unsplit = kernel_name(p.out_dtype, Entry::Wgmma)?;
+        p.finish(args, dims, W8A8Variant::Wgmma, splits, unsplit, entry_name(Entry::WgmmaPartial)?)
     }
 
     /// The plan of a tiled or `wgmma` launch: `unsplit` when `splits == 1`, else `partial` (int32
@@ -236,7 +236,7 @@ impl MatMulW8A8Params {
             block: (REDUCE_THREADS as u32, 1, 1),
             shared_bytes: 0,
         };
-        let reduce = Some((kernel_name(p.out_dtype, "reduce"), reduce_dims));
+        let reduce = Some((kernel_name(p.out_dtype, Entry::Reduce)?, reduce_dims));
         Ok(MatMulW8A8Plan {
             kernel: partial,
             dims,
@@ -257,25 +257,17 @@ fn split_k(args: &mut Dims, steps: usize, wanted: usize) -> usize {
     steps.div_ceil(per_split)
 }
 
-/// `matmul_w8a8[_variant]_{f16,bf16,f32}` (the dtype was validated).
-fn kernel_name(dtype: DType, variant: &str) -> &'static str {
-    match (variant, dtype) {
-        ("small", DType::F16) => "matmul_w8a8_small_f16",
-        ("small", DType::BF16) => "matmul_w8a8_small_bf16",
-        ("small", _) => "matmul_w8a8_small_f32",
-        ("small_packed", DType::F16) => "matmul_w8a8_small_packed_f16",
-        ("small_packed", DType::BF16) => "matmul_w8a8_small_packed_bf16",
-        ("small_packed", _) => "matmul_w8a8_small_packed_f32",
-        ("reduce", DType::F16) => "matmul_w8a8_reduce_f16",
-        ("reduce", DType::BF16) => "matmul_w8a8_reduce_bf16",
-        ("reduce", _) => "matmul_w8a8_reduce_f32",
-        ("wgmma", DType::F16) => "matmul_w8a8_wgmma_f16",
-        ("wgmma", DType::BF16) => "matmul_w8a8_wgmma_bf16",
-        ("wgmma", _) => "matmul_w8a8_wgmma_f32",
-        (_, DType::F16) => "matmul_w8a8_f16",
-        (_, DType::BF16) => "matmul_w8a8_bf16",
-        _ => "matmul_w8a8_f32",
-    }
+/// The symbol of `entry` (from the kernels' table of entry points).
+fn entry_name(entry: Entry) -> Result<&'static str> {
+    layout::entry(entry).ok_or_else(|| Error::invalid(KERNEL, format!("no kernel {entry:?}")))
+}
+
+/// `matmul_w8a8[_variant]_{f16,bf16,f32}`, e.g. `kernel_name(DType::F16, Entry::Small)`.
+fn kernel_name(dtype: DType, variant: fn(layout::Dtype) -> Entry) -> Result<&'static str> {
+    let Some(dtype) = layout::Dtype::from_name(dtype.name()) else {
+        return Err(Error::invalid(KERNEL, format!("dtype {dtype} not supported (f16, bf16, f32)")));
+    };
+    entry_name(variant(dtype))
 }
 
 /// Device addresses of one call (`bias` 0 when absent).
@@ -415,11 +407,8 @@ pub unsafe fn quantize_per_token_raw(
     q: u64,
     scales: u64,
 ) -> Result<()> {
-    let kernel = match dtype {
-        DType::F16 => "matmul_w8a8_quantize_f16",
-        DType::BF16 => "matmul_w8a8_quantize_bf16",
-        DType::F32 => "matmul_w8a8_quantize_f32",
-        other => return Err(Error::invalid(KERNEL, format!("input dtype {other} not supported (f16, bf16, f32)"))),
+    let Ok(kernel) = kernel_name(dtype, Entry::Quantize) else {
+        return Err(Error::invalid(KERNEL, format!("input dtype {dtype} not supported (f16, bf16, f32)")));
     };
     // Zero-width rows still get their scales (0), so only an empty batch launches nothing.
     if rows == 0 {

@@ -1,6 +1,6 @@
 //! RMSNorm launcher: `y = x / sqrt(mean(x^2, last axis) + eps) * weight`.
 //!
-//! Kernels `rmsnorm_{vec,scalar}_{f32,f16,bf16}` (device code: `kernels-gpu/src/rmsnorm.rs`).
+//! Kernels `rmsnorm_{vec,scalar}_{f32,f16,bf16}` (device code: `kernels-gpu/src/rmsnorm/`).
 //! One block per row; the `vec` variant moves 16 bytes per access and is chosen whenever the
 //! pointers, strides and row length allow it.
 
@@ -13,10 +13,8 @@ use crate::ops::common::checks::{check_pointer, check_same_device, check_slice, 
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "rmsnorm";
-/// Dynamic shared memory of every RMSNorm launch (the block reduction's scratch).
-const SHARED_BYTES: u32 = 128;
-/// Largest block the launcher picks; longer rows loop.
-const MAX_THREADS: u32 = 256;
+use super::layout;
+use layout::{Entry, MAX_THREADS, SHARED_BYTES, VEC_BYTES};
 
 /// Shape and layout of one RMSNorm call. `x` and `y` are `[rows, cols]` with the given row
 /// strides (elements; the last axis is contiguous), `weight` is `[cols]`.
@@ -51,17 +49,9 @@ impl RmsNormParams {
         let kernel = KERNEL;
         let size = p.dtype.size_bytes();
         let variant = |vec: bool| -> Result<&'static str> {
-            Ok(match (vec, p.dtype) {
-                (true, DType::F32) => "rmsnorm_vec_f32",
-                (true, DType::F16) => "rmsnorm_vec_f16",
-                (true, DType::BF16) => "rmsnorm_vec_bf16",
-                (false, DType::F32) => "rmsnorm_scalar_f32",
-                (false, DType::F16) => "rmsnorm_scalar_f16",
-                (false, DType::BF16) => "rmsnorm_scalar_bf16",
-                (_, other) => {
-                    return Err(Error::invalid(kernel, format!("dtype {other} not supported (f32, f16, bf16)")));
-                }
-            })
+            let dtype = layout::Dtype::from_name(p.dtype.name());
+            let entry = dtype.and_then(|t| layout::entry(if vec { Entry::Vec(t) } else { Entry::Scalar(t) }));
+            entry.ok_or_else(|| Error::invalid(kernel, format!("dtype {} not supported (f32, f16, bf16)", p.dtype)))
         };
         variant(false)?;
         if p.cols == 0 {
@@ -101,10 +91,10 @@ impl RmsNormParams {
         if overlaps(weight, w_len, y, y_len) {
             return Err(Error::invalid(kernel, "y overlaps weight"));
         }
-        let vec_aligned = |v: u64| v.is_multiple_of(16);
+        let vec_aligned = |v: u64| v.is_multiple_of(VEC_BYTES as u64);
         let vec = [x, y, weight].into_iter().all(vec_aligned)
             && [p.cols, p.x_row_stride, p.y_row_stride].into_iter().all(|n| vec_aligned((n * size) as u64));
-        let per_thread_units = if vec { p.cols / (16 / size) } else { p.cols };
+        let per_thread_units = if vec { p.cols / (VEC_BYTES / size) } else { p.cols };
         let threads = (per_thread_units.div_ceil(32) * 32).clamp(32, MAX_THREADS as usize) as u32;
         Ok(Some(RmsNormPlan {
             kernel: variant(vec)?,

@@ -4,6 +4,13 @@
 //! validates and launches, `reference.rs` is the CPU oracle; the
 //! device code is `kernels-gpu/src/rmsnorm`.
 
+/// The block shape, shared memory and entry points shared with the kernels: the device crate's
+/// own source, compiled here too, so a launch cannot disagree with its kernel (the host uses
+/// only part of it).
+#[allow(dead_code)]
+#[path = "../../../kernels-gpu/src/rmsnorm/layout.rs"]
+pub(crate) mod layout;
+
 pub mod launch;
 pub mod op;
 pub mod reference;

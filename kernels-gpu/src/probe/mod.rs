@@ -24,14 +24,16 @@
 //!   it may be launched as a programmatic dependent of the grid before it, and writes `out`
 //!   only after waiting for that grid.
 
+pub mod layout;
+
 use crate::device::async_copy::{commit_group, cp_async_16, wait_group};
 use crate::device::ldmatrix::{ldmatrix_x2, ldmatrix_x2_trans, ldmatrix_x4};
 use crate::device::memory::ld_global_nc_v4;
 use crate::device::mma::{mma_m16n8k16_bf16_f32, mma_m16n8k16_f16_f32, mma_m16n8k32_s8_s32};
 use crate::device::warp::shfl_xor_u32;
 use crate::device::{SharedAddr, index, math, sync};
-pub use crate::layout::probe::*;
 use crate::{shared_array, unroll};
+pub use layout::*;
 
 /// A tile: 16 rows of 32 bytes. B: 8 rows of 32 bytes (or 16 rows of 16 bytes, k-major).
 const A_TILE_BYTES: usize = 512;

@@ -1,24 +1,96 @@
-//! Launchers for the device self-test kernels (`kernels-gpu/src/probe.rs`).
+//! Launchers for the device self-test kernels (`kernels-gpu/src/probe/`), for the tests and
+//! benches alone: `tests/probe.rs` and `benches/ceilings.rs` include this file by `#[path]`.
 //!
 //! Each probe runs one device-module primitive (`cp.async` + `ldmatrix` + `mma.sync`, or the
 //! fast-math instructions) on host-provided data, so the test suite can pin down fragment
-//! layouts and accuracy on a real GPU against [`crate::reference`] before larger kernels rely
+//! layouts and accuracy on a real GPU against exact references (in `tests/probe.rs`) before larger kernels rely
 //! on them. [`stream_read`] is the read-only memory ceiling the benches compare the W4 decode
 //! kernels with: a kernel that only reads its bytes, launched as those kernels are.
+//!
+//! The probes are not in the PTX modules of the library: `build.rs` builds them into modules of
+//! their own (the kernel crate with its feature `probes`), which [`Probes::new`] loads.
+#![allow(dead_code)]
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
-
-use super::{check_same_device, check_slice};
-use crate::error::{Error, Result};
-use crate::runtime::{Device, KernelParams, LaunchDims};
+use dlkern::runtime::{Device, KernelParams, LaunchDims};
+use dlkern::{Error, Result};
 
 const KERNEL: &str = "probe";
-const STREAM_READ: &str = "probe_stream_read";
 
-#[path = "../../kernels-gpu/src/layout/probe.rs"]
-mod layout;
-use layout::{STREAM_READ_BEFORE_WAIT, STREAM_READ_EARLY_DEPENDENTS};
+/// The probes' launch layout and entry points: the device crate's own source, compiled here too.
+#[path = "../../kernels-gpu/src/probe/layout.rs"]
+pub mod layout;
+use layout::{Entry, STREAM_READ_BEFORE_WAIT, STREAM_READ_EARLY_DEPENDENTS};
 pub use layout::{STREAM_READ_THREADS, stream_read_per_block};
+
+// Defines `PTX_MODULES: &[(u32, bool, &str)]`: the probe modules, as build.rs built them.
+include!(concat!(env!("OUT_DIR"), "/dlkern_kernels_gpu_probe_ptx.rs"));
+
+/// A device with the probe kernels: the probe module for the target of its own module, loaded
+/// on the first launch.
+pub struct Probes {
+    device: Device,
+}
+
+impl Probes {
+    /// `device` with the probe module for its target ([`Device::with_module`]).
+    pub fn new(device: &Device) -> Result<Self> {
+        Ok(Probes { device: device.with_module(PTX_MODULES)? })
+    }
+
+    /// The device, which launches the probes.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Launches `entry` on `stream`.
+    ///
+    /// # Safety
+    /// As [`Device::launch`]; with `overlap`, as [`Device::launch_overlapping`].
+    unsafe fn launch(
+        &self,
+        entry: Entry,
+        dims: LaunchDims,
+        stream: &CudaStream,
+        args: KernelParams,
+        overlap: bool,
+    ) -> Result<()> {
+        let name = symbol(entry)?;
+        // The buffers were checked against the probes' device: the stream must be on it too.
+        if stream.context().ordinal() != self.device.ordinal() {
+            return Err(Error::invalid(
+                name,
+                format!("stream is on device {}, probes on {}", stream.context().ordinal(), self.device.ordinal()),
+            ));
+        }
+        // SAFETY: forwarded contract.
+        unsafe {
+            if overlap {
+                self.device.launch_overlapping(name, dims, stream.cu_stream(), args)
+            } else {
+                self.device.launch(name, dims, stream.cu_stream(), args)
+            }
+        }
+    }
+}
+
+/// The symbol of `entry`.
+fn symbol(entry: Entry) -> Result<&'static str> {
+    layout::entry(entry).ok_or_else(|| Error::invalid(KERNEL, format!("no probe {entry:?}")))
+}
+
+/// Checks that `slice` lives on the probes' device and holds at least `needed` elements.
+fn check_slice<T: DeviceRepr>(name: &str, probes: &Probes, slice: &CudaSlice<T>, needed: usize) -> Result<()> {
+    let device = probes.device.ordinal();
+    let problem = if slice.ordinal() != device {
+        format!("{name} is on device {}, probes on {device}", slice.ordinal())
+    } else if slice.len() < needed {
+        format!("{name} holds {} elements, needs {needed}", slice.len())
+    } else {
+        return Ok(());
+    };
+    Err(Error::invalid(KERNEL, problem))
+}
 
 /// Which tensor-core probe to run; tiles are independent 16x8 products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,12 +106,12 @@ pub enum MmaProbe {
 }
 
 impl MmaProbe {
-    fn kernel(self) -> &'static str {
+    fn entry(self) -> Entry {
         match self {
-            MmaProbe::F16 => "probe_mma_m16n8k16_f16",
-            MmaProbe::Bf16 => "probe_mma_m16n8k16_bf16",
-            MmaProbe::F16KMajorB => "probe_mma_m16n8k16_f16_ktrans",
-            MmaProbe::S8 => "probe_mma_m16n8k32_s8",
+            MmaProbe::F16 => Entry::MmaF16,
+            MmaProbe::Bf16 => Entry::MmaBf16,
+            MmaProbe::F16KMajorB => Entry::MmaF16KTrans,
+            MmaProbe::S8 => Entry::MmaS8,
         }
     }
 
@@ -59,7 +131,7 @@ impl MmaProbe {
 /// Runs `probe` on `tiles` tiles. `A`/`B` are the input element types (2 bytes for the 16-bit
 /// probes, 1 for s8), `C` is f32 or i32 (4 bytes).
 pub fn mma<A: DeviceRepr, B: DeviceRepr, C: DeviceRepr>(
-    device: &Device,
+    probes: &Probes,
     stream: &CudaStream,
     probe: MmaProbe,
     a: &CudaSlice<A>,
@@ -77,10 +149,9 @@ pub fn mma<A: DeviceRepr, B: DeviceRepr, C: DeviceRepr>(
         return Err(Error::invalid(KERNEL, format!("tiles = {tiles} out of range")));
     }
     let (a_elems, b_elems, c_elems) = probe.tile_elements();
-    check_same_device(KERNEL, device, stream)?;
-    check_slice(KERNEL, "a", device, a, a_elems * tiles)?;
-    check_slice(KERNEL, "b", device, b, b_elems * tiles)?;
-    check_slice(KERNEL, "c", device, c, c_elems * tiles)?;
+    check_slice("a", probes, a, a_elems * tiles)?;
+    check_slice("b", probes, b, b_elems * tiles)?;
+    check_slice("c", probes, c, c_elems * tiles)?;
     let (a_ptr, _a_sync) = a.device_ptr(stream);
     let (b_ptr, _b_sync) = b.device_ptr(stream);
     let (c_ptr, _c_sync) = c.device_ptr_mut(stream);
@@ -88,12 +159,12 @@ pub fn mma<A: DeviceRepr, B: DeviceRepr, C: DeviceRepr>(
     let args = KernelParams::new().pointers(&[a_ptr, b_ptr, c_ptr]);
     let dims = LaunchDims { grid: (tiles as u32, 1, 1), block: (32, 1, 1), shared_bytes: 0 };
     // SAFETY: three pointer parameters as the kernel declares, sized by check_slice.
-    unsafe { device.launch(probe.kernel(), dims, stream.cu_stream(), args) }
+    unsafe { probes.launch(probe.entry(), dims, stream, args, false) }
 }
 
 /// Runs `ex2.approx`, `rcp.approx` and `rsqrt.approx` on every element of `x`.
 pub fn fast_math(
-    device: &Device,
+    probes: &Probes,
     stream: &CudaStream,
     x: &CudaSlice<f32>,
     exp2: &mut CudaSlice<f32>,
@@ -107,9 +178,8 @@ pub fn fast_math(
     if n > u32::MAX as usize {
         return Err(Error::invalid(KERNEL, "more than u32::MAX elements"));
     }
-    check_same_device(KERNEL, device, stream)?;
-    for (name, out) in [("exp2", &*exp2), ("recip", &*recip), ("rsqrt", &*rsqrt)] {
-        check_slice(KERNEL, name, device, out, n)?;
+    for (name, out) in [("x", x), ("exp2", &*exp2), ("recip", &*recip), ("rsqrt", &*rsqrt)] {
+        check_slice(name, probes, out, n)?;
     }
     let (x_ptr, _x) = x.device_ptr(stream);
     let (e_ptr, _e) = exp2.device_ptr_mut(stream);
@@ -118,7 +188,7 @@ pub fn fast_math(
     let args = KernelParams::new().pointers(&[x_ptr, e_ptr, r_ptr, s_ptr]).value(n as u32);
     let dims = LaunchDims { grid: ((n as u32).div_ceil(256), 1, 1), block: (256, 1, 1), shared_bytes: 0 };
     // SAFETY: parameters as the kernel declares, every array holds n elements.
-    unsafe { device.launch("probe_fast_math_f32", dims, stream.cu_stream(), args) }
+    unsafe { probes.launch(Entry::FastMath, dims, stream, args, false) }
 }
 
 /// How [`stream_read`] follows the kernel before it on the stream.
@@ -147,15 +217,12 @@ impl StreamReadPlan {
     /// most 2^16).
     pub fn new(bytes: usize, blocks: u32) -> Result<Self> {
         if bytes == 0 || !bytes.is_multiple_of(16) || bytes > 1 << 35 {
-            return Err(Error::invalid(
-                STREAM_READ,
-                format!("{bytes} bytes: need a nonzero multiple of 16, at most 2^35"),
-            ));
+            return Err(Error::invalid(KERNEL, format!("{bytes} bytes: need a nonzero multiple of 16, at most 2^35")));
         }
         // So that `blocks * per_block`, at most the vectors plus a step per block, stays below
         // 2^32 (the kernel's block offsets are 32-bit).
         if blocks == 0 || blocks > 1 << 16 {
-            return Err(Error::invalid(STREAM_READ, format!("{blocks} blocks: need 1 to 2^16")));
+            return Err(Error::invalid(KERNEL, format!("{blocks} blocks: need 1 to 2^16")));
         }
         let vectors = (bytes / 16) as u32;
         let per_block = stream_read_per_block(vectors, blocks);
@@ -168,15 +235,16 @@ fn stream_read_dims(blocks: u32) -> LaunchDims {
     LaunchDims { grid: (blocks, 1, 1), block: (STREAM_READ_THREADS, 1, 1), shared_bytes: 0 }
 }
 
-/// One wave of [`stream_read`] blocks on `device`: its SMs times the blocks one SM holds.
-pub fn stream_read_wave(device: &Device) -> Result<u32> {
-    Ok(device.multiprocessors() * device.resident_blocks_per_sm(STREAM_READ, &stream_read_dims(1))?)
+/// One wave of [`stream_read`] blocks on the device: its SMs times the blocks one SM holds.
+pub fn stream_read_wave(probes: &Probes) -> Result<u32> {
+    let device = &probes.device;
+    Ok(device.multiprocessors() * device.resident_blocks_per_sm(symbol(Entry::StreamRead)?, &stream_read_dims(1))?)
 }
 
 /// Reads all of `src` on the GPU and leaves in `out` (at least `plan.out_words` words) words
-/// whose XOR is that of `src`'s 32-bit words ([`crate::reference::xor_words`]).
+/// whose XOR is that of `src`'s 32-bit words (`xor_words` in `tests/probe.rs`).
 pub fn stream_read(
-    device: &Device,
+    probes: &Probes,
     stream: &CudaStream,
     src: &CudaSlice<u8>,
     out: &mut CudaSlice<u32>,
@@ -191,7 +259,7 @@ pub fn stream_read(
     };
     // SAFETY: without STREAM_READ_BEFORE_WAIT the kernel waits for the kernel before it
     // before it reads `src` or writes `out`.
-    unsafe { launch_stream_read(device, stream, src, out, blocks, overlap, flags) }
+    unsafe { launch_stream_read(probes, stream, src, out, blocks, overlap, flags) }
 }
 
 /// [`stream_read`] as a programmatic dependent whose blocks read all of `src` before they
@@ -202,7 +270,7 @@ pub fn stream_read(
 /// # Safety
 /// No kernel still running on `stream` when this one starts writes `src`.
 pub unsafe fn stream_read_constant(
-    device: &Device,
+    probes: &Probes,
     stream: &CudaStream,
     src: &CudaSlice<u8>,
     out: &mut CudaSlice<u32>,
@@ -211,13 +279,13 @@ pub unsafe fn stream_read_constant(
 ) -> Result<()> {
     let flags = STREAM_READ_BEFORE_WAIT | if early_dependents { STREAM_READ_EARLY_DEPENDENTS } else { 0 };
     // SAFETY: the caller's contract covers the reads before the wait; `out` is written after it.
-    unsafe { launch_stream_read(device, stream, src, out, blocks, true, flags) }
+    unsafe { launch_stream_read(probes, stream, src, out, blocks, true, flags) }
 }
 
 /// # Safety
 /// With `STREAM_READ_BEFORE_WAIT` in `flags`, as [`stream_read_constant`].
 unsafe fn launch_stream_read(
-    device: &Device,
+    probes: &Probes,
     stream: &CudaStream,
     src: &CudaSlice<u8>,
     out: &mut CudaSlice<u32>,
@@ -226,9 +294,8 @@ unsafe fn launch_stream_read(
     flags: u32,
 ) -> Result<()> {
     let plan = StreamReadPlan::new(src.len(), blocks)?;
-    check_same_device(STREAM_READ, device, stream)?;
-    check_slice(STREAM_READ, "src", device, src, src.len())?;
-    check_slice(STREAM_READ, "out", device, out, plan.out_words)?;
+    check_slice("src", probes, src, src.len())?;
+    check_slice("out", probes, out, plan.out_words)?;
     let (src_ptr, _src) = src.device_ptr(stream);
     let (out_ptr, _out) = out.device_ptr_mut(stream);
     // cudarc allocations are 256-byte aligned: the 16-byte loads need 16.
@@ -238,52 +305,8 @@ unsafe fn launch_stream_read(
         .value(plan.per_block)
         .pointers(&[out_ptr])
         .value(flags);
-    let stream = stream.cu_stream();
     // SAFETY: parameters as the kernel declares, `src` and `out` sized by the plan; the
     // overlapped launch waits before it writes, and before it reads unless the caller's
     // contract (STREAM_READ_BEFORE_WAIT) says the kernel before does not write `src`.
-    unsafe {
-        if overlap {
-            device.launch_overlapping(STREAM_READ, stream_read_dims(plan.blocks), stream, args)
-        } else {
-            device.launch(STREAM_READ, stream_read_dims(plan.blocks), stream, args)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stream_read_plan_covers_every_vector_in_whole_steps() {
-        let step = (STREAM_READ_THREADS * layout::STREAM_READ_UNROLL) as usize;
-        let cases =
-            [(16, 1), (16 * 1001, 3), (34_603_008, 1056), (121_110_528, 528), (16 << 20, 7), (1 << 35, 1 << 16)];
-        for (bytes, blocks) in cases {
-            let plan = StreamReadPlan::new(bytes, blocks).unwrap();
-            assert_eq!(plan.vectors as usize * 16, bytes);
-            assert!((plan.per_block as usize).is_multiple_of(step) && plan.per_block > 0);
-            // Every vector lies in some block, the shares are even up to a step (trailing
-            // blocks may read nothing), and the blocks' spans stay below 2^32.
-            assert!(plan.blocks as u64 * plan.per_block as u64 >= plan.vectors as u64);
-            assert!((plan.per_block as usize) < (plan.vectors as usize).div_ceil(blocks as usize) + step);
-            assert!((plan.blocks as u64 * plan.per_block as u64) < 1 << 32);
-            assert_eq!(plan.out_words, blocks as usize * 8);
-        }
-    }
-
-    #[test]
-    fn stream_read_plan_rejects_bad_sizes() {
-        for (bytes, blocks, what) in [
-            (0, 1, "nonzero"),
-            (24, 1, "multiple of 16"),
-            ((1 << 35) + 16, 1, "2^35"),
-            (16, 0, "blocks"),
-            (16, (1 << 16) + 1, "blocks"),
-        ] {
-            let err = StreamReadPlan::new(bytes, blocks).unwrap_err().to_string();
-            assert!(err.contains(what), "{bytes} bytes, {blocks} blocks: {err}");
-        }
-    }
+    unsafe { probes.launch(Entry::StreamRead, stream_read_dims(plan.blocks), stream, args, overlap) }
 }

@@ -37,6 +37,8 @@
 //!   into slot `slot_mapping[i]` (i32; `block * block_size + offset`; negative: skip). A slot
 //!   beyond the cache sets bit 1 of `*status` and writes nothing.
 
+pub mod layout;
+
 use crate::device::ldmatrix::ldmatrix_x4;
 use crate::device::memory::{ld_global_nc_v4, red_global_or_u32, st_global_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_f32, st_shared_f32, st_shared_u32};
@@ -44,7 +46,7 @@ use crate::device::{SharedAddr, index, math, sync, warp};
 use crate::element::{Bf16, Element, F16, TensorElement};
 use crate::{shared_array, unroll};
 
-pub use crate::layout::paged_attention::*;
+pub use layout::*;
 
 /// Tokens per warp step: the K (reduction) size of the P x V `mma`, two N tiles of Q x K^T.
 const TOKENS: usize = 16;

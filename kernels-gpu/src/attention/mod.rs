@@ -21,6 +21,8 @@
 //!   value can send an access outside the tensors; a sequence longer than the grid's
 //!   `block_m(D) * gridDim.x` queries leaves its later rows unwritten.
 
+pub mod layout;
+
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::ldmatrix::{ldmatrix_x4, ldmatrix_x4_trans};
 use crate::device::shared::dynamic_shared_base;
@@ -28,7 +30,7 @@ use crate::device::{SharedAddr, index, math, sync, warp};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::unroll;
 
-pub use crate::layout::attention::{Dims, WARPS, block_m, block_n, m_tiles, row_bytes, shared_bytes, sub_n};
+pub use layout::{Dims, WARPS, block_m, block_n, m_tiles, row_bytes, shared_bytes, sub_n};
 
 const THREADS: usize = WARPS * 32;
 const LOG2_E: f32 = core::f32::consts::LOG2_E;

@@ -41,6 +41,10 @@
 //!   reads 512 contiguous bytes and each block one contiguous run, where `[N, K]` rows make it
 //!   read 64 bytes from each of 8 rows `K` apart.
 
+pub mod layout;
+#[cfg(dlkern_arch_specific)]
+pub mod wgmma;
+
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::convert::round_ties_even_i32;
 use crate::device::ldmatrix::ldmatrix_x4;
@@ -53,7 +57,7 @@ use crate::device::{SharedAddr, index, sync};
 use crate::element::{Bf16, Element, F16};
 use crate::{shared_array, unroll};
 
-pub use crate::layout::matmul_w8a8::*;
+pub use layout::*;
 
 /// Copies rows `[0, valid)` of a 128 x 64 tile (`src` at the tile's first row and K offset
 /// `k0`, rows `k` bytes apart) into shared memory, zero-filling rows past `valid` and bytes
@@ -462,7 +466,7 @@ macro_rules! w8a8_entry {
         }
     };
 }
-// The Hopper kernels' entries (`matmul_w8a8_wgmma.rs`) take the same parameters.
+// The Hopper kernels' entries (`wgmma.rs`) take the same parameters.
 #[cfg(dlkern_arch_specific)]
 pub(crate) use w8a8_entry;
 

@@ -18,15 +18,15 @@
 //!   `BK`). `matmul_w8a8_wgmma_partial` (same contract) writes each split's int32 sums to
 //!   `workspace [splits, M, N]` instead of `y`, for `matmul_w8a8_reduce_*`.
 
+use super::{store_output, w8a8_entry};
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::shared::dynamic_shared_base;
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, mma_async_m64n256k32_s8, pin_accumulators};
 use crate::device::{SharedAddr, index, sync};
 use crate::element::{Bf16, Element, F16};
-use crate::matmul_w8a8::{store_output, w8a8_entry};
 use crate::unroll;
 
-pub use crate::layout::matmul_w8a8::*;
+pub use super::layout::*;
 
 /// 16-byte chunks per 128-byte row of a stage.
 const ROW_CHUNKS: usize = WGMMA_BK / 16;

@@ -1,5 +1,8 @@
-// Tile shapes and flags of `matmul_w8a8_*` (kernels-gpu/src/matmul_w8a8.rs), also compiled into
-// the host launcher (host/launch/matmul_w8a8.rs): plain constants, no device code.
+// Tile shapes, flags and entry points of `matmul_w8a8_*` (kernels-gpu/src/matmul_w8a8/), also
+// compiled into the host launcher (host/launch/matmul_w8a8.rs): plain constants, no device code.
+
+// `Dtype` and `find`, shared by the families' tables.
+include!("../entries.rs");
 
 /// Tiled kernel: rows of A and of W per block.
 pub const BM: usize = 128;
@@ -67,4 +70,62 @@ pub struct Dims {
     pub flags: u32,
     /// K tiles (of [`BK`] bytes) per split: block `z` covers `[z * this, (z + 1) * this)`.
     pub k_tiles_per_split: u32,
+}
+
+/// An entry point (output or input type f16, bf16 or f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `matmul_w8a8_{dtype}`: the tiled kernel.
+    Tiled(Dtype),
+    /// `matmul_w8a8_partial`: the tiled kernel's int32 sums of one K split.
+    Partial,
+    /// `matmul_w8a8_small_{dtype}`: the decode kernel.
+    Small(Dtype),
+    /// `matmul_w8a8_small_packed_{dtype}`: the decode kernel over packed weights.
+    SmallPacked(Dtype),
+    /// `matmul_w8a8_reduce_{dtype}`: the split-K reduction.
+    Reduce(Dtype),
+    /// `matmul_w8a8_quantize_{dtype}`: per-token quantization of the activations.
+    Quantize(Dtype),
+    /// `matmul_w8a8_wgmma_{dtype}`: the Hopper kernel (sm_90a module only).
+    Wgmma(Dtype),
+    /// `matmul_w8a8_wgmma_partial`: the Hopper kernel's int32 sums of one K split (sm_90a
+    /// module only).
+    WgmmaPartial,
+}
+
+impl Entry {
+    /// Whether only the arch-specific (sm_90a) module has it.
+    pub const fn arch_specific(self) -> bool {
+        matches!(self, Entry::Wgmma(_) | Entry::WgmmaPartial)
+    }
+}
+
+/// Every entry point of the family, with its symbol.
+pub const ENTRIES: &[(Entry, &str)] = &[
+    (Entry::Tiled(Dtype::F16), "matmul_w8a8_f16"),
+    (Entry::Tiled(Dtype::Bf16), "matmul_w8a8_bf16"),
+    (Entry::Tiled(Dtype::F32), "matmul_w8a8_f32"),
+    (Entry::Partial, "matmul_w8a8_partial"),
+    (Entry::Small(Dtype::F16), "matmul_w8a8_small_f16"),
+    (Entry::Small(Dtype::Bf16), "matmul_w8a8_small_bf16"),
+    (Entry::Small(Dtype::F32), "matmul_w8a8_small_f32"),
+    (Entry::SmallPacked(Dtype::F16), "matmul_w8a8_small_packed_f16"),
+    (Entry::SmallPacked(Dtype::Bf16), "matmul_w8a8_small_packed_bf16"),
+    (Entry::SmallPacked(Dtype::F32), "matmul_w8a8_small_packed_f32"),
+    (Entry::Reduce(Dtype::F16), "matmul_w8a8_reduce_f16"),
+    (Entry::Reduce(Dtype::Bf16), "matmul_w8a8_reduce_bf16"),
+    (Entry::Reduce(Dtype::F32), "matmul_w8a8_reduce_f32"),
+    (Entry::Quantize(Dtype::F16), "matmul_w8a8_quantize_f16"),
+    (Entry::Quantize(Dtype::Bf16), "matmul_w8a8_quantize_bf16"),
+    (Entry::Quantize(Dtype::F32), "matmul_w8a8_quantize_f32"),
+    (Entry::Wgmma(Dtype::F16), "matmul_w8a8_wgmma_f16"),
+    (Entry::Wgmma(Dtype::Bf16), "matmul_w8a8_wgmma_bf16"),
+    (Entry::Wgmma(Dtype::F32), "matmul_w8a8_wgmma_f32"),
+    (Entry::WgmmaPartial, "matmul_w8a8_wgmma_partial"),
+];
+
+/// The symbol of `entry`, if the family has it.
+pub fn entry(entry: Entry) -> Option<&'static str> {
+    find(ENTRIES, entry)
 }

@@ -1,5 +1,8 @@
-// Tile shapes of `attention_fwd_*` (kernels-gpu/src/attention.rs), also compiled into the host
-// launcher (host/launch/attention.rs): plain `const fn`s, no device code.
+// Tile shapes and entry points of `attention_fwd_*` (kernels-gpu/src/attention/mod.rs), also
+// compiled into the host launcher (host/launch/attention.rs): plain `const fn`s, no device code.
+
+// `Dtype` and `find`, shared by the families' tables.
+include!("../entries.rs");
 
 /// Warps per block; the block is `32 * WARPS` threads.
 pub const WARPS: usize = 4;
@@ -58,4 +61,30 @@ pub struct Dims {
     /// Query and key rows in all: packed lengths are clamped to them.
     pub total_q: u32,
     pub total_k: u32,
+}
+
+/// An entry point: `attention_fwd_{dtype}_d{head_dim}`, for f16 and bf16 and head sizes 64, 80,
+/// 96, 128 and 256.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    Fwd(Dtype, usize),
+}
+
+/// Every entry point of the family, with its symbol.
+pub const ENTRIES: &[(Entry, &str)] = &[
+    (Entry::Fwd(Dtype::F16, 64), "attention_fwd_f16_d64"),
+    (Entry::Fwd(Dtype::F16, 80), "attention_fwd_f16_d80"),
+    (Entry::Fwd(Dtype::F16, 96), "attention_fwd_f16_d96"),
+    (Entry::Fwd(Dtype::F16, 128), "attention_fwd_f16_d128"),
+    (Entry::Fwd(Dtype::F16, 256), "attention_fwd_f16_d256"),
+    (Entry::Fwd(Dtype::Bf16, 64), "attention_fwd_bf16_d64"),
+    (Entry::Fwd(Dtype::Bf16, 80), "attention_fwd_bf16_d80"),
+    (Entry::Fwd(Dtype::Bf16, 96), "attention_fwd_bf16_d96"),
+    (Entry::Fwd(Dtype::Bf16, 128), "attention_fwd_bf16_d128"),
+    (Entry::Fwd(Dtype::Bf16, 256), "attention_fwd_bf16_d256"),
+];
+
+/// The symbol of `entry`, if the family has it.
+pub fn entry(entry: Entry) -> Option<&'static str> {
+    find(ENTRIES, entry)
 }

@@ -7,21 +7,24 @@
 //! - `x` and `y` are `[rows, cols]` with row strides `x_row_stride`/`y_row_stride` (elements,
 //!   inner dimension contiguous); `weight` is `[cols]`, contiguous. `y` may equal `x`
 //!   (in place) but must not otherwise overlap it; `weight` must not overlap `y`.
-//! - `vec` variants additionally need `x`, `y`, `weight` 16-byte aligned, both row strides
-//!   and `cols` multiples of 16 bytes' worth of elements (8 for f16/bf16, 4 for f32).
+//! - `vec` variants additionally need `x`, `y`, `weight` aligned to [`VEC_BYTES`] (16), both
+//!   row strides and `cols` multiples of 16 bytes' worth of elements (8 for f16/bf16, 4 for
+//!   f32).
 //!
-//! Entry points: `rmsnorm_{vec,scalar}_{f32,f16,bf16}`.
+//! Entry points: `rmsnorm_{vec,scalar}_{f32,f16,bf16}` ([`layout::ENTRIES`]).
 //!
 //! Two passes over the row: the sum of squares, then the normalized write. The second pass
 //! re-reads `x` from L1/L2 (a row of 8192 halves is 16 KiB), so DRAM sees each input byte once.
+
+pub mod layout;
 
 use crate::device::memory::{ld_global_nc_v4, ld_global_v4, st_global_v4};
 use crate::device::reduce::{BLOCK_REDUCE_SCRATCH_BYTES, block_sum_f32};
 use crate::device::{index, math, shared};
 use crate::element::{Bf16, Element, F16};
 
-/// Dynamic shared memory every RMSNorm launch must provide.
-pub const SHARED_BYTES: u32 = BLOCK_REDUCE_SCRATCH_BYTES;
+pub use layout::{SHARED_BYTES, VEC_BYTES};
+const _: () = assert!(SHARED_BYTES == BLOCK_REDUCE_SCRATCH_BYTES);
 
 #[inline(always)]
 unsafe fn rmsnorm_row<T: Element, const VEC: bool>(
@@ -37,6 +40,7 @@ unsafe fn rmsnorm_row<T: Element, const VEC: bool>(
     let tid = index::thread_idx_x() as usize;
     let threads = index::block_dim_x() as usize;
     let cols = cols as usize;
+    const { assert!(T::PER_VEC * size_of::<T>() == VEC_BYTES) };
     // SAFETY (whole body): the launch contract above guarantees the row, weight and output
     // ranges are valid and aligned for the variant; every thread reaches `block_sum_f32`.
     unsafe {

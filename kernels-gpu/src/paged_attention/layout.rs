@@ -1,0 +1,105 @@
+// Tile shapes, status bits and entry points of `paged_attention_*` and `paged_kv_write_*`
+// (kernels-gpu/src/paged_attention/mod.rs), also compiled into the host launcher
+// (host/launch/paged_attention.rs): no device code.
+
+// `Dtype` and `find`, shared by the families' tables.
+include!("../entries.rs");
+
+pub const WARPS: u32 = 4;
+pub const THREADS: u32 = WARPS * 32;
+/// Query rows per block: one `mma` M tile (rows past `R` are zero queries, never written).
+pub const M_TILE: usize = 16;
+
+/// Status bit: a block-table entry (or slot) outside the cache.
+pub const STATUS_BAD_BLOCK: u32 = 1;
+/// Status bit: a context length below `q_len` or beyond the block table.
+pub const STATUS_BAD_CONTEXT: u32 = 2;
+
+/// Dynamic shared memory of the partition kernel for head size `d`: permuted queries
+/// `[16][32 * ceil(d / 32) + 8]` b16, per-warp max/sum `[4][16][2]` f32, and per-warp
+/// accumulators `[4][32 * ceil(d / 64)][32]` f32.
+pub const fn shared_bytes(d: usize) -> usize {
+    let d_out = d / split(d);
+    M_TILE * q_row_bytes(d) + (WARPS as usize) * M_TILE * 2 * 4 + (WARPS as usize) * 32 * d_out.div_ceil(64) * 32 * 4
+}
+
+/// Blocks that share one partition's output columns: 2 at head size 256 (each computes the
+/// scores and half of `P V`, so the accumulators fit in registers), else 1.
+pub const fn split(d: usize) -> usize {
+    if d > 128 { 2 } else { 1 }
+}
+
+/// Bytes per permuted query row: 16 bytes of padding keep `ldmatrix` rows on distinct banks.
+pub const fn q_row_bytes(d: usize) -> usize {
+    d.div_ceil(32) * 64 + 16
+}
+
+/// Scalar arguments shared by the partition and combine kernels. The host launcher passes this very type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub struct Dims {
+    pub num_blocks: u32,
+    pub block_size: u32,
+    pub kv_heads: u32,
+    /// Query heads per KV head.
+    pub group: u32,
+    pub q_len: u32,
+    pub max_blocks: u32,
+    pub partition: u32,
+    pub num_partitions: u32,
+    /// Sliding window in tokens, 0 for none.
+    pub window: u32,
+    /// The caller's bound on context lengths; longer ones are errors.
+    pub max_context: u32,
+    pub scale: f32,
+    /// Logit soft cap, 0 for none.
+    pub softcap: f32,
+    /// Query-row tiles of [`M_TILE`] per KV head (`ceil(group * q_len / 16)`).
+    pub m_tiles: u32,
+    /// [`divmod`] constants for `block_size`.
+    pub block_magic: u32,
+    pub block_shift: u32,
+}
+
+/// An entry point, for f16 and bf16; the attention kernels for head sizes 64, 80, 96, 128 and
+/// 256.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `paged_attention_{dtype}_d{head_size}`: the partition kernel.
+    Partition(Dtype, usize),
+    /// `paged_attention_combine_{dtype}_d{head_size}`: the partitions' merge.
+    Combine(Dtype, usize),
+    /// `paged_kv_write_{dtype}`: the cache write.
+    KvWrite(Dtype),
+}
+
+/// Every entry point of the family, with its symbol.
+pub const ENTRIES: &[(Entry, &str)] = &[
+    (Entry::Partition(Dtype::F16, 64), "paged_attention_f16_d64"),
+    (Entry::Combine(Dtype::F16, 64), "paged_attention_combine_f16_d64"),
+    (Entry::Partition(Dtype::F16, 80), "paged_attention_f16_d80"),
+    (Entry::Combine(Dtype::F16, 80), "paged_attention_combine_f16_d80"),
+    (Entry::Partition(Dtype::F16, 96), "paged_attention_f16_d96"),
+    (Entry::Combine(Dtype::F16, 96), "paged_attention_combine_f16_d96"),
+    (Entry::Partition(Dtype::F16, 128), "paged_attention_f16_d128"),
+    (Entry::Combine(Dtype::F16, 128), "paged_attention_combine_f16_d128"),
+    (Entry::Partition(Dtype::F16, 256), "paged_attention_f16_d256"),
+    (Entry::Combine(Dtype::F16, 256), "paged_attention_combine_f16_d256"),
+    (Entry::KvWrite(Dtype::F16), "paged_kv_write_f16"),
+    (Entry::Partition(Dtype::Bf16, 64), "paged_attention_bf16_d64"),
+    (Entry::Combine(Dtype::Bf16, 64), "paged_attention_combine_bf16_d64"),
+    (Entry::Partition(Dtype::Bf16, 80), "paged_attention_bf16_d80"),
+    (Entry::Combine(Dtype::Bf16, 80), "paged_attention_combine_bf16_d80"),
+    (Entry::Partition(Dtype::Bf16, 96), "paged_attention_bf16_d96"),
+    (Entry::Combine(Dtype::Bf16, 96), "paged_attention_combine_bf16_d96"),
+    (Entry::Partition(Dtype::Bf16, 128), "paged_attention_bf16_d128"),
+    (Entry::Combine(Dtype::Bf16, 128), "paged_attention_combine_bf16_d128"),
+    (Entry::Partition(Dtype::Bf16, 256), "paged_attention_bf16_d256"),
+    (Entry::Combine(Dtype::Bf16, 256), "paged_attention_combine_bf16_d256"),
+    (Entry::KvWrite(Dtype::Bf16), "paged_kv_write_bf16"),
+];
+
+/// The symbol of `entry`, if the family has it.
+pub fn entry(entry: Entry) -> Option<&'static str> {
+    find(ENTRIES, entry)
+}
