@@ -1,4 +1,4 @@
-//! Attention (prefill) forward on the GPU (device code: `kernels-gpu/src/attention.rs`), with
+//! Attention (prefill) forward on the GPU (device code: `kernels-gpu/src/attention/`), with
 //! flash-attention's layouts: padded `[B, S, H, D]` or packed `[total, H, D]` batches with
 //! cumulative sequence lengths, GQA/MQA, bottom-right causal, left window, soft cap, and the
 //! optional row log-sum-exp. Memory: O(S) (the scores never leave registers).

@@ -1,4 +1,4 @@
-//! PagedAttention decode and the KV-cache write (device code: `kernels-gpu/src/paged_attention.rs`).
+//! PagedAttention decode and the KV-cache write (device code: `kernels-gpu/src/paged_attention/`).
 //!
 //! Cache layout of ONNX Runtime's `PagedAttention`: `key_cache`/`value_cache`
 //! `[num_blocks, block_size, num_kv_heads, head_size]`, a block table i32

@@ -1,5 +1,6 @@
 // Tile shapes and entry points of `attention_fwd_*` (kernels-gpu/src/attention/mod.rs), also
-// compiled into the host launcher (host/launch/attention.rs): plain `const fn`s, no device code.
+// compiled into the host (host/ops/attention/mod.rs, for its launcher): plain `const fn`s, no
+// device code.
 
 // `Dtype` and `find`, shared by the families' tables.
 include!("../entries.rs");

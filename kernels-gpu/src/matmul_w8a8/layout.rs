@@ -1,5 +1,6 @@
 // Tile shapes, flags and entry points of `matmul_w8a8_*` (kernels-gpu/src/matmul_w8a8/), also
-// compiled into the host launcher (host/launch/matmul_w8a8.rs): plain constants, no device code.
+// compiled into the host (host/ops/matmul_w8a8/mod.rs, for its launcher): plain constants, no
+// device code.
 
 // `Dtype` and `find`, shared by the families' tables.
 include!("../entries.rs");

@@ -1,6 +1,6 @@
 // Tile shapes, status bits and entry points of `paged_attention_*` and `paged_kv_write_*`
-// (kernels-gpu/src/paged_attention/mod.rs), also compiled into the host launcher
-// (host/launch/paged_attention.rs): no device code.
+// (kernels-gpu/src/paged_attention/mod.rs), also compiled into the host
+// (host/ops/paged_attention/mod.rs, for its launcher): no device code.
 
 // `Dtype` and `find`, shared by the families' tables.
 include!("../entries.rs");

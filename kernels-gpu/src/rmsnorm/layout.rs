@@ -1,5 +1,5 @@
 // Block shape, shared memory and entry points of `rmsnorm_*` (kernels-gpu/src/rmsnorm/mod.rs),
-// also compiled into the host launcher (host/launch/rmsnorm.rs): no device code.
+// also compiled into the host (host/ops/rmsnorm/mod.rs, for its launcher): no device code.
 
 // `Dtype` and `find`, shared by the families' tables.
 include!("../entries.rs");
