@@ -102,12 +102,6 @@ fn benches(c: &mut Criterion) {
             })
             .collect();
         for &m in ROWS {
-            if forced_packed && m > 16 {
-                continue;
-            }
-            let a =
-                s.clone_htod(&pattern(m * k, |i| f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))).expect("alloc");
-            let mut y = s.alloc_zeros::<f16>(m * n).expect("alloc");
             let params = MatMulNBitsParams {
                 dtype: DType::F16,
                 m,
@@ -119,11 +113,20 @@ fn benches(c: &mut Criterion) {
                 variant,
                 splits,
             };
+            let chosen = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).map(|plan| plan.variant);
+            if let (Some(forced), Err(e)) = (variant, &chosen) {
+                // A forced variant skips the shapes it cannot run (`Packed*` above M = 16,
+                // `PackedWgmma` at M <= 8).
+                eprintln!("matmul_nbits: {forced:?} skips M = {m}, N = {n}, K = {k}: {e}");
+                continue;
+            }
+            let a =
+                s.clone_htod(&pattern(m * k, |i| f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))).expect("alloc");
+            let mut y = s.alloc_zeros::<f16>(m * n).expect("alloc");
             let shape = format!("M{m} N{n} K{k}");
             let io = ((m * k + m * n) * 2) as u64;
             let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
             bench_dlkern(&mut group, &gpu, ("dlkern_f16", "dlkern"), &shape, params, w4_bytes as u64 + io, rotation);
-            let chosen = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).map(|plan| plan.variant);
             if variant.is_none() && chosen.is_ok_and(|v| v == Variant::WgmmaStreamK) {
                 // The planner took the stream-K partition: the same kernel over whole tiles.
                 let tiles = MatMulNBitsParams { variant: Some(Variant::Wgmma), ..params };

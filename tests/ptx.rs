@@ -114,18 +114,8 @@ const WGMMA_ENTRY_POINTS: &[&str] = &[
     "matmul_nbits_bf16_wgmma_pair",
     "matmul_nbits_f16_wgmma_streamk",
     "matmul_nbits_bf16_wgmma_streamk",
-    "matmul_nbits_f16_packed_wgmma8",
     "matmul_nbits_f16_packed_wgmma16",
-    "matmul_nbits_bf16_packed_wgmma8",
     "matmul_nbits_bf16_packed_wgmma16",
-    "matmul_nbits_f16_packed_wgmma8_x2",
-    "matmul_nbits_f16_packed_wgmma16_x2",
-    "matmul_nbits_bf16_packed_wgmma8_x2",
-    "matmul_nbits_bf16_packed_wgmma16_x2",
-    "matmul_nbits_f16_packed_wgmma8_x4",
-    "matmul_nbits_f16_packed_wgmma16_x4",
-    "matmul_nbits_bf16_packed_wgmma8_x4",
-    "matmul_nbits_bf16_packed_wgmma16_x4",
 ];
 
 /// The entries a module must have.
@@ -154,20 +144,12 @@ fn each_module_targets_its_architecture_and_has_every_entry_point() {
     }
 }
 
-/// The W4 `wgmma` pair entries and the split `packed_wgmma` entries run as clusters of their
-/// K splits: the build put the directive into their headers (and into no other entry).
+/// The W4 `wgmma` pair entries run as clusters of their two K splits: the build put the
+/// directive into their headers (and into no other entry).
 #[test]
 fn split_entries_require_clusters_of_their_splits() {
     let module = ptx::modules().find(|m| m.arch_specific).expect("an sm_90a module");
-    let mut clustered =
-        vec![("matmul_nbits_f16_wgmma_pair".to_string(), 2), ("matmul_nbits_bf16_wgmma_pair".to_string(), 2)];
-    for t in ["f16", "bf16"] {
-        for rows in [8, 16] {
-            for splits in [2, 4] {
-                clustered.push((format!("matmul_nbits_{t}_packed_wgmma{rows}_x{splits}"), splits));
-            }
-        }
-    }
+    let clustered = [("matmul_nbits_f16_wgmma_pair", 2), ("matmul_nbits_bf16_wgmma_pair", 2)];
     for (entry, splits) in &clustered {
         let at = module.text.find(&format!(".visible .entry {entry}(")).expect(entry);
         let header = &module.text[at..at + module.text[at..].find("\n{").expect("a body")];
@@ -199,7 +181,7 @@ fn kernels_use_the_intended_instructions() {
         "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8",
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16",
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16",
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16",
         "wgmma.fence.sync.aligned",
         "wgmma.commit_group.sync.aligned",

@@ -11,9 +11,10 @@
 //! M > 32 from the same permuted copy, the weights dequantized straight into the register
 //! operand of the warpgroup tensor cores. `large` (128 x 128 tiles, A staged per chunk) takes
 //! the rest. Over B repacked once ([`Variant::Packed`]), the `decode*_packed` kernels, or on
-//! Hopper for M > 8 with N wide enough to fill the GPU, `packed_wgmma*` (each chunk's
-//! activations staged once per block as the tensor cores' shared-memory operand). Any of them may split K over several blocks when the output tiles alone
-//! cannot fill the GPU; the partial sums then go through an f32 workspace and a reduction
+//! Hopper for M > 8 with N wide enough to fill the GPU, `packed_wgmma16` (each chunk's
+//! activations staged once per block as the tensor cores' shared-memory operand). Any of them
+//! but `packed_wgmma16` may split K over several blocks when the output tiles alone cannot fill
+//! the GPU; the partial sums then go through an f32 workspace and a reduction
 //! kernel, except for two splits of `wgmma`, which run as a cluster of two blocks that sum
 //! through distributed shared memory. Where `wgmma`'s whole tiles would leave much of the
 //! last wave idle, `wgmma_streamk` gives each SM an equal share of all tiles' K chunks instead
@@ -66,9 +67,7 @@ struct KernelNames {
     decode8_packed_wide: &'static str,
     decode16_packed: &'static str,
     decode16_packed_wide: &'static str,
-    /// `packed_wgmma8` / `packed_wgmma16` for 1, 2 and 4 K splits (clusters).
-    packed_wgmma8: [&'static str; 3],
-    packed_wgmma16: [&'static str; 3],
+    packed_wgmma16: &'static str,
     wgmma: &'static str,
     wgmma_pair: &'static str,
     wgmma_streamk: &'static str,
@@ -93,16 +92,7 @@ macro_rules! kernel_names {
             decode8_packed_wide: concat!("matmul_nbits_", $t, "_decode8_packed_wide"),
             decode16_packed: concat!("matmul_nbits_", $t, "_decode16_packed"),
             decode16_packed_wide: concat!("matmul_nbits_", $t, "_decode16_packed_wide"),
-            packed_wgmma8: [
-                concat!("matmul_nbits_", $t, "_packed_wgmma8"),
-                concat!("matmul_nbits_", $t, "_packed_wgmma8_x2"),
-                concat!("matmul_nbits_", $t, "_packed_wgmma8_x4"),
-            ],
-            packed_wgmma16: [
-                concat!("matmul_nbits_", $t, "_packed_wgmma16"),
-                concat!("matmul_nbits_", $t, "_packed_wgmma16_x2"),
-                concat!("matmul_nbits_", $t, "_packed_wgmma16_x4"),
-            ],
+            packed_wgmma16: concat!("matmul_nbits_", $t, "_packed_wgmma16"),
             wgmma: concat!("matmul_nbits_", $t, "_wgmma"),
             wgmma_pair: concat!("matmul_nbits_", $t, "_wgmma_pair"),
             wgmma_streamk: concat!("matmul_nbits_", $t, "_wgmma_streamk"),
@@ -147,16 +137,16 @@ pub enum Variant {
     /// B repacked by [`crate::ops::matmul_nbits::pack::W4Weights::pack_for_decode`] (then passed as `b`; the
     /// scales and zero points are read from it): M <= 16, integer zero points, blocks of at
     /// least 128, 16-byte aligned A and B. The planner runs [`Variant::PackedWgmma`] where the
-    /// GPU has `wgmma`, M > 8 and `ceil(N / 128)` is at least the SM count (measured faster
-    /// there), else [`Variant::PackedMma`]; the plan names the one it runs.
+    /// GPU has `wgmma`, M > 8, `ceil(N / 128)` is at least the SM count (measured faster
+    /// there) and K is not split by force, else [`Variant::PackedMma`]; the plan names the one
+    /// it runs.
     Packed,
     /// [`Variant::Packed`] on the `mma.sync` decode kernels (`decode*_packed`: 4 warps per
     /// 32 columns splitting K), on any GPU.
     PackedMma,
     /// [`Variant::Packed`] on Hopper's warpgroup tensor cores (the sm_90a module only,
-    /// `packed_wgmma*`): 128 columns per block, each chunk's activations staged once per block
-    /// for the tensor cores to read from shared memory; K splits as clusters of up to
-    /// [`PACKED_WGMMA_MAX_SPLITS`] blocks.
+    /// `packed_wgmma16`): 128 columns per block, each chunk's activations staged once per block
+    /// for the tensor cores to read from shared memory; 8 < M <= 16, K not split.
     PackedWgmma,
     /// Hopper's warpgroup tensor cores (the sm_90a module only): block tile 128 x 128, the
     /// weights dequantized straight into `wgmma`'s register operand, the permuted A (as
@@ -180,8 +170,6 @@ impl Variant {
         matches!(self, Variant::Packed | Variant::PackedMma | Variant::PackedWgmma)
     }
 }
-
-pub use layout::PACKED_WGMMA_MAX_SPLITS;
 
 /// Shapes and options of one call.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -218,8 +206,7 @@ pub struct MatMulNBitsPlan {
     /// Bytes of the workspace (offset, length) that must be zero when the kernel starts (the
     /// stream-K flags): the permutation before the kernel clears them.
     zeroed: Option<(usize, usize)>,
-    /// The main kernel has the decode kernels' prologue (`decode*`, unclustered
-    /// `packed_wgmma*`), which reads [`FLAG_WEIGHTS_READY`] and [`FLAG_EARLY_DEPENDENTS`].
+    /// The main kernel has the decode kernels' prologue (`decode*`, `packed_wgmma16`), which reads [`FLAG_WEIGHTS_READY`] and [`FLAG_EARLY_DEPENDENTS`].
     decode: bool,
     args: Dims,
 }
@@ -314,7 +301,9 @@ impl MatMulNBitsParams {
             // `PackedWgmma` wins where M > 8 and N alone fills the GPU without a K split (M = 16,
             // N = 28672: 55.3 against 69.2 us); with fewer columns, where it needs clusters of
             // K splits, and for M <= 8 the `mma.sync` kernels stay faster.
-            Some(Variant::Packed) if wgmma && p.m > DECODE8_ROWS && p.n.div_ceil(PACKED_WGMMA_COLUMNS) >= sms => {
+            Some(Variant::Packed)
+                if wgmma && p.m > DECODE8_ROWS && p.n.div_ceil(PACKED_WGMMA_COLUMNS) >= sms && p.splits <= 1 =>
+            {
                 Variant::PackedWgmma
             }
             Some(Variant::Packed) => Variant::PackedMma,
@@ -350,6 +339,13 @@ impl MatMulNBitsParams {
                 "variant {variant:?} needs M <= 16, integer zero points, block_size >= 128 and 16-byte aligned A and B"
             )));
         }
+        // `packed_wgmma16` alone is built: 16 rows, K not split (what the planner chooses it for).
+        if variant == Variant::PackedWgmma && p.m <= DECODE8_ROWS {
+            return Err(bad(format!("variant PackedWgmma needs M > {DECODE8_ROWS} (its 16-row build), got {}", p.m)));
+        }
+        if variant == Variant::PackedWgmma && p.splits > 1 {
+            return Err(bad(format!("variant PackedWgmma does not split K ({} splits asked)", p.splits)));
+        }
         let rows8 = (decode || packed) && p.m <= DECODE8_ROWS;
         // `tiled`: as few rows as M needs up to 64, then 128 x 128 (measured faster than
         // 128 x 64 with twice the blocks at M = 128 and 256: each warp then does twice the
@@ -370,10 +366,7 @@ impl MatMulNBitsParams {
             Variant::Packed | Variant::PackedMma => {
                 (if rows8 { names.decode8_packed } else { names.decode16_packed }, DECODE)
             }
-            // The cluster size picks the entry once the splits are known.
-            Variant::PackedWgmma => {
-                (if rows8 { names.packed_wgmma8[0] } else { names.packed_wgmma16[0] }, PACKED_WGMMA)
-            }
+            Variant::PackedWgmma => (names.packed_wgmma16, PACKED_WGMMA),
             // The same block tile and threads as `tiled128x128` (two warpgroups of 64 x 128).
             // (Stream-K's entry is named below, once the planner may have chosen it.)
             Variant::Wgmma | Variant::WgmmaStreamK => (names.wgmma, TILED128X128),
@@ -417,7 +410,7 @@ impl MatMulNBitsParams {
         // Split K until there are about four blocks per SM (`large`; one for `small`, whose
         // warps already split K four ways, and for `tiled`, whose ring fills the SM's shared
         // memory), or one chunk per split.
-        let wanted = if variant == Variant::WgmmaStreamK {
+        let wanted = if matches!(variant, Variant::WgmmaStreamK | Variant::PackedWgmma) {
             1
         } else if p.splits > 0 {
             p.splits
@@ -431,30 +424,8 @@ impl MatMulNBitsParams {
                 target.div_ceil(tiles_m * tiles_n).clamp(1, 16)
             }
         };
-        let (chunks_per_split, splits) = if variant == Variant::PackedWgmma {
-            // A cluster per tile: 1, 2 or 4 splits (forced ones rounded up; a split may then
-            // hold no chunk), as many as fit one wave, one chunk each at least. Registers allow 3
-            // blocks per SM of the 8-row build, 2 of the 16-row one; clusters fill the SMs of
-            // each GPC unevenly (ncu: at most 62 active clusters of 4 at 2 blocks per SM, not 66),
-            // so a sixteenth is left over.
-            let wanted = if p.splits > 0 {
-                p.splits
-            } else {
-                let per_sm = if rows8 { 3 } else { 2 };
-                let target = per_sm * sms * 15 / 16;
-                [4, 2, 1].into_iter().find(|&s| tiles_m * tiles_n * s <= target && s <= chunks).unwrap_or(1)
-            };
-            if wanted > PACKED_WGMMA_MAX_SPLITS {
-                return Err(bad(format!(
-                    "variant PackedWgmma splits K at most {PACKED_WGMMA_MAX_SPLITS} ways, {wanted} asked"
-                )));
-            }
-            let splits = wanted.next_power_of_two();
-            (chunks.div_ceil(splits), splits)
-        } else {
-            let chunks_per_split = chunks.div_ceil(wanted.clamp(1, chunks));
-            (chunks_per_split, chunks.div_ceil(chunks_per_split))
-        };
+        let chunks_per_split = chunks.div_ceil(wanted.clamp(1, chunks));
+        let splits = chunks.div_ceil(chunks_per_split);
         if splits > 65535 {
             return Err(bad(format!("K = {} needs {splits} splits (at most 65535)", p.k)));
         }
@@ -486,16 +457,8 @@ impl MatMulNBitsParams {
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
         let kernel = if pair { names.wgmma_pair } else { kernel };
-        // `packed_wgmma`'s splits are a cluster too, of the entry for their count.
-        let clustered = variant == Variant::PackedWgmma;
-        let kernel = if clustered {
-            let entries = if rows8 { &names.packed_wgmma8 } else { &names.packed_wgmma16 };
-            entries[splits.trailing_zeros() as usize]
-        } else {
-            kernel
-        };
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
-        let reduced = splits > 1 && !pair && !clustered;
+        let reduced = splits > 1 && !pair;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
         let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma | Variant::WgmmaStreamK);
         let permuted_bytes = if permuted { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
@@ -571,11 +534,9 @@ impl MatMulNBitsParams {
         if (p.m * p.n).div_ceil(REDUCE_THREADS) > i32::MAX as usize {
             return Err(bad("M x N too large for the reduction grid".into()));
         }
-        // The kernels with `decode`'s prologue: `decode8*`, `decode16`, `decode*_packed`, and
-        // `packed_wgmma` without a cluster (the occupancy query does not count clusters, so its
-        // K-split clusters launch plainly).
-        let decode_prologue =
-            decode || variant == Variant::PackedMma || (variant == Variant::PackedWgmma && splits == 1);
+        // The kernels with `decode`'s prologue: `decode8*`, `decode16`, `decode*_packed`,
+        // `packed_wgmma16`.
+        let decode_prologue = decode || matches!(variant, Variant::PackedMma | Variant::PackedWgmma);
         Ok(MatMulNBitsPlan {
             kernel,
             dims,

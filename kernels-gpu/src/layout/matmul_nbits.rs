@@ -93,9 +93,9 @@ pub const DECODE16_WIDE: Tiling = Tiling { wk: DECODE16_WIDE_WARPS, ..DECODE };
 pub const DECODE16_WIDE_PACKED_SHARED_BYTES: usize = DECODE16_WIDE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
 /// `packed_wgmma` (Hopper, sm_90a module only; M <= 16 over the `decode*_packed` records): block
 /// tile 128 weight columns (the records of [`PACKED_WGMMA_TILES`] 32-column tiles; two
-/// warpgroups of 64, `wgmma`'s register operand) x 8 or 16 tokens (its shared-memory operand),
+/// warpgroups of 64, `wgmma`'s register operand) x 16 tokens (its shared-memory operand),
 /// all of the block's threads on the same K chunks so that each chunk's activations are staged
-/// once per block. K splits of a tile run as one thread-block cluster.
+/// once per block.
 pub const PACKED_WGMMA_TILES: usize = 4;
 pub const PACKED_WGMMA_COLUMNS: usize = PACKED_WGMMA_TILES * DECODE_COLUMNS;
 pub const PACKED_WGMMA_THREADS: usize = 256;
@@ -115,8 +115,6 @@ pub const PACKED_WGMMA_CODES_STAGE_BYTES: usize = PACKED_WGMMA_TILES * PACKED_RE
 pub const PACKED_WGMMA_SHARED_BYTES: usize = PACKED_WGMMA_ACT_STAGES * PACKED_WGMMA_ACT_STAGE_BYTES
     + PACKED_WGMMA_STAGES * PACKED_WGMMA_CODES_STAGE_BYTES
     + 1024;
-/// Largest cluster (K splits of one tile) `packed_wgmma` has an entry for.
-pub const PACKED_WGMMA_MAX_SPLITS: usize = 4;
 /// Threads per block of `matmul_nbits_pack_decode` (one block per record): one 16-byte piece
 /// of the record's codes each.
 pub const PACK_THREADS: usize = DECODE_STAGE_BYTES / 16;
