@@ -17,10 +17,6 @@ pub mod device;
 pub mod element;
 pub mod layout;
 pub mod matmul_nbits;
-#[cfg(dlkern_arch_specific)]
-pub mod matmul_nbits_packed_wgmma;
-#[cfg(dlkern_arch_specific)]
-pub mod matmul_nbits_wgmma;
 pub mod matmul_w8a8;
 #[cfg(dlkern_arch_specific)]
 pub mod matmul_w8a8_wgmma;

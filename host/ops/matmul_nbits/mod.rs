@@ -8,7 +8,7 @@
 /// source, compiled here too, so a launch cannot disagree with its kernel (the host uses only
 /// part of it).
 #[allow(dead_code)]
-#[path = "../../../kernels-gpu/src/layout/matmul_nbits.rs"]
+#[path = "../../../kernels-gpu/src/matmul_nbits/layout.rs"]
 pub(crate) mod layout;
 
 pub mod launch;

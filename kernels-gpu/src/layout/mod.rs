@@ -4,7 +4,6 @@
 //! can never disagree with the kernel it launches.
 
 pub mod attention;
-pub mod matmul_nbits;
 pub mod matmul_w8a8;
 pub mod paged_attention;
 pub mod probe;

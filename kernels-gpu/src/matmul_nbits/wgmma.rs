@@ -45,6 +45,7 @@
 //!   blocks (`.reqnctapercluster`), so a plain launch pairs the two splits of each tile, which
 //!   sum through distributed shared memory; `y` (+ bias) is written, `workspace` is unused.
 
+use super::decode::{BlockConsts, dequantize_biased, matmul_nbits_entry, split_chunk_range};
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::cluster;
 use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, st_global_v4};
@@ -52,10 +53,9 @@ use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
 use crate::device::{SharedAddr, WARP_SIZE, index, mbarrier, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{BlockConsts, dequantize_biased, matmul_nbits_entry, split_chunk_range};
 use crate::unroll;
 
-pub use crate::layout::matmul_nbits::*;
+pub use super::layout::*;
 
 const _: () = assert!(WGMMA_BM == 128 && WGMMA_BN == 128 && WGMMA_THREADS == 256 && CHUNK == 128);
 const _: () = assert!(WGMMA_STAGES == 4 && WGMMA_A_HALF_BYTES % 1024 == 0 && WGMMA_CODES_STAGE_BYTES % 1024 == 0);

@@ -37,16 +37,16 @@
 //! - grid `(ceil(N / 128), 1, 1)`, block `(256, 1, 1)`, dynamic shared memory
 //!   [`PACKED_WGMMA_SHARED_BYTES`]. Writes `y` (+ bias).
 
+use super::decode::{after_weight_copies, before_weight_copies, matmul_nbits_entry, split_chunk_range};
 use crate::device::async_copy::{commit_group, cp_async_16, wait_group};
 use crate::device::memory::ld_global_nc_v4;
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x4};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{after_weight_copies, before_weight_copies, matmul_nbits_entry, split_chunk_range};
 use crate::unroll;
 
-pub use crate::layout::matmul_nbits::*;
+pub use super::layout::*;
 
 const _: () = assert!(PACKED_WGMMA_THREADS == 256 && PACKED_WGMMA_TILES == 4 && CHUNK == 128);
 const _: () = assert!(PACKED_WGMMA_STAGES == 4 && PACKED_WGMMA_ACT_STAGES == 4);

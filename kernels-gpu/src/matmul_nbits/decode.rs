@@ -102,7 +102,7 @@ use crate::device::{async_copy, index, sync};
 use crate::element::{Bf16, Element, F16, TensorElement};
 use crate::{shared_array, unroll};
 
-pub use crate::layout::matmul_nbits::*;
+pub use super::layout::*;
 
 /// The 16 bytes of codes lane `q` needs from one row of `b`, zero past the row's end.
 ///
