@@ -1,5 +1,5 @@
 //! W4A16 for small M on Hopper's warpgroup tensor cores (`wgmma`, sm_90a module only): the
-//! operation of [`crate::matmul_nbits`] for M <= 16 over B repacked by
+//! operation of [`super`] for M <= 16 over B repacked by
 //! `W4Weights::pack_for_decode` (the records `decode*_packed` read).
 //!
 //! The `mma.sync` decode kernels give each warp its own K chunks, so each warp loads its own
@@ -37,7 +37,8 @@
 //! - grid `(ceil(N / 128), 1, 1)`, block `(256, 1, 1)`, dynamic shared memory
 //!   [`PACKED_WGMMA_SHARED_BYTES`]. Writes `y` (+ bias).
 
-use super::decode::{after_weight_copies, before_weight_copies, matmul_nbits_entry, split_chunk_range};
+use super::common::split_chunk_range;
+use super::decode::{after_weight_copies, before_weight_copies};
 use crate::device::async_copy::{commit_group, cp_async_16, wait_group};
 use crate::device::memory::ld_global_nc_v4;
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32};
@@ -46,7 +47,7 @@ use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::unroll;
 
-pub use super::layout::*;
+use super::layout::*;
 
 const _: () = assert!(PACKED_WGMMA_THREADS == 256 && PACKED_WGMMA_TILES == 4 && CHUNK == 128);
 const _: () = assert!(PACKED_WGMMA_STAGES == 4 && PACKED_WGMMA_ACT_STAGES == 4);
@@ -98,7 +99,7 @@ type Fragments = [[u32; 4]; 8];
 /// The launch contract in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize>(
+pub(crate) unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize>(
     a: *const T,
     b: *const u8,
     _scales: *const T,
@@ -310,9 +311,3 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize>(
         });
     }
 }
-
-// The 16-token build without K splits: what the planner runs (`Packed` where M > 8 and N alone
-// fills the GPU). The 8-token build and the K splits as clusters of 2 or 4 blocks were never
-// its choice and were removed (benches/pruned.md; the code is at 20fc28c).
-matmul_nbits_entry!(matmul_nbits_f16_packed_wgmma16, F16, matmul_nbits_packed_wgmma::<F16, 2>);
-matmul_nbits_entry!(matmul_nbits_bf16_packed_wgmma16, Bf16, matmul_nbits_packed_wgmma::<Bf16, 2>);
