@@ -110,6 +110,12 @@ fn packing_for_decode_refuses_small_blocks_and_typed_zero_points() {
     assert!(q.pack_for_decode(&[0]).unwrap_err().to_string().contains("integer zero points"));
 }
 
+/// The variant part of an entry name: `decode8_packed` of `matmul_nbits_decode8_packed_f16`.
+fn variant_of(kernel: &str) -> &str {
+    let variant = kernel.strip_prefix("matmul_nbits_").unwrap_or_else(|| panic!("not a matmul_nbits entry: {kernel}"));
+    variant.strip_suffix("_f16").or_else(|| variant.strip_suffix("_bf16")).unwrap_or(variant)
+}
+
 fn attrs(k: usize, n: usize, block: usize) -> Attributes {
     Attributes::new()
         .with("K", AttrValue::Int(k as i64))
@@ -185,6 +191,7 @@ fn registry_kernel_reports_format_errors() {
 
 mod gpu {
     use super::common::{Rng, gpu, unit_roundoff};
+    use super::variant_of;
     use cudarc::driver::{CudaSlice, CudaStream};
     use dlkern::ops::matmul_nbits::launch::*;
     use dlkern::ops::matmul_nbits::pack::{W4Weights, ZeroPoints as HostZeros, matmul_reference, quantize};
@@ -355,9 +362,9 @@ mod gpu {
         // the above), `decode8` beyond (N = 9000: 282 blocks of 32 columns).
         for (m, n, expect) in [(1, 100, "decode8_ahead3"), (5, 9000, "decode8"), (8, 9000, "decode8")] {
             let p = MatMulNBitsParams { zero_points: ZeroPointKind::PackedU8, ..params(DType::F16, m, n, 1096, 128) };
-            assert!(problem::<f16>(p, m as u64).check().kernel.ends_with(expect));
+            assert_eq!(variant_of(problem::<f16>(p, m as u64).check().kernel), expect);
             let p = MatMulNBitsParams { dtype: DType::BF16, bias: true, ..p };
-            assert!(problem::<bf16>(p, 7 + m as u64).check().kernel.ends_with(expect));
+            assert_eq!(variant_of(problem::<bf16>(p, 7 + m as u64).check().kernel), expect);
         }
     }
 
@@ -382,14 +389,14 @@ mod gpu {
                 check_zero_points_and_splits(base, &mut seed, |kernel| {
                     let tiles = n.div_ceil(32);
                     if m > 8 && tiles > one_wave {
-                        kernel.ends_with("_decode16_packed")
+                        variant_of(kernel) == "decode16_packed"
                     } else if m > 8 {
-                        kernel.ends_with("_decode16_packed_wide")
+                        variant_of(kernel) == "decode16_packed_wide"
                     } else if tiles > one_wave {
-                        kernel.ends_with("_decode8_packed")
+                        variant_of(kernel) == "decode8_packed"
                     } else {
                         // At most 4 tiles x 16 splits: inside one wave of any GPU of 32 SMs.
-                        kernel.ends_with("_decode8_packed_wide")
+                        variant_of(kernel) == "decode8_packed_wide"
                     }
                 });
             }
@@ -620,7 +627,10 @@ mod gpu {
                     let plan = problem::<f16>(p, seed).check();
                     assert!(plan.kernel.contains("_packed_wgmma") && plan.reduce.is_none(), "{p:?}: {}", plan.kernel);
                     let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
-                    assert!(problem::<bf16>(p, seed + 1000).check().kernel.contains("bf16_packed_wgmma"), "{p:?}");
+                    assert!(
+                        problem::<bf16>(p, seed + 1000).check().kernel == "matmul_nbits_packed_wgmma16_bf16",
+                        "{p:?}"
+                    );
                 }
             }
         }
@@ -630,7 +640,7 @@ mod gpu {
         let plan = problem::<f16>(p, 77).check();
         assert_eq!(
             (plan.variant, plan.kernel, plan.splits),
-            (Variant::PackedWgmma, "matmul_nbits_f16_packed_wgmma16", 1)
+            (Variant::PackedWgmma, "matmul_nbits_packed_wgmma16_f16", 1)
         );
     }
 
@@ -746,17 +756,17 @@ mod gpu {
             // Two splits: the cluster pair.
             let p = MatMulNBitsParams { splits: 2, bias: true, ..base };
             if p.k.div_ceil(128) >= 2 {
-                assert_eq!(problem::<f16>(p, seed).check().kernel, "matmul_nbits_f16_wgmma_pair");
+                assert_eq!(problem::<f16>(p, seed).check().kernel, "matmul_nbits_wgmma_pair_f16");
                 let p = MatMulNBitsParams { dtype: DType::BF16, zero_points: ZeroPointKind::PackedU8, ..p };
-                assert_eq!(problem::<bf16>(p, seed + 1).check().kernel, "matmul_nbits_bf16_wgmma_pair");
+                assert_eq!(problem::<bf16>(p, seed + 1).check().kernel, "matmul_nbits_wgmma_pair_bf16");
             }
         }
         // The planner's choice: 297 tiles, which fill 3 waves of 132 SMs to 75%, run stream-K.
         let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 1030, 4200, 320, 64) };
         let plan = problem::<f16>(p, 9).check();
-        let expect = if device.multiprocessors() == 132 { "matmul_nbits_f16_wgmma_streamk" } else { plan.kernel };
+        let expect = if device.multiprocessors() == 132 { "matmul_nbits_wgmma_streamk_f16" } else { plan.kernel };
         assert_eq!(plan.kernel, expect);
-        assert!(plan.kernel.starts_with("matmul_nbits_f16_wgmma"), "{}", plan.kernel);
+        assert!(variant_of(plan.kernel).starts_with("wgmma") && plan.kernel.ends_with("_f16"), "{}", plan.kernel);
     }
 
     /// Runs `pr` through [`matmul_nbits_raw`] with A and B starting `a_off` elements and `b_off`
@@ -801,10 +811,10 @@ mod gpu {
         let (device, _) = gpu();
         let pr = problem::<f16>(MatMulNBitsParams { bias: true, ..params(DType::F16, 40, 72, 520, 32) }, 77);
         // Hopper runs `wgmma` for M = 40 (from the same permuted copy of A), elsewhere `tiled`.
-        let aligned_b = if device.has_wgmma() { "f16_wgmma" } else { "tiled64x128" };
+        let aligned_b = if device.has_wgmma() { "wgmma" } else { "tiled64x128" };
         for (a_off, b_off, expect) in [(1usize, 0usize, aligned_b), (0, 4, "large"), (3, 4, "large")] {
             let (y, plan) = run_raw(&pr, a_off, b_off, 0);
-            assert_eq!(&plan.kernel[plan.kernel.len() - expect.len()..], expect);
+            assert_eq!(variant_of(plan.kernel), expect);
             pr.check_values(&y, plan.kernel);
         }
     }
@@ -844,16 +854,16 @@ mod gpu {
                     variant: streamk,
                     ..params(DType::F16, m, n, k, block)
                 };
-                assert_eq!(problem::<f16>(p, seed).check().kernel, "matmul_nbits_f16_wgmma_streamk");
+                assert_eq!(problem::<f16>(p, seed).check().kernel, "matmul_nbits_wgmma_streamk_f16");
                 let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
-                assert_eq!(problem::<bf16>(p, seed + 1000).check().kernel, "matmul_nbits_bf16_wgmma_streamk");
+                assert_eq!(problem::<bf16>(p, seed + 1000).check().kernel, "matmul_nbits_wgmma_streamk_bf16");
             }
         }
         let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 128, 150 * 128, 256, 128) };
         let pr = problem::<f16>(p, 990);
         let plan = pr.check();
         if device.multiprocessors() == 132 {
-            assert_eq!(plan.kernel, "matmul_nbits_f16_wgmma_streamk");
+            assert_eq!(plan.kernel, "matmul_nbits_wgmma_streamk_f16");
         }
         let pr = problem::<f16>(MatMulNBitsParams { variant: streamk, ..p }, 991);
         for _ in 0..2 {
@@ -893,6 +903,25 @@ mod gpu {
             let p = MatMulNBitsParams { zero_points, bias, variant, splits, ..params(dtype, m, n, k, block) };
             if bf { problem::<bf16>(p, seed).check(); } else { problem::<f16>(p, seed).check(); }
         }
+    }
+}
+
+/// The PTX modules ship exactly the family's table of entry points: `ENTRIES` in each,
+/// `HOPPER_ENTRIES` in the sm_90a one too, and no other `matmul_nbits_*` entry.
+#[test]
+fn ptx_entries_are_the_table() {
+    use dlkern::ops::matmul_nbits::{ENTRIES, HOPPER_ENTRIES};
+    use dlkern::runtime::ptx;
+    for module in ptx::modules() {
+        let mut shipped: Vec<&str> = (module.text.lines())
+            .filter_map(|line| line.strip_prefix(".visible .entry ")?.split('(').next())
+            .filter(|name| name.starts_with("matmul_nbits_"))
+            .collect();
+        let hopper = if module.arch_specific { HOPPER_ENTRIES } else { &[] };
+        let mut table: Vec<&str> = ENTRIES.iter().chain(hopper).copied().collect();
+        shipped.sort_unstable();
+        table.sort_unstable();
+        assert_eq!(shipped, table, "{}", module.target());
     }
 }
 
@@ -948,10 +977,10 @@ fn gpu_plan_validates_and_splits() {
     let plan = ok.plan(132, false).unwrap();
     assert_eq!(
         (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
-        (Variant::Small, "matmul_nbits_f16_decode8_ahead3", (256, 1, 1), 1)
+        (Variant::Small, "matmul_nbits_decode8_ahead3_f16", (256, 1, 1), 1)
     );
     let plan = MatMulNBitsParams { n: 28672, ..ok }.plan(132, false).unwrap();
-    assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_f16_decode8", (896, 1, 1)));
+    assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_decode8_f16", (896, 1, 1)));
     assert_eq!((plan.reduce, plan.workspace_bytes, plan.permute), (None, 0, None));
     // `Packed` reads its own B layout: never a non-packed build, whatever the grid; without
     // `wgmma`, the `mma.sync` decode kernels.
@@ -965,7 +994,7 @@ fn gpu_plan_validates_and_splits() {
         (16, 28672, "decode16_packed"),
     ] {
         let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132, false).unwrap();
-        assert_eq!(plan.kernel, format!("matmul_nbits_f16_{expect}"), "M = {m}, N = {n}");
+        assert_eq!(plan.kernel, format!("matmul_nbits_{expect}_f16"), "M = {m}, N = {n}");
         assert_eq!(plan.variant, Variant::PackedMma);
         let (threads, shared) = match expect {
             "decode8_packed_wide" => (256, 2 * 34816),
@@ -986,7 +1015,7 @@ fn gpu_plan_validates_and_splits() {
     ] {
         let plan = MatMulNBitsParams { m, n, variant: Some(Variant::Packed), ..ok }.plan(132, true).unwrap();
         let variant = if expect.starts_with("packed_wgmma") { Variant::PackedWgmma } else { Variant::PackedMma };
-        assert_eq!((plan.variant, plan.kernel), (variant, &*format!("matmul_nbits_f16_{expect}")), "M = {m}, N = {n}");
+        assert_eq!((plan.variant, plan.kernel), (variant, &*format!("matmul_nbits_{expect}_f16")), "M = {m}, N = {n}");
     }
     // Forced `PackedWgmma`: 128 columns per block, 16 rows, K not split; no workspace.
     for (m, n, k, expect, grid) in [
@@ -999,7 +1028,7 @@ fn gpu_plan_validates_and_splits() {
         let what = format!("M = {m}, N = {n}, K = {k}");
         assert_eq!(
             (plan.variant, plan.kernel, plan.dims.grid),
-            (Variant::PackedWgmma, &*format!("matmul_nbits_f16_{expect}"), grid),
+            (Variant::PackedWgmma, &*format!("matmul_nbits_{expect}_f16"), grid),
             "{what}"
         );
         assert_eq!(
@@ -1009,23 +1038,24 @@ fn gpu_plan_validates_and_splits() {
         );
         // The `mma.sync` kernels stay available on Hopper.
         let mma = MatMulNBitsParams { m, n, k, variant: Some(Variant::PackedMma), ..ok }.plan(132, true).unwrap();
-        assert!(mma.kernel.ends_with("_packed") || mma.kernel.ends_with("_packed_wide"), "{what}: {}", mma.kernel);
+        let variant = variant_of(mma.kernel);
+        assert!(variant.ends_with("_packed") || variant.ends_with("_packed_wide"), "{what}: {}", mma.kernel);
     }
     // `Packed` with K split by force stays on the `mma.sync` kernels.
     let plan = MatMulNBitsParams { m: 16, n: 28672, splits: 2, variant: Some(Variant::Packed), ..ok };
     let plan = plan.plan(132, true).unwrap();
-    assert_eq!((plan.variant, plan.kernel, plan.splits), (Variant::PackedMma, "matmul_nbits_f16_decode16_packed", 2));
+    assert_eq!((plan.variant, plan.kernel, plan.splits), (Variant::PackedMma, "matmul_nbits_decode16_packed_f16", 2));
     let unaligned = ok.plan_for(132, false, RowAlignment::UNALIGNED).unwrap();
-    assert_eq!(unaligned.kernel, "matmul_nbits_f16_small");
+    assert_eq!(unaligned.kernel, "matmul_nbits_small_f16");
     // K % 8 != 0: rows of A are not 16-byte multiples even in an aligned tensor.
-    assert_eq!(MatMulNBitsParams { k: 1001, ..ok }.plan(132, false).unwrap().kernel, "matmul_nbits_f16_small");
+    assert_eq!(MatMulNBitsParams { k: 1001, ..ok }.plan(132, false).unwrap().kernel, "matmul_nbits_small_f16");
     let plan = MatMulNBitsParams { m: 9, ..ok }.plan(132, false).unwrap();
-    assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_f16_decode16", 1));
+    assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_decode16_f16", 1));
     // Blocks smaller than a K chunk and fractional zero points take the general `small`.
     let plan = MatMulNBitsParams { block_size: 64, ..ok }.plan(132, false).unwrap();
-    assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_f16_small", 1));
+    assert_eq!((plan.kernel, plan.dims.grid.1), ("matmul_nbits_small_f16", 1));
     let plan = MatMulNBitsParams { m: 9, zero_points: ZeroPointKind::Typed, ..ok }.plan(132, false).unwrap();
-    assert_eq!(plan.kernel, "matmul_nbits_f16_small_zf");
+    assert_eq!(plan.kernel, "matmul_nbits_small_zf_f16");
     // Few columns: K is split until every SM has a block.
     let plan = MatMulNBitsParams { n: 1024, ..ok }.plan(132, false).unwrap();
     assert!(plan.splits == 5 && plan.reduce.is_some() && plan.workspace_bytes == 5 * 1024 * 4);
@@ -1034,7 +1064,7 @@ fn gpu_plan_validates_and_splits() {
     let plan = MatMulNBitsParams { m: 128, ..ok }.plan(132, false).unwrap();
     assert_eq!(
         (plan.variant, plan.kernel, plan.dims.grid, plan.splits),
-        (Variant::Tiled, "matmul_nbits_f16_tiled128x128", (64, 1, 2), 2)
+        (Variant::Tiled, "matmul_nbits_tiled128x128_f16", (64, 1, 2), 2)
     );
     let permuted = 128 * 8192 * 2;
     assert_eq!(
@@ -1042,21 +1072,21 @@ fn gpu_plan_validates_and_splits() {
         ("matmul_nbits_permute_f16", permuted + 2 * 128 * 8192 * 4)
     );
     let plan = MatMulNBitsParams { m: 1024, ..ok }.plan(132, false).unwrap();
-    assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_f16_tiled128x128", (64, 8, 1)));
+    assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_tiled128x128_f16", (64, 8, 1)));
     let plan = MatMulNBitsParams { m: 64, ..ok }.plan(132, false).unwrap();
-    assert_eq!((plan.kernel, plan.splits), ("matmul_nbits_f16_tiled64x128", 2));
-    assert_eq!(MatMulNBitsParams { m: 17, ..ok }.plan(132, false).unwrap().kernel, "matmul_nbits_f16_tiled32x128");
+    assert_eq!((plan.kernel, plan.splits), ("matmul_nbits_tiled64x128_f16", 2));
+    assert_eq!(MatMulNBitsParams { m: 17, ..ok }.plan(132, false).unwrap().kernel, "matmul_nbits_tiled32x128_f16");
     assert_eq!(plan.workspace_bytes, 64 * 8192 * 2 + 2 * 64 * 8192 * 4);
     // Unaligned rows of B, fractional zero points and 16-wide blocks take `large`.
     let params = MatMulNBitsParams { m: 100, k: 1000, ..ok };
     let rows = RowAlignment { a_vec16: true, b_vec16: false };
     let fallback = params.plan_for(132, false, rows).unwrap();
-    assert_eq!((fallback.variant, fallback.kernel, fallback.permute), (Variant::Large, "matmul_nbits_f16_large", None));
+    assert_eq!((fallback.variant, fallback.kernel, fallback.permute), (Variant::Large, "matmul_nbits_large_f16", None));
     let typed = MatMulNBitsParams { zero_points: ZeroPointKind::Typed, ..params };
-    assert_eq!(typed.plan(132, false).unwrap().kernel, "matmul_nbits_f16_large_zf");
+    assert_eq!(typed.plan(132, false).unwrap().kernel, "matmul_nbits_large_zf_f16");
     assert_eq!(
         MatMulNBitsParams { block_size: 16, ..params }.plan(132, false).unwrap().kernel,
-        "matmul_nbits_f16_large"
+        "matmul_nbits_large_f16"
     );
     let err = |p: MatMulNBitsParams| p.plan(132, false).unwrap_err().to_string();
     let packed_wgmma = MatMulNBitsParams { m: 16, variant: Some(Variant::PackedWgmma), ..ok };
@@ -1083,38 +1113,38 @@ fn gpu_plan_validates_and_splits() {
     let plan = hopper(MatMulNBitsParams { m: 128, ..ok });
     assert_eq!(
         (plan.variant, plan.kernel, plan.dims.grid, plan.splits, plan.reduce),
-        (Variant::Wgmma, "matmul_nbits_f16_wgmma_pair", (64, 1, 2), 2, None)
+        (Variant::Wgmma, "matmul_nbits_wgmma_pair_f16", (64, 1, 2), 2, None)
     );
     // It reads the permuted A, as `tiled`.
     assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_f16"));
     assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2, (256, 1, 1)));
     let plan = hopper(MatMulNBitsParams { m: 128, splits: 3, ..ok });
-    assert_eq!((plan.kernel, plan.splits), ("matmul_nbits_f16_wgmma", 3));
+    assert_eq!((plan.kernel, plan.splits), ("matmul_nbits_wgmma_f16", 3));
     assert_eq!(plan.reduce.map(|(name, _)| name), Some("matmul_nbits_reduce_f16"));
     assert_eq!(plan.workspace_bytes, 128 * 8192 * 2 + 3 * 128 * 8192 * 4);
     assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..ok }).dims.grid, (64, 8, 1));
-    assert_eq!(hopper(MatMulNBitsParams { m: 16, ..ok }).kernel, "matmul_nbits_f16_decode16");
-    assert_eq!(hopper(MatMulNBitsParams { m: 32, ..ok }).kernel, "matmul_nbits_f16_tiled32x128");
-    assert_eq!(hopper(MatMulNBitsParams { m: 33, ..ok }).kernel, "matmul_nbits_f16_wgmma_pair");
-    assert_eq!(hopper(typed).kernel, "matmul_nbits_f16_large_zf");
+    assert_eq!(hopper(MatMulNBitsParams { m: 16, ..ok }).kernel, "matmul_nbits_decode16_f16");
+    assert_eq!(hopper(MatMulNBitsParams { m: 32, ..ok }).kernel, "matmul_nbits_tiled32x128_f16");
+    assert_eq!(hopper(MatMulNBitsParams { m: 33, ..ok }).kernel, "matmul_nbits_wgmma_pair_f16");
+    assert_eq!(hopper(typed).kernel, "matmul_nbits_large_zf_f16");
     // The permutation takes any A: only B's rows must allow 16-byte copies.
     let unaligned_a = RowAlignment { a_vec16: false, b_vec16: true };
-    assert_eq!(params.plan_for(132, true, unaligned_a).unwrap().kernel, "matmul_nbits_f16_wgmma_pair");
+    assert_eq!(params.plan_for(132, true, unaligned_a).unwrap().kernel, "matmul_nbits_wgmma_pair_f16");
     let unaligned_b = RowAlignment { a_vec16: true, b_vec16: false };
-    assert_eq!(params.plan_for(132, true, unaligned_b).unwrap().kernel, "matmul_nbits_f16_large");
+    assert_eq!(params.plan_for(132, true, unaligned_b).unwrap().kernel, "matmul_nbits_large_f16");
     // Stream-K where whole tiles would leave over a tenth of the last wave idle: M = 128,
     // N = 28672 is 224 tiles on 132 SMs (85% of two waves).
     let wide = MatMulNBitsParams { m: 128, n: 28672, ..ok };
     let plan = hopper(wide);
     assert_eq!(
         (plan.variant, plan.kernel, plan.dims.grid, plan.splits, plan.reduce),
-        (Variant::WgmmaStreamK, "matmul_nbits_f16_wgmma_streamk", (132, 1, 1), 1, None)
+        (Variant::WgmmaStreamK, "matmul_nbits_wgmma_streamk_f16", (132, 1, 1), 1, None)
     );
     assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_f16"));
     assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2 + 132 * (128 * 128 * 4 + 4), (256, 1, 1)));
-    assert_eq!(hopper(MatMulNBitsParams { m: 256, ..wide }).kernel, "matmul_nbits_f16_wgmma_streamk");
+    assert_eq!(hopper(MatMulNBitsParams { m: 256, ..wide }).kernel, "matmul_nbits_wgmma_streamk_f16");
     // Nearly full waves keep whole tiles: 1792 tiles are 97% of 14 waves.
-    assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..wide }).kernel, "matmul_nbits_f16_wgmma");
+    assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..wide }).kernel, "matmul_nbits_wgmma_f16");
     // Forced `Wgmma` keeps whole tiles; forced stream-K takes a block per chunk when there are
     // fewer chunks than SMs, splits no further and needs Hopper.
     assert_eq!(hopper(MatMulNBitsParams { variant: Some(Variant::Wgmma), ..wide }).dims.grid, (224, 1, 1));

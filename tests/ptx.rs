@@ -45,39 +45,6 @@ const ENTRY_POINTS: &[&str] = &[
     "matmul_w8a8_quantize_f16",
     "matmul_w8a8_quantize_bf16",
     "matmul_w8a8_quantize_f32",
-    "matmul_nbits_f16_decode8",
-    "matmul_nbits_bf16_decode8",
-    "matmul_nbits_f16_decode8_ahead3",
-    "matmul_nbits_bf16_decode8_ahead3",
-    "matmul_nbits_f16_decode8_packed",
-    "matmul_nbits_f16_decode8_packed_wide",
-    "matmul_nbits_bf16_decode8_packed",
-    "matmul_nbits_bf16_decode8_packed_wide",
-    "matmul_nbits_f16_decode16_packed",
-    "matmul_nbits_bf16_decode16_packed",
-    "matmul_nbits_f16_decode16_packed_wide",
-    "matmul_nbits_bf16_decode16_packed_wide",
-    "matmul_nbits_f16_decode16",
-    "matmul_nbits_bf16_decode16",
-    "matmul_nbits_f16_small",
-    "matmul_nbits_f16_large",
-    "matmul_nbits_bf16_small",
-    "matmul_nbits_bf16_large",
-    "matmul_nbits_f16_small_zf",
-    "matmul_nbits_f16_large_zf",
-    "matmul_nbits_bf16_small_zf",
-    "matmul_nbits_bf16_large_zf",
-    "matmul_nbits_f16_tiled32x128",
-    "matmul_nbits_bf16_tiled32x128",
-    "matmul_nbits_f16_tiled64x128",
-    "matmul_nbits_bf16_tiled64x128",
-    "matmul_nbits_f16_tiled128x128",
-    "matmul_nbits_bf16_tiled128x128",
-    "matmul_nbits_permute_f16",
-    "matmul_nbits_permute_bf16",
-    "matmul_nbits_reduce_f16",
-    "matmul_nbits_reduce_bf16",
-    "matmul_nbits_pack_decode",
     "paged_attention_f16_d64",
     "paged_attention_combine_f16_d64",
     "paged_attention_f16_d80",
@@ -103,25 +70,15 @@ const ENTRY_POINTS: &[&str] = &[
 ];
 
 /// The kernels only the Hopper-specific module (`sm_90a`) has: they use `wgmma`.
-const WGMMA_ENTRY_POINTS: &[&str] = &[
-    "matmul_w8a8_wgmma_f16",
-    "matmul_w8a8_wgmma_bf16",
-    "matmul_w8a8_wgmma_f32",
-    "matmul_w8a8_wgmma_partial",
-    "matmul_nbits_f16_wgmma",
-    "matmul_nbits_bf16_wgmma",
-    "matmul_nbits_f16_wgmma_pair",
-    "matmul_nbits_bf16_wgmma_pair",
-    "matmul_nbits_f16_wgmma_streamk",
-    "matmul_nbits_bf16_wgmma_streamk",
-    "matmul_nbits_f16_packed_wgmma16",
-    "matmul_nbits_bf16_packed_wgmma16",
-];
+const WGMMA_ENTRY_POINTS: &[&str] =
+    &["matmul_w8a8_wgmma_f16", "matmul_w8a8_wgmma_bf16", "matmul_w8a8_wgmma_f32", "matmul_w8a8_wgmma_partial"];
 
 /// The entries a module must have.
 fn entry_points(module: &ptx::Module) -> Vec<&'static str> {
+    use dlkern::ops::matmul_nbits;
     let extra = if module.arch_specific { WGMMA_ENTRY_POINTS } else { &[] };
-    ENTRY_POINTS.iter().chain(extra).copied().collect()
+    let matmul_nbits_extra = if module.arch_specific { matmul_nbits::HOPPER_ENTRIES } else { &[] };
+    ENTRY_POINTS.iter().chain(extra).chain(matmul_nbits::ENTRIES).chain(matmul_nbits_extra).copied().collect()
 }
 
 #[test]
@@ -149,7 +106,7 @@ fn each_module_targets_its_architecture_and_has_every_entry_point() {
 #[test]
 fn split_entries_require_clusters_of_their_splits() {
     let module = ptx::modules().find(|m| m.arch_specific).expect("an sm_90a module");
-    let clustered = [("matmul_nbits_f16_wgmma_pair", 2), ("matmul_nbits_bf16_wgmma_pair", 2)];
+    let clustered = [("matmul_nbits_wgmma_pair_f16", 2), ("matmul_nbits_wgmma_pair_bf16", 2)];
     for (entry, splits) in &clustered {
         let at = module.text.find(&format!(".visible .entry {entry}(")).expect(entry);
         let header = &module.text[at..at + module.text[at..].find("\n{").expect("a body")];
@@ -234,14 +191,14 @@ fn programmatic_dependents_wait_for_the_previous_grid() {
             "decode16_packed",
             "decode16_packed_wide",
         ];
-        let entries = decode.map(|kernel| format!("matmul_nbits_{t}_{kernel}"));
+        let entries = decode.map(|kernel| format!("matmul_nbits_{kernel}_{t}"));
         for entry in entries.into_iter().chain([format!("matmul_nbits_permute_{t}")]) {
             let text = body(&entry);
             let (wait, launch) = (text.rfind("griddepcontrol.wait;"), text.find("griddepcontrol.launch_dependents;"));
             assert!(wait.is_some() && launch.is_some() && wait < launch, "{entry}: wait, then launch_dependents");
         }
         for kernel in ["wgmma", "wgmma_pair", "wgmma_streamk"] {
-            let entry = format!("matmul_nbits_{t}_{kernel}");
+            let entry = format!("matmul_nbits_{kernel}_{t}");
             assert!(body(&entry).contains("griddepcontrol.wait;"), "{entry}: no griddepcontrol.wait");
         }
     }
@@ -278,7 +235,7 @@ fn module_selection_follows_compute_capability() {
 fn spill_budget(entry: &str) -> u64 {
     if entry.starts_with("attention_fwd_") && (entry.ends_with("_d96") || entry.ends_with("_d128")) {
         32
-    } else if entry.ends_with("_decode8_packed_wide") || entry.ends_with("_decode8_packed") {
+    } else if entry.starts_with("matmul_nbits_decode8_packed_") {
         16
     } else {
         0

@@ -35,9 +35,9 @@ const KERNEL: &str = "matmul_nbits";
 use super::layout;
 use layout::{
     CHUNK, DECODE, DECODE_COLUMNS, DECODE_PACKED_SHARED_BYTES, DECODE_SHARED_BYTES, DECODE_WIDE,
-    DECODE_WIDE_PACKED_SHARED_BYTES, DECODE8_ROWS, DECODE16_WIDE, DECODE16_WIDE_PACKED_SHARED_BYTES, Dims,
-    FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_EARLY_DEPENDENTS, FLAG_WEIGHTS_READY, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
-    LARGE_SHARED_BYTES, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS,
+    DECODE_WIDE_PACKED_SHARED_BYTES, DECODE8_ROWS, DECODE16_WIDE, DECODE16_WIDE_PACKED_SHARED_BYTES, Dims, ElementType,
+    Entry, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_EARLY_DEPENDENTS, FLAG_WEIGHTS_READY, FLAG_ZERO_T, FLAG_ZERO_U8,
+    LARGE, LARGE_SHARED_BYTES, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS,
     REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN,
     WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
@@ -57,59 +57,6 @@ pub const WGMMA_MIN_M: usize = 32;
 /// Largest M for the small-M kernels (`decode*`, `small`): they read the weights once per 16
 /// rows, which `tiled` beats from here on.
 pub const SMALL_MAX_M: usize = 16;
-
-/// The entry points of one element type (`kernels-gpu/src/matmul_nbits.rs`).
-struct KernelNames {
-    decode8: &'static str,
-    decode8_ahead3: &'static str,
-    decode16: &'static str,
-    decode8_packed: &'static str,
-    decode8_packed_wide: &'static str,
-    decode16_packed: &'static str,
-    decode16_packed_wide: &'static str,
-    packed_wgmma16: &'static str,
-    wgmma: &'static str,
-    wgmma_pair: &'static str,
-    wgmma_streamk: &'static str,
-    small: &'static str,
-    small_zf: &'static str,
-    large: &'static str,
-    large_zf: &'static str,
-    tiled32x128: &'static str,
-    tiled64x128: &'static str,
-    tiled128x128: &'static str,
-    permute: &'static str,
-    reduce: &'static str,
-}
-
-macro_rules! kernel_names {
-    ($t:literal) => {
-        KernelNames {
-            decode8: concat!("matmul_nbits_", $t, "_decode8"),
-            decode8_ahead3: concat!("matmul_nbits_", $t, "_decode8_ahead3"),
-            decode16: concat!("matmul_nbits_", $t, "_decode16"),
-            decode8_packed: concat!("matmul_nbits_", $t, "_decode8_packed"),
-            decode8_packed_wide: concat!("matmul_nbits_", $t, "_decode8_packed_wide"),
-            decode16_packed: concat!("matmul_nbits_", $t, "_decode16_packed"),
-            decode16_packed_wide: concat!("matmul_nbits_", $t, "_decode16_packed_wide"),
-            packed_wgmma16: concat!("matmul_nbits_", $t, "_packed_wgmma16"),
-            wgmma: concat!("matmul_nbits_", $t, "_wgmma"),
-            wgmma_pair: concat!("matmul_nbits_", $t, "_wgmma_pair"),
-            wgmma_streamk: concat!("matmul_nbits_", $t, "_wgmma_streamk"),
-            small: concat!("matmul_nbits_", $t, "_small"),
-            small_zf: concat!("matmul_nbits_", $t, "_small_zf"),
-            large: concat!("matmul_nbits_", $t, "_large"),
-            large_zf: concat!("matmul_nbits_", $t, "_large_zf"),
-            tiled32x128: concat!("matmul_nbits_", $t, "_tiled32x128"),
-            tiled64x128: concat!("matmul_nbits_", $t, "_tiled64x128"),
-            tiled128x128: concat!("matmul_nbits_", $t, "_tiled128x128"),
-            permute: concat!("matmul_nbits_permute_", $t),
-            reduce: concat!("matmul_nbits_reduce_", $t),
-        }
-    };
-}
-const F16_KERNELS: KernelNames = kernel_names!("f16");
-const BF16_KERNELS: KernelNames = kernel_names!("bf16");
 
 /// How the zero points are given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,11 +219,12 @@ impl MatMulNBitsParams {
         let sms = multiprocessors.max(1) as usize;
         let bad = |m: String| Error::invalid(KERNEL, m);
         let typed = p.zero_points == ZeroPointKind::Typed;
-        let names = match p.dtype {
-            DType::F16 => &F16_KERNELS,
-            DType::BF16 => &BF16_KERNELS,
+        let t = match p.dtype {
+            DType::F16 => ElementType::F16,
+            DType::BF16 => ElementType::Bf16,
             other => return Err(bad(format!("dtype {other} not supported on the GPU (f16, bf16)"))),
         };
+        let name = |entry: Entry| entry.name(t);
         for (name, v) in [("M", p.m), ("N", p.n), ("K", p.k)] {
             if v == 0 || v > i32::MAX as usize {
                 return Err(bad(format!("{name} = {v} (must be 1..=2^31-1)")));
@@ -351,25 +299,25 @@ impl MatMulNBitsParams {
         // 128 x 64 with twice the blocks at M = 128 and 256: each warp then does twice the
         // `mma`s per chunk for the same copies and dequantization).
         let (tiled, tiled_kernel): (Tiling, _) = if p.m <= TILED32X128.block_m() {
-            (TILED32X128, names.tiled32x128)
+            (TILED32X128, name(Entry::Tiled32x128))
         } else if p.m <= TILED64X128.block_m() {
-            (TILED64X128, names.tiled64x128)
+            (TILED64X128, name(Entry::Tiled64x128))
         } else {
-            (TILED128X128, names.tiled128x128)
+            (TILED128X128, name(Entry::Tiled128x128))
         };
         let (kernel, tiling) = match variant {
-            Variant::Small if decode => (if rows8 { names.decode8 } else { names.decode16 }, DECODE),
-            Variant::Small => (if typed { names.small_zf } else { names.small }, SMALL),
-            Variant::Large => (if typed { names.large_zf } else { names.large }, LARGE),
+            Variant::Small if decode => (if rows8 { name(Entry::Decode8) } else { name(Entry::Decode16) }, DECODE),
+            Variant::Small => (if typed { name(Entry::SmallZf) } else { name(Entry::Small) }, SMALL),
+            Variant::Large => (if typed { name(Entry::LargeZf) } else { name(Entry::Large) }, LARGE),
             Variant::Tiled => (tiled_kernel, tiled),
             // (`Packed` was resolved to one of the two above.)
             Variant::Packed | Variant::PackedMma => {
-                (if rows8 { names.decode8_packed } else { names.decode16_packed }, DECODE)
+                (if rows8 { name(Entry::Decode8Packed) } else { name(Entry::Decode16Packed) }, DECODE)
             }
-            Variant::PackedWgmma => (names.packed_wgmma16, PACKED_WGMMA),
+            Variant::PackedWgmma => (name(Entry::PackedWgmma16), PACKED_WGMMA),
             // The same block tile and threads as `tiled128x128` (two warpgroups of 64 x 128).
             // (Stream-K's entry is named below, once the planner may have chosen it.)
-            Variant::Wgmma | Variant::WgmmaStreamK => (names.wgmma, TILED128X128),
+            Variant::Wgmma | Variant::WgmmaStreamK => (name(Entry::Wgmma), TILED128X128),
         };
         let (bm, bn, threads) = match variant {
             Variant::PackedWgmma => (SMALL_MAX_M, tiling.block_n(), tiling.threads()),
@@ -406,7 +354,7 @@ impl MatMulNBitsParams {
         if variant == Variant::WgmmaStreamK && p.splits > 1 {
             return Err(bad(format!("variant WgmmaStreamK does not split K by `splits` ({} asked)", p.splits)));
         }
-        let kernel = if variant == Variant::WgmmaStreamK { names.wgmma_streamk } else { kernel };
+        let kernel = if variant == Variant::WgmmaStreamK { name(Entry::WgmmaStreamK) } else { kernel };
         // Split K until there are about four blocks per SM (`large`; one for `small`, whose
         // warps already split K four ways, and for `tiled`, whose ring fills the SM's shared
         // memory), or one chunk per split.
@@ -434,7 +382,7 @@ impl MatMulNBitsParams {
         // at M = 1 with 256 blocks); a larger grid runs better on `decode8`'s 3 blocks per SM.
         // (`decode8_packed` always loads 3 ahead.)
         let kernel =
-            if decode && rows8 && tiles_m * tiles_n * splits <= 2 * sms { names.decode8_ahead3 } else { kernel };
+            if decode && rows8 && tiles_m * tiles_n * splits <= 2 * sms { name(Entry::Decode8Ahead3) } else { kernel };
         // `decode8_packed_wide` (8 warps on the same block tile, 2 blocks per SM) while the grid
         // fits one wave of it, `decode8_packed` (4 warps, 4 blocks per SM since v28, 3 before)
         // beyond. Measured on the H200 (2026-12-01, docs/perf-notes/matmul_nbits.md v23): 256
@@ -447,16 +395,16 @@ impl MatMulNBitsParams {
         // The wide build's name, threads and shared bytes, where it runs.
         let wide = (variant == Variant::PackedMma && tiles_m * tiles_n * splits <= 2 * sms).then(|| {
             if rows8 {
-                (names.decode8_packed_wide, DECODE_WIDE.threads(), DECODE_WIDE_PACKED_SHARED_BYTES)
+                (name(Entry::Decode8PackedWide), DECODE_WIDE.threads(), DECODE_WIDE_PACKED_SHARED_BYTES)
             } else {
-                (names.decode16_packed_wide, DECODE16_WIDE.threads(), DECODE16_WIDE_PACKED_SHARED_BYTES)
+                (name(Entry::Decode16PackedWide), DECODE16_WIDE.threads(), DECODE16_WIDE_PACKED_SHARED_BYTES)
             }
         });
         let (kernel, threads) = wide.map_or((kernel, threads), |(name, threads, _)| (name, threads));
         // Two splits of `wgmma` run as clusters of the pair, which sum through distributed
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
-        let kernel = if pair { names.wgmma_pair } else { kernel };
+        let kernel = if pair { name(Entry::WgmmaPair) } else { kernel };
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
         let reduced = splits > 1 && !pair;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
@@ -525,11 +473,11 @@ impl MatMulNBitsParams {
                 block: (PERMUTE_THREADS as u32, 1, 1),
                 shared_bytes: 0,
             };
-            (names.permute, dims)
+            (name(Entry::Permute), dims)
         });
         let reduce = reduced.then(|| {
             let grid = ((p.m * p.n).div_ceil(REDUCE_THREADS) as u32, 1, 1);
-            (names.reduce, LaunchDims { grid, block: (REDUCE_THREADS as u32, 1, 1), shared_bytes: 0 })
+            (name(Entry::Reduce), LaunchDims { grid, block: (REDUCE_THREADS as u32, 1, 1), shared_bytes: 0 })
         });
         if (p.m * p.n).div_ceil(REDUCE_THREADS) > i32::MAX as usize {
             return Err(bad("M x N too large for the reduction grid".into()));
@@ -852,7 +800,7 @@ pub unsafe fn pack_for_decode_raw(
     let zeros = if params.zero_points == ZeroPointKind::PackedU8 { zero_points } else { 0 };
     let params = KernelParams::new().pointers(&[b, scales, zeros, packed]).value(args);
     // SAFETY: four pointers and Dims, as the kernel declares; validity by the caller's contract.
-    unsafe { device.launch("matmul_nbits_pack_decode", dims, stream, params) }
+    unsafe { device.launch(layout::PACK_DECODE_ENTRY, dims, stream, params) }
 }
 
 /// [`pack_for_decode_raw`] over cudarc slices (safe: lengths are checked against the params):

@@ -4,12 +4,16 @@
 //! validates and launches, `reference.rs` is the CPU oracle, `pack.rs` the weight layouts; the
 //! device code is `kernels-gpu/src/matmul_nbits`.
 
-/// The tile shapes and argument structs shared with the kernels: the device crate's own
-/// source, compiled here too, so a launch cannot disagree with its kernel (the host uses only
-/// part of it).
+/// The entry-point names, tile shapes and argument structs shared with the kernels: the device
+/// crate's own source, compiled here too, so a launch cannot disagree with its kernel (the host
+/// uses only part of it).
 #[allow(dead_code)]
 #[path = "../../../kernels-gpu/src/matmul_nbits/layout.rs"]
 pub(crate) mod layout;
+
+/// The family's entry points: [`ENTRIES`] in every PTX module, [`HOPPER_ENTRIES`] in the
+/// sm_90a one only (`matmul_nbits_<variant>_<dtype>`, and `matmul_nbits_pack_decode`).
+pub use layout::{ENTRIES, HOPPER_ENTRIES};
 
 pub mod launch;
 pub mod op;

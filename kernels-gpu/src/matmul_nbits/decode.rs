@@ -1,7 +1,7 @@
 //! The small-M kernels of `matmul_nbits` (M <= 16): `decode*`, over the `MatMulNBits` layout
 //! or B repacked once (`*_packed`), and `small`, which takes any zero points and blocks.
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_{decode8,decode8_ahead3,decode16,small}[_zf]`
+//! # Launch contract: `matmul_nbits_{decode8,decode8_ahead3,decode16,small}[_zf]_{f16,bf16}`
 //! - `small`: warp tile 16 x 32, 4 warps splitting the block's K chunks (block tile 16 x 32),
 //!   block `(128, 1, 1)`, 6144 bytes of static shared memory for the warps' partial sums, no
 //!   dynamic shared memory. `a`, `b`, `y` need no alignment beyond their element type (16-byte

@@ -48,8 +48,11 @@
 //! - [`layout`]: tile shapes, flags and the scalar-argument struct, compiled into the host
 //!   launcher too.
 //!
-//! The entry points are all instantiated here, below: `matmul_nbits_{f16,bf16}_<variant>`,
-//! `matmul_nbits_{permute,reduce}_{f16,bf16}` and `matmul_nbits_pack_decode`.
+//! The entry points are all instantiated here, below: `matmul_nbits_<variant>_{f16,bf16}` and
+//! `matmul_nbits_pack_decode`, the names of [`layout::ENTRIES`] and, in the sm_90a module,
+//! [`layout::HOPPER_ENTRIES`] (whose [`layout::Entry`] the host launchers name them by). Rust
+//! cannot make a symbol from a string, so they are spelled here again; tests check that the
+//! PTX has exactly the table's entries.
 
 mod common;
 mod decode;
@@ -205,39 +208,39 @@ macro_rules! matmul_nbits_entries {
 
 matmul_nbits_entries!(
     F16,
-    matmul_nbits_f16_decode8,
-    matmul_nbits_f16_decode8_ahead3,
-    matmul_nbits_f16_decode16,
-    matmul_nbits_f16_decode8_packed,
-    matmul_nbits_f16_decode8_packed_wide,
-    matmul_nbits_f16_decode16_packed,
-    matmul_nbits_f16_decode16_packed_wide,
-    matmul_nbits_f16_small,
-    matmul_nbits_f16_small_zf,
-    matmul_nbits_f16_large,
-    matmul_nbits_f16_large_zf,
-    matmul_nbits_f16_tiled32x128,
-    matmul_nbits_f16_tiled64x128,
-    matmul_nbits_f16_tiled128x128,
+    matmul_nbits_decode8_f16,
+    matmul_nbits_decode8_ahead3_f16,
+    matmul_nbits_decode16_f16,
+    matmul_nbits_decode8_packed_f16,
+    matmul_nbits_decode8_packed_wide_f16,
+    matmul_nbits_decode16_packed_f16,
+    matmul_nbits_decode16_packed_wide_f16,
+    matmul_nbits_small_f16,
+    matmul_nbits_small_zf_f16,
+    matmul_nbits_large_f16,
+    matmul_nbits_large_zf_f16,
+    matmul_nbits_tiled32x128_f16,
+    matmul_nbits_tiled64x128_f16,
+    matmul_nbits_tiled128x128_f16,
     matmul_nbits_permute_f16,
     matmul_nbits_reduce_f16
 );
 matmul_nbits_entries!(
     Bf16,
-    matmul_nbits_bf16_decode8,
-    matmul_nbits_bf16_decode8_ahead3,
-    matmul_nbits_bf16_decode16,
-    matmul_nbits_bf16_decode8_packed,
-    matmul_nbits_bf16_decode8_packed_wide,
-    matmul_nbits_bf16_decode16_packed,
-    matmul_nbits_bf16_decode16_packed_wide,
-    matmul_nbits_bf16_small,
-    matmul_nbits_bf16_small_zf,
-    matmul_nbits_bf16_large,
-    matmul_nbits_bf16_large_zf,
-    matmul_nbits_bf16_tiled32x128,
-    matmul_nbits_bf16_tiled64x128,
-    matmul_nbits_bf16_tiled128x128,
+    matmul_nbits_decode8_bf16,
+    matmul_nbits_decode8_ahead3_bf16,
+    matmul_nbits_decode16_bf16,
+    matmul_nbits_decode8_packed_bf16,
+    matmul_nbits_decode8_packed_wide_bf16,
+    matmul_nbits_decode16_packed_bf16,
+    matmul_nbits_decode16_packed_wide_bf16,
+    matmul_nbits_small_bf16,
+    matmul_nbits_small_zf_bf16,
+    matmul_nbits_large_bf16,
+    matmul_nbits_large_zf_bf16,
+    matmul_nbits_tiled32x128_bf16,
+    matmul_nbits_tiled64x128_bf16,
+    matmul_nbits_tiled128x128_bf16,
     matmul_nbits_permute_bf16,
     matmul_nbits_reduce_bf16
 );
@@ -249,19 +252,19 @@ mod hopper {
 
     // The entries name the generic function itself (always inlined), not a closure around it: a
     // closure may stay a call, which costs a stack frame.
-    matmul_nbits_entry!(matmul_nbits_f16_wgmma, F16, wgmma::matmul_nbits_wgmma::<F16, false>);
-    matmul_nbits_entry!(matmul_nbits_bf16_wgmma, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, false>);
-    matmul_nbits_entry!(matmul_nbits_f16_wgmma_pair, F16, wgmma::matmul_nbits_wgmma::<F16, true>);
-    matmul_nbits_entry!(matmul_nbits_bf16_wgmma_pair, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, true>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_f16, F16, wgmma::matmul_nbits_wgmma::<F16, false>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_bf16, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, false>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_pair_f16, F16, wgmma::matmul_nbits_wgmma::<F16, true>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_pair_bf16, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, true>);
     // The pair entries run as clusters of the two splits of a tile (grid z = 2).
-    crate::entry_directive!(matmul_nbits_f16_wgmma_pair, ".reqnctapercluster 1, 1, 2");
-    crate::entry_directive!(matmul_nbits_bf16_wgmma_pair, ".reqnctapercluster 1, 1, 2");
-    matmul_nbits_entry!(matmul_nbits_f16_wgmma_streamk, F16, wgmma::matmul_nbits_wgmma_streamk::<F16>);
-    matmul_nbits_entry!(matmul_nbits_bf16_wgmma_streamk, Bf16, wgmma::matmul_nbits_wgmma_streamk::<Bf16>);
+    crate::entry_directive!(matmul_nbits_wgmma_pair_f16, ".reqnctapercluster 1, 1, 2");
+    crate::entry_directive!(matmul_nbits_wgmma_pair_bf16, ".reqnctapercluster 1, 1, 2");
+    matmul_nbits_entry!(matmul_nbits_wgmma_streamk_f16, F16, wgmma::matmul_nbits_wgmma_streamk::<F16>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_streamk_bf16, Bf16, wgmma::matmul_nbits_wgmma_streamk::<Bf16>);
 
     // The 16-token build without K splits: what the planner runs (`Packed` where M > 8 and N alone
     // fills the GPU). The 8-token build and the K splits as clusters of 2 or 4 blocks were never
     // its choice and were removed (benches/pruned.md; the code is at 20fc28c).
-    matmul_nbits_entry!(matmul_nbits_f16_packed_wgmma16, F16, packed_wgmma::matmul_nbits_packed_wgmma::<F16, 2>);
-    matmul_nbits_entry!(matmul_nbits_bf16_packed_wgmma16, Bf16, packed_wgmma::matmul_nbits_packed_wgmma::<Bf16, 2>);
+    matmul_nbits_entry!(matmul_nbits_packed_wgmma16_f16, F16, packed_wgmma::matmul_nbits_packed_wgmma::<F16, 2>);
+    matmul_nbits_entry!(matmul_nbits_packed_wgmma16_bf16, Bf16, packed_wgmma::matmul_nbits_packed_wgmma::<Bf16, 2>);
 }

@@ -29,7 +29,7 @@
 //! rewritten three chunks after its last `wgmma` was issued, and every thread has by then
 //! passed a barrier after both warpgroups waited for that `wgmma`.
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_packed_wgmma16`
+//! # Launch contract: `matmul_nbits_packed_wgmma16_{f16,bf16}`
 //! - M <= 16 (`m64n16k16`; the planner runs it for M > 8).
 //! - `b` holds the records of `W4Weights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column
 //!   tile and K chunk, tile-major), 16-byte aligned; `scales`, `zeros_u8`, `zeros_t` and

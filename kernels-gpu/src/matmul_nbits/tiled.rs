@@ -2,13 +2,13 @@
 //! of at least 32) over a copy of A permuted into the weights' K order (`permute`, which the
 //! Hopper `wgmma` kernels read too), and `large`, which takes any zero points and alignment.
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_large[_zf]`
+//! # Launch contract: `matmul_nbits_large[_zf]_{f16,bf16}`
 //! - warp tile 64 x 32, 2 x 4 warps (block tile 128 x 128), block `(256, 1, 1)`; dynamic shared
 //!   memory `BM * 272` bytes (one K chunk of A at a time).
 //! - `a`, `b`, `y` need no alignment beyond their element type (16-byte vector loads are used
 //!   when `flags` says the rows allow them). Grid, splits and outputs as the family's docs say.
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_tiled{32x128,64x128,128x128}`
+//! # Launch contract: `matmul_nbits_tiled{32x128,64x128,128x128}_{f16,bf16}`
 //! - `a` is the permuted copy of A (`matmul_nbits_permute_*`, rows of `ceil(K / 128) * 128`
 //!   elements, 16-byte aligned); zero points none or u8; `block_size >= 32`; `b` 16-byte
 //!   aligned with `row_bytes % 16 == 0` (always so for blocks of 32 or more).

@@ -16,7 +16,7 @@
 //! barrier per chunk, so the warpgroups wait only for what they use next and do not run in
 //! lockstep (docs/perf-notes/matmul_nbits.md, v30).
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma`
+//! # Launch contract: `matmul_nbits_wgmma_{f16,bf16}`
 //! - `a` is the permuted copy of A (`matmul_nbits_permute_*`: rows of `ceil(K / 128) * 128`
 //!   elements, zero past K), 16-byte aligned.
 //! - grid `(ceil(N / 128), ceil(M / 128), splits)`, block `(256, 1, 1)` (two warpgroups of 64
@@ -30,8 +30,8 @@
 //!   outputs as in [`super`] (`y` (+ bias) unsplit, else f32 partial sums to
 //!   `workspace [splits, M, N]` for `matmul_nbits_reduce_*`).
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma_streamk`
-//! - as `matmul_nbits_{f16,bf16}_wgmma`, but over a stream-K partition
+//! # Launch contract: `matmul_nbits_wgmma_streamk_{f16,bf16}`
+//! - as `matmul_nbits_wgmma_{f16,bf16}`, but over a stream-K partition
 //!   ([`StreamKBlock`]): grid `(blocks, 1, 1)` with `blocks` at most the tiles' total chunk
 //!   count and at most one resident block per SM (the shared memory allows no more), block
 //!   `(256, 1, 1)`, dynamic shared memory [`WGMMA_SHARED_BYTES`]; `chunks_per_split` unused.
@@ -40,7 +40,7 @@
 //! - A block waits for lower blocks only; that ends as long as blocks that cannot all be
 //!   resident at once start in index order (as CUDA schedules them).
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma_pair`
+//! # Launch contract: `matmul_nbits_wgmma_pair_{f16,bf16}`
 //! - as above with exactly two splits (grid z = 2): the entry requires clusters of `(1, 1, 2)`
 //!   blocks (`.reqnctapercluster`), so a plain launch pairs the two splits of each tile, which
 //!   sum through distributed shared memory; `y` (+ bias) is written, `workspace` is unused.
@@ -452,7 +452,7 @@ pub(crate) unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
 }
 
 /// # Safety
-/// The launch contract of `matmul_nbits_{f16,bf16}_wgmma_streamk` in the module docs.
+/// The launch contract of `matmul_nbits_wgmma_streamk_{f16,bf16}` in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement>(
