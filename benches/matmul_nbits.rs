@@ -17,9 +17,8 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::ops::matmul_nbits::launch::{
-    MatMulNBitsParams, MatMulNBitsPointers, Variant, WeightsWritten, ZeroPointKind, matmul_nbits_raw_with,
-};
+use dlkern::ops::matmul_nbits::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_with};
+use dlkern::ops::matmul_nbits::plan::{MatMulNBitsParams, Variant, ZeroPointKind};
 use half::f16;
 use std::time::Duration;
 

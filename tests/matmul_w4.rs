@@ -187,14 +187,14 @@ fn registry_kernel_reports_format_errors() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GPU kernels (`dlkern::ops::matmul_nbits::launch`) against the f64 reference.
+// GPU kernels (`dlkern::ops::matmul_nbits::{plan, launch}`) against the f64 reference.
 
 mod gpu {
     use super::common::{Rng, gpu, unit_roundoff};
     use super::variant_of;
     use cudarc::driver::{CudaSlice, CudaStream};
-    use dlkern::ops::matmul_nbits::launch::*;
     use dlkern::ops::matmul_nbits::pack::{W4Weights, ZeroPoints as HostZeros, matmul_reference, quantize};
+    use dlkern::ops::matmul_nbits::{launch::*, plan::*};
     use dlkern::runtime::Device;
     use dlkern::{DType, Element};
     use half::{bf16, f16};
@@ -930,7 +930,7 @@ fn ptx_entries_are_the_table() {
 #[test]
 fn device_packing_plan_covers_every_record_and_refuses_what_packed_cannot_hold() {
     use dlkern::DType;
-    use dlkern::ops::matmul_nbits::launch::*;
+    use dlkern::ops::matmul_nbits::plan::*;
     let p = MatMulNBitsParams {
         dtype: DType::BF16,
         m: 1,
@@ -960,7 +960,7 @@ fn device_packing_plan_covers_every_record_and_refuses_what_packed_cannot_hold()
 #[test]
 fn gpu_plan_validates_and_splits() {
     use dlkern::DType;
-    use dlkern::ops::matmul_nbits::launch::*;
+    use dlkern::ops::matmul_nbits::plan::*;
     let ok = MatMulNBitsParams {
         dtype: DType::F16,
         m: 1,

@@ -7,10 +7,8 @@ use std::any::Any;
 
 use cudarc::driver::sys::{CUresult, CUstream};
 
-use super::launch::{
-    MatMulNBitsParams, MatMulNBitsPointers, RowAlignment, Variant, WeightsWritten, ZeroPointKind,
-    matmul_nbits_raw_with, pack_for_decode_raw,
-};
+use super::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_with, pack_for_decode_raw};
+use super::plan::{MatMulNBitsParams, RowAlignment, Variant, ZeroPointKind};
 use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
