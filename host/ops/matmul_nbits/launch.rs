@@ -159,7 +159,7 @@ pub enum ZeroPoints<'a, T> {
 }
 
 /// The weight of a [`matmul_nbits`] call in `MatMulNBits` layout.
-pub struct W4Device<'a, T> {
+pub struct MatMulNBitsDeviceWeights<'a, T> {
     pub b: &'a CudaSlice<u8>,
     pub scales: &'a CudaSlice<T>,
     pub zero_points: ZeroPoints<'a, T>,
@@ -172,7 +172,7 @@ pub fn matmul_nbits<T: Element>(
     stream: &Arc<CudaStream>,
     params: &MatMulNBitsParams,
     a: &CudaSlice<T>,
-    w: &W4Device<T>,
+    w: &MatMulNBitsDeviceWeights<T>,
     bias: Option<&CudaSlice<T>>,
     y: &mut CudaSlice<T>,
 ) -> Result<MatMulNBitsPlan> {
@@ -233,7 +233,7 @@ pub fn matmul_nbits<T: Element>(
 
 /// Repacks B, its scales and zero points for [`Variant::Packed`] on the device: the
 /// [`MatMulNBitsParams::packed_bytes`] that
-/// [`W4Weights::pack_for_decode`](crate::ops::matmul_nbits::pack::W4Weights::pack_for_decode) builds on the
+/// [`MatMulNBitsWeights::pack_for_decode`](crate::ops::matmul_nbits::pack::MatMulNBitsWeights::pack_for_decode) builds on the
 /// host, byte for byte. `zero_points` is read only for [`ZeroPointKind::PackedU8`].
 ///
 /// # Safety
@@ -269,7 +269,7 @@ pub fn pack_for_decode<T: Element>(
     device: &Device,
     stream: &Arc<CudaStream>,
     params: &MatMulNBitsParams,
-    w: &W4Device<T>,
+    w: &MatMulNBitsDeviceWeights<T>,
 ) -> Result<CudaSlice<u8>> {
     let p = params;
     if T::DTYPE != p.dtype {

@@ -20,3 +20,4 @@ pub mod launch;
 pub mod op;
 pub mod pack;
 pub mod plan;
+pub mod reference;

@@ -77,7 +77,7 @@ pub enum Variant {
     /// weights: large M with integer zero points and blocks of at least 32. Runs `Large` when
     /// the rows of B are not 16-byte aligned.
     Tiled,
-    /// B repacked by [`crate::ops::matmul_nbits::pack::W4Weights::pack_for_decode`] (then passed as `b`; the
+    /// B repacked by [`crate::ops::matmul_nbits::pack::MatMulNBitsWeights::pack_for_decode`] (then passed as `b`; the
     /// scales and zero points are read from it): M <= 16, integer zero points, blocks of at
     /// least 128, 16-byte aligned A and B. The planner runs [`Variant::PackedWgmma`] where the
     /// GPU has `wgmma`, M > 8, `ceil(N / 128)` is at least the SM count (measured faster
@@ -196,7 +196,7 @@ impl MatMulNBitsParams {
     }
 
     /// Bytes of B repacked for [`Variant::Packed`]
-    /// ([`crate::ops::matmul_nbits::pack::W4Weights::pack_for_decode`]).
+    /// ([`crate::ops::matmul_nbits::pack::MatMulNBitsWeights::pack_for_decode`]).
     pub fn packed_bytes(&self) -> usize {
         self.n.div_ceil(DECODE_COLUMNS) * self.k.div_ceil(CHUNK) * layout::PACKED_RECORD_BYTES
     }

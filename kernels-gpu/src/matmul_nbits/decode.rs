@@ -13,7 +13,7 @@
 //! - `decode*` only: zero points none or u8, `block_size >= 128`, `K % 8 == 0`, `a` and `b`
 //!   16-byte aligned and `row_bytes % 16 == 0`.
 //! - `decode8_packed` / `decode16_packed`: as `decode8_ahead3` / `decode16`, but `b` holds the
-//!   records of `W4Weights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column tile and K
+//!   records of `MatMulNBitsWeights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column tile and K
 //!   chunk, tile-major; the scales and zero points are read from them), and the dynamic shared
 //!   memory is `DECODE_PACKED_SHARED_BYTES`.
 //! - `decode8_packed_wide`: `decode8_packed` with `DECODE_WIDE_WARPS` = 8 warps splitting K,

@@ -4,7 +4,7 @@
 //! # Launch contract: `matmul_nbits_pack_decode(b, scales, zeros_u8, packed, dims)`
 //! - Writes the records `decode*_packed` read (`PACKED_RECORD_BYTES` per 32-column tile and K
 //!   chunk, tile-major; the layout's docs) from B in `MatMulNBits` layout: the device twin of
-//!   `W4Weights::pack_for_decode`. Any element type: the scales are copied as 16-bit words.
+//!   `MatMulNBitsWeights::pack_for_decode`. Any element type: the scales are copied as 16-bit words.
 //! - grid `(ceil(N / 32) * ceil(K / 128), 1, 1)`, block `(PACK_THREADS, 1, 1)`, no shared memory.
 //! - `dims`: `n`, `k`, `block_shift` (`block_size >= 128`), `row_bytes` (a multiple of 16),
 //!   `k_blocks` and `flags & FLAG_ZERO_U8` (zero points u8 `[N, ceil(k_blocks / 2)]`;

@@ -1,6 +1,6 @@
 //! W4A16 for small M on Hopper's warpgroup tensor cores (`wgmma`, sm_90a module only): the
 //! operation of [`super`] for M <= 16 over B repacked by
-//! `W4Weights::pack_for_decode` (the records `decode*_packed` read).
+//! `MatMulNBitsWeights::pack_for_decode` (the records `decode*_packed` read).
 //!
 //! The `mma.sync` decode kernels give each warp its own K chunks, so each warp loads its own
 //! copy of every chunk's activations into registers (as many bytes per lane as the weights at
@@ -31,7 +31,7 @@
 //!
 //! # Launch contract: `matmul_nbits_packed_wgmma16_{f16,bf16}`
 //! - M <= 16 (`m64n16k16`; the planner runs it for M > 8).
-//! - `b` holds the records of `W4Weights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column
+//! - `b` holds the records of `MatMulNBitsWeights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column
 //!   tile and K chunk, tile-major), 16-byte aligned; `scales`, `zeros_u8`, `zeros_t` and
 //!   `workspace` are not read. `a` 16-byte aligned with `K % 8 == 0`; `block_size >= 128`.
 //! - grid `(ceil(N / 128), 1, 1)`, block `(256, 1, 1)`, dynamic shared memory

@@ -6,7 +6,8 @@ mod common;
 
 use common::{Host, Rng, on_cuda};
 use dlkern::dlpack::DLTensor;
-use dlkern::ops::matmul_nbits::pack::{W4Weights, ZeroPoints, matmul_reference, quantize};
+use dlkern::ops::matmul_nbits::pack::{MatMulNBitsWeights, ZeroPoints, quantize};
+use dlkern::ops::matmul_nbits::reference::matmul_reference;
 use dlkern::registry::{self, AttrValue, Attributes};
 use proptest::prelude::*;
 
@@ -38,7 +39,7 @@ proptest! {
 #[test]
 fn packing_is_low_nibble_first_along_k() {
     // One row, K = 20 in blocks of 16: codes 0..15 then 4 values and padding.
-    let q = W4Weights {
+    let q = MatMulNBitsWeights {
         n: 1,
         k: 20,
         block_size: 16,
@@ -193,7 +194,8 @@ mod gpu {
     use super::common::{Rng, gpu, unit_roundoff};
     use super::variant_of;
     use cudarc::driver::{CudaSlice, CudaStream};
-    use dlkern::ops::matmul_nbits::pack::{W4Weights, ZeroPoints as HostZeros, matmul_reference, quantize};
+    use dlkern::ops::matmul_nbits::pack::{MatMulNBitsWeights, ZeroPoints as HostZeros, quantize};
+    use dlkern::ops::matmul_nbits::reference::matmul_reference;
     use dlkern::ops::matmul_nbits::{launch::*, plan::*};
     use dlkern::runtime::Device;
     use dlkern::{DType, Element};
@@ -206,7 +208,7 @@ mod gpu {
     #[derive(Clone)]
     struct Problem<T> {
         p: MatMulNBitsParams,
-        w: W4Weights,
+        w: MatMulNBitsWeights,
         a: Vec<T>,
         bias: Option<Vec<T>>,
         zeros_t: Vec<T>,
@@ -257,7 +259,7 @@ mod gpu {
             };
             let bias = self.bias.as_ref().map(|b| stream.clone_htod(b).unwrap());
             let mut y = stream.clone_htod(&vec![T::from_f64(-7.0); self.p.m * self.p.n]).unwrap();
-            let w = W4Device { b: &b, scales: &scales, zero_points };
+            let w = MatMulNBitsDeviceWeights { b: &b, scales: &scales, zero_points };
             let plan = matmul_nbits(&device, &stream, &self.p, &a, &w, bias.as_ref(), &mut y)
                 .unwrap_or_else(|e| panic!("{:?}: {e}", self.p));
             (stream.clone_dtoh(&y).unwrap(), plan)
@@ -644,7 +646,7 @@ mod gpu {
         );
     }
 
-    /// The device packer writes what `W4Weights::pack_for_decode` writes, byte for byte: N off
+    /// The device packer writes what `MatMulNBitsWeights::pack_for_decode` writes, byte for byte: N off
     /// the 32-column tile (33, 97, 100), K ending inside a chunk and inside a block (1000,
     /// 1096, 4104), blocks 128 and 256, both integer zero-point kinds, both types.
     #[test]
@@ -669,11 +671,21 @@ mod gpu {
                     let got = if dtype == DType::F16 {
                         let scales = stream.clone_htod(bytemuck::cast_slice::<u16, f16>(&bits)).unwrap();
                         let zero_points = zp.as_ref().map_or(ZeroPoints::Default, ZeroPoints::PackedU8);
-                        pack_for_decode(&device, &stream, &p, &W4Device { b: &b, scales: &scales, zero_points })
+                        pack_for_decode(
+                            &device,
+                            &stream,
+                            &p,
+                            &MatMulNBitsDeviceWeights { b: &b, scales: &scales, zero_points },
+                        )
                     } else {
                         let scales = stream.clone_htod(bytemuck::cast_slice::<u16, bf16>(&bits)).unwrap();
                         let zero_points = zp.as_ref().map_or(ZeroPoints::Default, ZeroPoints::PackedU8);
-                        pack_for_decode(&device, &stream, &p, &W4Device { b: &b, scales: &scales, zero_points })
+                        pack_for_decode(
+                            &device,
+                            &stream,
+                            &p,
+                            &MatMulNBitsDeviceWeights { b: &b, scales: &scales, zero_points },
+                        )
                     };
                     let got = stream.clone_dtoh(&got.unwrap_or_else(|e| panic!("{p:?}: {e}"))).unwrap();
                     assert_eq!(got.len(), p.packed_bytes(), "{p:?}");
@@ -689,11 +701,11 @@ mod gpu {
         let b = stream.clone_htod(&pr.w.b).unwrap();
         let scales = stream.clone_htod(&vec![f16::ONE; 32 * 4]).unwrap();
         let zp = stream.clone_htod(&vec![0x88u8; 32 * 2]).unwrap();
-        let w = W4Device { b: &b, scales: &scales, zero_points: ZeroPoints::PackedU8(&zp) };
+        let w = MatMulNBitsDeviceWeights { b: &b, scales: &scales, zero_points: ZeroPoints::PackedU8(&zp) };
         let err = pack_for_decode(&device, &stream, &p, &w).unwrap_err().to_string();
         assert!(err.contains("block_size >= 128, got 64"), "{err}");
         let p = MatMulNBitsParams { block_size: 128, ..p };
-        let w = W4Device { zero_points: ZeroPoints::Default, ..w };
+        let w = MatMulNBitsDeviceWeights { zero_points: ZeroPoints::Default, ..w };
         let err = pack_for_decode(&device, &stream, &p, &w).unwrap_err().to_string();
         assert!(err.contains("must match the slices"), "{err}");
         let p = MatMulNBitsParams { zero_points: ZeroPointKind::Default, n: 64, ..p };
@@ -1168,7 +1180,7 @@ struct RegistryProblem {
     n: usize,
     block: usize,
     a: Vec<half::f16>,
-    q: W4Weights,
+    q: MatMulNBitsWeights,
     zp: Vec<u8>,
     scales: Vec<half::f16>,
     bias: Vec<half::f16>,
@@ -1176,7 +1188,8 @@ struct RegistryProblem {
 }
 
 /// A, B, scales, zero points, the absent g_idx, bias and Y as host tensors.
-type NBitsHosts = (Host<half::f16>, Host<u8>, Host<half::f16>, Host<u8>, Host<i32>, Host<half::f16>, Host<half::f16>);
+type MatMulNBitsHosts =
+    (Host<half::f16>, Host<u8>, Host<half::f16>, Host<u8>, Host<i32>, Host<half::f16>, Host<half::f16>);
 
 impl RegistryProblem {
     fn new(max_m: usize, k: usize, n: usize, block: usize, seed: u64) -> Self {
@@ -1191,7 +1204,7 @@ impl RegistryProblem {
         RegistryProblem { k, n, block, a, q, zp, scales, bias, attrs: attrs(k, n, block) }
     }
 
-    fn hosts(&self, m: usize) -> NBitsHosts {
+    fn hosts(&self, m: usize) -> MatMulNBitsHosts {
         let (k, n, kb) = (self.k as i64, self.n as i64, self.q.k_blocks() as i64);
         (
             Host::new(self.a[..m * self.k].to_vec(), &[m as i64, k]),
