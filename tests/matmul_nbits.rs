@@ -606,6 +606,20 @@ mod gpu {
         }
     }
 
+    /// Whether the GPU runs the sm_90a module; elsewhere checks that `variant` (one of its
+    /// kernels) is refused there, and says that it is not run.
+    fn hopper_or_refused(variant: Variant) -> bool {
+        let (device, _) = gpu();
+        if device.has_wgmma() {
+            return true;
+        }
+        let p = MatMulNBitsParams { variant: Some(variant), ..params(DType::F16, 16, 64, 256, 128) };
+        let err = p.plan(device.multiprocessors(), false).unwrap_err().to_string();
+        assert!(err.contains("Hopper"), "{err}");
+        eprintln!("{}: no sm_90a module, {variant:?} not run", device.name());
+        false
+    }
+
     /// `PackedWgmma` (Hopper; the planner's `Packed` there) over the same records: its 16-token
     /// build (8 < M <= 16), N off the 128-column block and off the 32-column tile (tiles past N
     /// in a block), K ending inside a chunk and a block, one split chosen or forced, both types;
@@ -613,11 +627,10 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_packed_decode_wgmma_matches_reference() {
-        let (device, _) = gpu();
-        if !device.has_wgmma() {
-            eprintln!("skipped: PackedWgmma needs a Hopper GPU");
+        if !hopper_or_refused(Variant::PackedWgmma) {
             return;
         }
+        let (device, _) = gpu();
         let mut seed = 1700u64;
         for m in [9, 16] {
             for (n, k, block) in [(100, 1096, 128), (300, 4104, 256), (33, 128, 128), (160, 2048, 128)] {
@@ -743,15 +756,11 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_wgmma_kernel_matches_reference() {
-        let (device, _) = gpu();
         let wgmma = Some(Variant::Wgmma);
-        if !device.has_wgmma() {
-            let p = MatMulNBitsParams { variant: wgmma, ..params(DType::F16, 64, 64, 256, 32) };
-            let err = p.plan(device.multiprocessors(), false).unwrap_err().to_string();
-            assert!(err.contains("Hopper"), "{err}");
-            eprintln!("{}: no sm_90a module, wgmma kernel not run", device.name());
+        if !hopper_or_refused(Variant::Wgmma) {
             return;
         }
+        let (device, _) = gpu();
         let mut seed = 700;
         for &(m, n, k, block) in &[
             (1, 8, 16, 32),
@@ -840,15 +849,11 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_wgmma_streamk_matches_reference() {
-        let (device, _) = gpu();
         let streamk = Some(Variant::WgmmaStreamK);
-        if !device.has_wgmma() {
-            let p = MatMulNBitsParams { variant: streamk, ..params(DType::F16, 64, 64, 256, 32) };
-            let err = p.plan(device.multiprocessors(), false).unwrap_err().to_string();
-            assert!(err.contains("Hopper"), "{err}");
-            eprintln!("{}: no sm_90a module, wgmma_streamk not run", device.name());
+        if !hopper_or_refused(Variant::WgmmaStreamK) {
             return;
         }
+        let (device, _) = gpu();
         let mut seed = 900;
         for &(m, n, k, block) in &[
             (1, 8, 16, 32),
