@@ -3,10 +3,10 @@
 //! the rate reported is the bytes dlkern moves (4-bit weights, scales, A, Y) per second; the
 //! cuBLAS row counts its 16-bit weights. Weights rotate through several copies where one copy
 //! would fit in L2. For M <= 16 also `Variant::Packed` (`dlkern_packed_f16`: B repacked once,
-//! `W4Weights::pack_for_decode`; filled with the same byte pattern, timing only), and on Hopper,
+//! `MatMulNBitsWeights::pack_for_decode`; filled with the same byte pattern, timing only), and on Hopper,
 //! where that runs `PackedWgmma`, also `PackedMma` (`dlkern_packed_mma_f16`) over the same bytes.
-//! `DLKERN_W4_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma` forces a kernel
-//! variant (to compare them at one M; the ids stay the same), `DLKERN_W4_SPLITS=N` the K splits of
+//! `DLKERN_MATMUL_NBITS_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma` forces a kernel
+//! variant (to compare them at one M; the ids stay the same), `DLKERN_MATMUL_NBITS_SPLITS=N` the K splits of
 //! the `dlkern_f16` rows.
 
 mod common;
@@ -17,9 +17,8 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::ops::matmul_nbits::launch::{
-    MatMulNBitsParams, MatMulNBitsPointers, Variant, WeightsWritten, ZeroPointKind, matmul_nbits_raw_with,
-};
+use dlkern::ops::matmul_nbits::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_with};
+use dlkern::ops::matmul_nbits::plan::{MatMulNBitsParams, Variant, ZeroPointKind};
 use half::f16;
 use std::time::Duration;
 
@@ -32,9 +31,9 @@ fn pattern<T>(len: usize, f: impl Fn(usize) -> T) -> Vec<T> {
     (0..len).map(f).collect()
 }
 
-/// The variant `DLKERN_W4_VARIANT` forces, if any.
+/// The variant `DLKERN_MATMUL_NBITS_VARIANT` forces, if any.
 fn forced_variant() -> Option<Variant> {
-    match std::env::var("DLKERN_W4_VARIANT").ok()?.as_str() {
+    match std::env::var("DLKERN_MATMUL_NBITS_VARIANT").ok()?.as_str() {
         "small" => Some(Variant::Small),
         "large" => Some(Variant::Large),
         "tiled" => Some(Variant::Tiled),
@@ -44,15 +43,15 @@ fn forced_variant() -> Option<Variant> {
         "wgmma" => Some(Variant::Wgmma),
         "wgmma_streamk" => Some(Variant::WgmmaStreamK),
         other => panic!(
-            "DLKERN_W4_VARIANT={other}: expected small, large, tiled, packed, packed_mma, packed_wgmma, wgmma \
+            "DLKERN_MATMUL_NBITS_VARIANT={other}: expected small, large, tiled, packed, packed_mma, packed_wgmma, wgmma \
              or wgmma_streamk"
         ),
     }
 }
 
-/// The K splits `DLKERN_W4_SPLITS` forces, or 0 (the planner's choice).
+/// The K splits `DLKERN_MATMUL_NBITS_SPLITS` forces, or 0 (the planner's choice).
 fn forced_splits() -> usize {
-    std::env::var("DLKERN_W4_SPLITS").map_or(0, |s| s.parse().expect("DLKERN_W4_SPLITS: a number"))
+    std::env::var("DLKERN_MATMUL_NBITS_SPLITS").map_or(0, |s| s.parse().expect("DLKERN_MATMUL_NBITS_SPLITS: a number"))
 }
 
 fn benches(c: &mut Criterion) {
@@ -102,12 +101,6 @@ fn benches(c: &mut Criterion) {
             })
             .collect();
         for &m in ROWS {
-            if forced_packed && m > 16 {
-                continue;
-            }
-            let a =
-                s.clone_htod(&pattern(m * k, |i| f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))).expect("alloc");
-            let mut y = s.alloc_zeros::<f16>(m * n).expect("alloc");
             let params = MatMulNBitsParams {
                 dtype: DType::F16,
                 m,
@@ -119,11 +112,20 @@ fn benches(c: &mut Criterion) {
                 variant,
                 splits,
             };
+            let chosen = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).map(|plan| plan.variant);
+            if let (Some(forced), Err(e)) = (variant, &chosen) {
+                // A forced variant skips the shapes it cannot run (`Packed*` above M = 16,
+                // `PackedWgmma` at M <= 8).
+                eprintln!("matmul_nbits: {forced:?} skips M = {m}, N = {n}, K = {k}: {e}");
+                continue;
+            }
+            let a =
+                s.clone_htod(&pattern(m * k, |i| f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))).expect("alloc");
+            let mut y = s.alloc_zeros::<f16>(m * n).expect("alloc");
             let shape = format!("M{m} N{n} K{k}");
             let io = ((m * k + m * n) * 2) as u64;
             let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
             bench_dlkern(&mut group, &gpu, ("dlkern_f16", "dlkern"), &shape, params, w4_bytes as u64 + io, rotation);
-            let chosen = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).map(|plan| plan.variant);
             if variant.is_none() && chosen.is_ok_and(|v| v == Variant::WgmmaStreamK) {
                 // The planner took the stream-K partition: the same kernel over whole tiles.
                 let tiles = MatMulNBitsParams { variant: Some(Variant::Wgmma), ..params };

@@ -29,7 +29,7 @@ root=$(cd "$here/.." && pwd)
 grep -qE "[0-9]+ passed" "$out/python-tests.log" && ! grep -qE "[0-9]+ (failed|error)" "$out/python-tests.log" || status=1
 filter=${1:-gpu_}
 for tool in memcheck racecheck; do
-  for t in "$here"/tests/rmsnorm-* "$here"/tests/probe-* "$here"/tests/paged_attention-* "$here"/tests/matmul_w4-* \
+  for t in "$here"/tests/rmsnorm-* "$here"/tests/probe-* "$here"/tests/paged_attention-* "$here"/tests/matmul_nbits-* \
     "$here"/tests/attention-* "$here"/tests/matmul_w8a8-*; do
     [ -x "$t" ] || continue
     args=(--include-ignored --test-threads=1)
@@ -40,7 +40,7 @@ for tool in memcheck racecheck; do
       # Both variants (the large one uses shared memory and barriers), split K, bf16; the
       # repacked decode (mma.sync and Hopper wgmma), the device packer, a call site's repacking and
       # the Hopper wgmma kernel; chains of calls, plain and replayed from a CUDA graph.
-      matmul_w4-*) args+=(gpu_variants_and_splits gpu_packed_decode gpu_device_packing gpu_registry_kernel gpu_wgmma gpu_decode_chain gpu_chain_replays) ;;
+      matmul_nbits-*) args+=(gpu_variants_and_splits gpu_packed_decode gpu_device_packing gpu_registry_kernel gpu_wgmma gpu_decode_chain gpu_chain_replays) ;;
       # Every head dim, GQA, causal, packed batches with uneven lengths; the long and random
       # cases repeat the same code paths at 20-100x the time under the tools.
       attention-*) args+=(gpu_matches_reference_across gpu_packed_batches) ;;

@@ -6,7 +6,7 @@
 #
 # Usage: scripts/gpu-variants.sh FAMILY REF [REF ...]
 #   e.g. scripts/gpu-variants.sh attention main wip/attention-regs wip/attention-regs-causal
-#   FAMILY names the test and bench targets; TEST:BENCH where they differ (matmul_w4:matmul_nbits).
+#   FAMILY names the test and bench targets; TEST:BENCH where they differ.
 # There: tar -xJf .gpu-variants-FAMILY.tar.xz && bash .gpu-variants-FAMILY/run.sh [bench filter]
 #   runs every variant's GPU tests, then each bench twice in alternating order (A B A B), and
 #   prints one line per bench and variant.

@@ -13,6 +13,9 @@ mod probe;
 #[path = "../kernels-gpu/src/attention/layout.rs"]
 mod attention;
 #[allow(dead_code)]
+#[path = "../kernels-gpu/src/matmul_nbits/layout.rs"]
+mod matmul_nbits;
+#[allow(dead_code)]
 #[path = "../kernels-gpu/src/matmul_w8a8/layout.rs"]
 mod matmul_w8a8;
 #[allow(dead_code)]
@@ -52,14 +55,9 @@ fn names<K>(table: &'static [(K, &'static str)]) -> impl Iterator<Item = &'stati
 fn table_entries(module: &ptx::Module) -> BTreeSet<&'static str> {
     let w8a8 = matmul_w8a8::ENTRIES.iter().filter(|(e, _)| module.arch_specific || !e.arch_specific());
     let families = names(rmsnorm::ENTRIES).chain(names(attention::ENTRIES)).chain(names(paged_attention::ENTRIES));
-    families.chain(w8a8.map(|&(_, name)| name)).collect()
-}
-
-/// The W4 (`matmul_nbits`) family's entries of a module with `module_entries`. W4 has no table
-/// yet: until it has, they are the module's entries with its prefix. Its table plugs in here
-/// (and the W4 entries then join the others in [`table_entries`]).
-fn w4_entries(module_entries: &BTreeSet<&'static str>) -> BTreeSet<&'static str> {
-    module_entries.iter().copied().filter(|e| e.starts_with("matmul_nbits")).collect()
+    let nbits_hopper: &[&str] = if module.arch_specific { matmul_nbits::HOPPER_ENTRIES } else { &[] };
+    let nbits = matmul_nbits::ENTRIES.iter().chain(nbits_hopper).copied();
+    families.chain(w8a8.map(|&(_, name)| name)).chain(nbits).collect()
 }
 
 fn assert_same_entries(what: &str, have: &BTreeSet<&str>, want: &BTreeSet<&str>) {
@@ -85,11 +83,7 @@ fn each_module_has_exactly_the_entries_of_the_families_it_ships() {
         let (target, text) = (module.target(), module.text);
         assert!(text.lines().any(|l| l.trim() == format!(".target {target}")), "{target}: .target line");
         let have = entries(text);
-        let w4 = w4_entries(&have);
-        assert!(!w4.is_empty(), "{target}: no W4 entries");
-        let mut want = table_entries(&module);
-        want.extend(w4);
-        assert_same_entries(&target, &have, &want);
+        assert_same_entries(&target, &have, &table_entries(&module));
         assert!(!have.iter().any(|e| e.starts_with("probe_")), "{target}: a probe in a production module");
         if !module.arch_specific {
             assert!(!text.contains("wgmma"), "{target}: wgmma outside the arch-specific module");
@@ -106,20 +100,12 @@ fn each_module_has_exactly_the_entries_of_the_families_it_ships() {
     }
 }
 
-/// The W4 `wgmma` pair entries and the split `packed_wgmma` entries run as clusters of their
-/// K splits: the build put the directive into their headers (and into no other entry).
+/// The W4 `wgmma` pair entries run as clusters of their two K splits: the build put the
+/// directive into their headers (and into no other entry).
 #[test]
 fn split_entries_require_clusters_of_their_splits() {
     let module = ptx::modules().find(|m| m.arch_specific).expect("an sm_90a module");
-    let mut clustered =
-        vec![("matmul_nbits_f16_wgmma_pair".to_string(), 2), ("matmul_nbits_bf16_wgmma_pair".to_string(), 2)];
-    for t in ["f16", "bf16"] {
-        for rows in [8, 16] {
-            for splits in [2, 4] {
-                clustered.push((format!("matmul_nbits_{t}_packed_wgmma{rows}_x{splits}"), splits));
-            }
-        }
-    }
+    let clustered = [("matmul_nbits_wgmma_pair_f16", 2), ("matmul_nbits_wgmma_pair_bf16", 2)];
     for (entry, splits) in &clustered {
         let at = module.text.find(&format!(".visible .entry {entry}(")).expect(entry);
         let header = &module.text[at..at + module.text[at..].find("\n{").expect("a body")];
@@ -150,7 +136,7 @@ fn kernels_use_the_intended_instructions() {
         "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8",
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16",
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16",
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16",
         "wgmma.fence.sync.aligned",
         "wgmma.commit_group.sync.aligned",
@@ -230,14 +216,14 @@ fn programmatic_dependents_wait_for_the_previous_grid() {
             "decode16_packed",
             "decode16_packed_wide",
         ];
-        let entries = decode.map(|kernel| format!("matmul_nbits_{t}_{kernel}"));
+        let entries = decode.map(|kernel| format!("matmul_nbits_{kernel}_{t}"));
         for entry in entries.into_iter().chain([format!("matmul_nbits_permute_{t}")]) {
             let text = body(&entry);
             let (wait, launch) = (text.rfind("griddepcontrol.wait;"), text.find("griddepcontrol.launch_dependents;"));
             assert!(wait.is_some() && launch.is_some() && wait < launch, "{entry}: wait, then launch_dependents");
         }
         for kernel in ["wgmma", "wgmma_pair", "wgmma_streamk"] {
-            let entry = format!("matmul_nbits_{t}_{kernel}");
+            let entry = format!("matmul_nbits_{kernel}_{t}");
             assert!(body(&entry).contains("griddepcontrol.wait;"), "{entry}: no griddepcontrol.wait");
         }
     }
@@ -282,7 +268,7 @@ fn module_selection_follows_compute_capability() {
 fn spill_budget(entry: &str) -> u64 {
     if entry.starts_with("attention_fwd_") && (entry.ends_with("_d96") || entry.ends_with("_d128")) {
         32
-    } else if entry.ends_with("_decode8_packed_wide") || entry.ends_with("_decode8_packed") {
+    } else if entry.starts_with("matmul_nbits_decode8_packed_") {
         16
     } else {
         0

@@ -34,7 +34,7 @@ pub struct KernelArgs<'a> {
     /// CUDA stream to launch on (for CUDA tensors).
     pub stream: StreamHandle,
     pub attrs: &'a Attributes,
-    /// The call site, when the caller keeps one across calls ([`call_at`]; ONNX Runtime's nodes).
+    /// The call site, when the caller keeps one across calls (`registry::call_at`; ONNX Runtime's nodes).
     pub site: Option<&'a CallSite>,
 }
 

@@ -5,15 +5,14 @@
 //!   a one-line PTX ISA reference and a `# Safety` contract. Kernels never write `asm!`.
 //! - [`element`]: the element types (f16/bf16 as bits) and their tensor-core operations.
 //! - one folder per kernel family: [`rmsnorm`], [`attention`], [`paged_attention`],
-//!   [`matmul_w8a8`] and `probe`. Its `mod.rs` holds the kernels, `family_variant_dtype`
-//!   entry points whose launch contracts the family's module docs state, further files more of
-//!   them (`matmul_w8a8/wgmma.rs`: the sm_90a module's only), and `layout.rs` everything its
-//!   host launcher must agree on with them: grid, block and shared-memory shapes, flag bits and
-//!   the `#[repr(C)]` scalar-argument struct. A `layout.rs` has no device code: the host crate
-//!   compiles the very same file (`#[path]` modules in `host/launch/`), so a launch cannot
-//!   disagree with the kernel it launches.
-//! - The W4 family (`matmul_nbits*.rs`, its layout in `layout/matmul_nbits.rs`) is still one
-//!   file per kernel variant.
+//!   [`matmul_nbits`], [`matmul_w8a8`] and `probe`. Its `mod.rs` holds the kernels (or, split
+//!   by kind, its other files do: `matmul_nbits/decode.rs`, `wgmma.rs` for the sm_90a module
+//!   only, ...), `family_variant_dtype` entry points whose launch contracts the family's module
+//!   docs state, and `layout.rs` everything its host launcher must agree on with them: grid,
+//!   block and shared-memory shapes, flag bits and the `#[repr(C)]` scalar-argument struct. A
+//!   `layout.rs` has no device code: the host crate compiles the very same file (a `#[path]`
+//!   module in `host/ops/<family>/mod.rs`), so a launch cannot disagree with the kernel it
+//!   launches.
 //!
 //! Each `layout.rs` also has the table of its family's entry points: an `Entry` enum naming
 //! them in typed terms (variant, element type, head size), `ENTRIES: &[(Entry, &str)]` pairing
@@ -38,15 +37,7 @@ pub mod attention;
 pub mod device;
 pub mod element;
 #[cfg(not(feature = "probes"))]
-pub mod layout;
-#[cfg(not(feature = "probes"))]
 pub mod matmul_nbits;
-#[cfg(not(feature = "probes"))]
-#[cfg(dlkern_arch_specific)]
-pub mod matmul_nbits_packed_wgmma;
-#[cfg(not(feature = "probes"))]
-#[cfg(dlkern_arch_specific)]
-pub mod matmul_nbits_wgmma;
 #[cfg(not(feature = "probes"))]
 pub mod matmul_w8a8;
 #[cfg(not(feature = "probes"))]

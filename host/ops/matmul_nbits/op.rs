@@ -7,10 +7,8 @@ use std::any::Any;
 
 use cudarc::driver::sys::{CUresult, CUstream};
 
-use super::launch::{
-    MatMulNBitsParams, MatMulNBitsPointers, RowAlignment, Variant, WeightsWritten, ZeroPointKind,
-    matmul_nbits_raw_with, pack_for_decode_raw,
-};
+use super::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_with, pack_for_decode_raw};
+use super::plan::{MatMulNBitsParams, RowAlignment, Variant, ZeroPointKind};
 use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -66,13 +64,13 @@ pub static MATMUL_NBITS: OpDecl = OpDecl {
 };
 
 /// `MatMulNBits` attributes, checked.
-struct NBitsAttrs {
+struct MatMulNBitsAttrs {
     k: usize,
     n: usize,
     block_size: usize,
 }
 
-fn nbits_attrs(args_name: &str, attrs: &crate::kernel::Attributes) -> Result<NBitsAttrs> {
+fn matmul_nbits_attrs(args_name: &str, attrs: &crate::kernel::Attributes) -> Result<MatMulNBitsAttrs> {
     let fail = |message: String| Error::KernelFailed { name: args_name.to_string(), message };
     let positive = |name: &str| -> Result<usize> {
         let v = attrs.require_int(name)?;
@@ -89,11 +87,11 @@ fn nbits_attrs(args_name: &str, attrs: &crate::kernel::Attributes) -> Result<NBi
     if !super::pack::valid_block_size(block_size) {
         return Err(fail(format!("block_size = {block_size} must be a power of two >= 16")));
     }
-    Ok(NBitsAttrs { k: positive("K")?, n: positive("N")?, block_size })
+    Ok(MatMulNBitsAttrs { k: positive("K")?, n: positive("N")?, block_size })
 }
 
 fn infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
-    let at = nbits_attrs(args.function_name, args.attrs)?;
+    let at = matmul_nbits_attrs(args.function_name, args.attrs)?;
     let a = args
         .inputs
         .first()
@@ -107,9 +105,10 @@ fn infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
 }
 
 fn compute(args: &KernelArgs) -> Result<()> {
-    use super::pack::{W4Weights, ZeroPoints, matmul_reference};
+    use super::pack::{MatMulNBitsWeights, ZeroPoints};
+    use super::reference::matmul_reference;
     args.expect_count_ranges(3..=6, 1..=1)?;
-    let at = nbits_attrs(args.function_name, args.attrs)?;
+    let at = matmul_nbits_attrs(args.function_name, args.attrs)?;
     let a = args.input(0, "A")?;
     let b = args.input(1, "B")?;
     let scales = args.input(2, "scales")?;
@@ -181,7 +180,7 @@ fn compute(args: &KernelArgs) -> Result<()> {
             (Some(zp), ZeroPointKind::Typed) => ZeroPoints::Unpacked(floats(zp)?),
             _ => ZeroPoints::Default,
         };
-        let w = W4Weights {
+        let w = MatMulNBitsWeights {
             n: at.n,
             k: at.k,
             block_size: at.block_size,
@@ -206,7 +205,7 @@ fn cuda(
     args: &KernelArgs,
     ordinal: i32,
     dtype: DType,
-    at: &NBitsAttrs,
+    at: &MatMulNBitsAttrs,
     [a, b, scales, y]: [&TensorView; 4],
     zero_kind: ZeroPointKind,
     zero_points: Option<&TensorView>,

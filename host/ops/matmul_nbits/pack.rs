@@ -10,7 +10,7 @@
 
 use crate::error::{Error, Result};
 
-const KERNEL: &str = "w4 quantizer";
+const KERNEL: &str = "matmul_nbits quantizer";
 
 /// How the zero points are given.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,7 +25,7 @@ pub enum ZeroPoints {
 
 /// A `MatMulNBits` (bits = 4) weight.
 #[derive(Clone, Debug, PartialEq)]
-pub struct W4Weights {
+pub struct MatMulNBitsWeights {
     pub n: usize,
     pub k: usize,
     pub block_size: usize,
@@ -39,7 +39,7 @@ pub fn valid_block_size(block_size: usize) -> bool {
     block_size >= 16 && block_size.is_power_of_two()
 }
 
-impl W4Weights {
+impl MatMulNBitsWeights {
     pub fn k_blocks(&self) -> usize {
         self.k.div_ceil(self.block_size)
     }
@@ -106,7 +106,7 @@ impl W4Weights {
     }
 }
 
-impl W4Weights {
+impl MatMulNBitsWeights {
     /// B, its scales and zero points repacked for `Variant::Packed` (`decode*_packed`): one
     /// record of `PACKED_RECORD_BYTES` per 32-column tile and 128-wide K chunk, tile-major. A
     /// record holds the tile's 64 code bytes of the chunk per column (columns past N repeat
@@ -162,7 +162,7 @@ impl W4Weights {
 /// point. Asymmetric: the block's range widened to include 0, `scale = (max - min) / 15`, a packed
 /// zero point `round(-min / scale)`, codes `round(w / scale) + zp` clamped to `0..=15`. All-zero
 /// blocks get scale 0 (dequantizing to exact zeros).
-pub fn quantize(w: &[f32], n: usize, k: usize, block_size: usize, symmetric: bool) -> Result<W4Weights> {
+pub fn quantize(w: &[f32], n: usize, k: usize, block_size: usize, symmetric: bool) -> Result<MatMulNBitsWeights> {
     if w.len() != n * k {
         return Err(Error::invalid(KERNEL, format!("{} weights for [{n}, {k}]", w.len())));
     }
@@ -170,7 +170,7 @@ pub fn quantize(w: &[f32], n: usize, k: usize, block_size: usize, symmetric: boo
         return Err(Error::invalid(KERNEL, format!("weight {i} is not finite ({})", w[i])));
     }
     let k_blocks = k.div_ceil(block_size.max(1));
-    let mut q = W4Weights {
+    let mut q = MatMulNBitsWeights {
         n,
         k,
         block_size,
@@ -215,18 +215,4 @@ pub fn quantize(w: &[f32], n: usize, k: usize, block_size: usize, symmetric: boo
         }
     }
     Ok(q)
-}
-
-/// `Y [M, N] = A [M, K] * dequantize(W)^T (+ bias)` in f64: the reference for the W4A16 kernels
-/// and for `MatMulNBits`.
-pub fn matmul_reference(a: &[f64], m: usize, w: &W4Weights, bias: Option<&[f64]>) -> Vec<f64> {
-    let deq = w.dequantize();
-    let mut y = vec![0.0; m * w.n];
-    for i in 0..m {
-        for j in 0..w.n {
-            let dot: f64 = (0..w.k).map(|p| a[i * w.k + p] * deq[j * w.k + p]).sum();
-            y[i * w.n + j] = dot + bias.map_or(0.0, |b| b[j]);
-        }
-    }
-    y
 }

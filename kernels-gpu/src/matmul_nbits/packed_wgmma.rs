@@ -1,6 +1,6 @@
 //! W4A16 for small M on Hopper's warpgroup tensor cores (`wgmma`, sm_90a module only): the
-//! operation of [`crate::matmul_nbits`] for M <= 16 over B repacked by
-//! `W4Weights::pack_for_decode` (the records `decode*_packed` read).
+//! operation of [`super`] for M <= 16 over B repacked by
+//! `MatMulNBitsWeights::pack_for_decode` (the records `decode*_packed` read).
 //!
 //! The `mma.sync` decode kernels give each warp its own K chunks, so each warp loads its own
 //! copy of every chunk's activations into registers (as many bytes per lane as the weights at
@@ -13,11 +13,14 @@
 //! fragments; each chunk's f32 sums (`scale-d = 0` starts them) are scaled once. A chunk's
 //! `wgmma`s run while the warpgroup waits at the next chunk's barrier and issues its copies;
 //! they are waited for before its fragments are rewritten (one set of fragments, so that two
-//! blocks of the 16-token build and three of the 8-token one fit an SM).
+//! blocks fit an SM).
 //!
 //! Measured on the H200 (docs/perf-notes/matmul_nbits.md, v19): faster than the `mma.sync`
 //! decode kernels where M > 8 and N alone fills the GPU (M = 16, N = 28672: 55.0 against 69.6
 //! us), slower where the grid needs K splits or M <= 8, which is where the planner keeps those.
+//! So only the 16-token build without K splits is shipped (`G` = 2 of the body's `G` = 1 or 2,
+//! `m64n16k16`); the 8-token build and the K splits as clusters of 2 or 4 blocks were removed
+//! (last measured in benches/pruned.md; the code is at 20fc28c).
 //!
 //! Per chunk, with one block-wide barrier: the block's 4 records (codes and constants) go by
 //! `cp.async` into a ring of [`PACKED_WGMMA_STAGES`]; each thread loads one 16-byte piece of
@@ -26,29 +29,25 @@
 //! rewritten three chunks after its last `wgmma` was issued, and every thread has by then
 //! passed a barrier after both warpgroups waited for that `wgmma`.
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_packed_wgmma{8,16}[_x2,_x4]`
-//! - `8`: M <= 8 (`m64n8k16`), `16`: M <= 16 (`m64n16k16`).
-//! - `b` holds the records of `W4Weights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column
+//! # Launch contract: `matmul_nbits_packed_wgmma16_{f16,bf16}`
+//! - M <= 16 (`m64n16k16`; the planner runs it for M > 8).
+//! - `b` holds the records of `MatMulNBitsWeights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column
 //!   tile and K chunk, tile-major), 16-byte aligned; `scales`, `zeros_u8`, `zeros_t` and
 //!   `workspace` are not read. `a` 16-byte aligned with `K % 8 == 0`; `block_size >= 128`.
-//! - grid `(ceil(N / 128), 1, splits)`, block `(256, 1, 1)`, dynamic shared memory
-//!   [`PACKED_WGMMA_SHARED_BYTES`].
-//! - split `z` covers K chunks `[z * chunks_per_split, (z + 1) * chunks_per_split)` (possibly
-//!   none). Without a suffix `splits == 1`; `_x2` / `_x4`: `splits` is 2 / 4 and the entry
-//!   requires clusters of `(1, 1, splits)` blocks (`.reqnctapercluster`), whose sums meet in
-//!   block 0 through distributed shared memory. Writes `y` (+ bias).
+//! - grid `(ceil(N / 128), 1, 1)`, block `(256, 1, 1)`, dynamic shared memory
+//!   [`PACKED_WGMMA_SHARED_BYTES`]. Writes `y` (+ bias).
 
+use super::common::split_chunk_range;
+use super::decode::{after_weight_copies, before_weight_copies};
 use crate::device::async_copy::{commit_group, cp_async_16, wait_group};
-use crate::device::cluster;
 use crate::device::memory::ld_global_nc_v4;
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x4};
 use crate::device::{index, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{after_weight_copies, before_weight_copies, matmul_nbits_entry, split_chunk_range};
 use crate::unroll;
 
-pub use crate::layout::matmul_nbits::*;
+use super::layout::*;
 
 const _: () = assert!(PACKED_WGMMA_THREADS == 256 && PACKED_WGMMA_TILES == 4 && CHUNK == 128);
 const _: () = assert!(PACKED_WGMMA_STAGES == 4 && PACKED_WGMMA_ACT_STAGES == 4);
@@ -100,7 +99,7 @@ type Fragments = [[u32; 4]; 8];
 /// The launch contract in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const CLUSTER: u32>(
+pub(crate) unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize>(
     a: *const T,
     b: *const u8,
     _scales: *const T,
@@ -294,16 +293,6 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
             add_scaled(&mut acc, scale_prev, &part);
         }
 
-        // K splits: the cluster's blocks leave their sums in their (now idle) record rings,
-        // block 0 adds them and writes `y`.
-        if CLUSTER > 1 {
-            wait_group::<0>();
-            let exchange = |t: usize| ring.offset(((tid as usize * G + t) * 16) as u32);
-            if !cluster::sum_into_rank0(&mut acc, CLUSTER, exchange) {
-                return;
-            }
-        }
-
         // Register `c` of tile `t`: weight column `row + 8 (c / 2)`, token `8 t + 2 q + c % 2`.
         let row = index::block_idx_x() * PACKED_WGMMA_COLUMNS as u32 + 64 * group + 16 * warp_in_group + g;
         unroll!(H in [0, 1] {
@@ -322,34 +311,3 @@ unsafe fn matmul_nbits_packed_wgmma<T: DecodeWgmmaElement, const G: usize, const
         });
     }
 }
-
-macro_rules! packed_wgmma_entries {
-    ($($name:ident: $ty:ty, $g:literal, $cluster:literal;)+) => {
-        $(
-            matmul_nbits_entry!($name, $ty, matmul_nbits_packed_wgmma::<$ty, $g, $cluster>);
-        )+
-    };
-}
-packed_wgmma_entries! {
-    matmul_nbits_f16_packed_wgmma8: F16, 1, 1;
-    matmul_nbits_f16_packed_wgmma16: F16, 2, 1;
-    matmul_nbits_bf16_packed_wgmma8: Bf16, 1, 1;
-    matmul_nbits_bf16_packed_wgmma16: Bf16, 2, 1;
-    matmul_nbits_f16_packed_wgmma8_x2: F16, 1, 2;
-    matmul_nbits_f16_packed_wgmma16_x2: F16, 2, 2;
-    matmul_nbits_bf16_packed_wgmma8_x2: Bf16, 1, 2;
-    matmul_nbits_bf16_packed_wgmma16_x2: Bf16, 2, 2;
-    matmul_nbits_f16_packed_wgmma8_x4: F16, 1, 4;
-    matmul_nbits_f16_packed_wgmma16_x4: F16, 2, 4;
-    matmul_nbits_bf16_packed_wgmma8_x4: Bf16, 1, 4;
-    matmul_nbits_bf16_packed_wgmma16_x4: Bf16, 2, 4;
-}
-// The split entries run as clusters of the K splits of a tile (grid z = 2 or 4).
-crate::entry_directive!(matmul_nbits_f16_packed_wgmma8_x2, ".reqnctapercluster 1, 1, 2");
-crate::entry_directive!(matmul_nbits_f16_packed_wgmma16_x2, ".reqnctapercluster 1, 1, 2");
-crate::entry_directive!(matmul_nbits_bf16_packed_wgmma8_x2, ".reqnctapercluster 1, 1, 2");
-crate::entry_directive!(matmul_nbits_bf16_packed_wgmma16_x2, ".reqnctapercluster 1, 1, 2");
-crate::entry_directive!(matmul_nbits_f16_packed_wgmma8_x4, ".reqnctapercluster 1, 1, 4");
-crate::entry_directive!(matmul_nbits_f16_packed_wgmma16_x4, ".reqnctapercluster 1, 1, 4");
-crate::entry_directive!(matmul_nbits_bf16_packed_wgmma8_x4, ".reqnctapercluster 1, 1, 4");
-crate::entry_directive!(matmul_nbits_bf16_packed_wgmma16_x4, ".reqnctapercluster 1, 1, 4");

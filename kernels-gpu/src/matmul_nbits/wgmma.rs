@@ -1,5 +1,5 @@
 //! W4A16 on Hopper's warpgroup tensor cores (`wgmma`, sm_90a module only): the operation of
-//! [`crate::matmul_nbits`] for larger M, from the unmodified `MatMulNBits` layout.
+//! [`super`] for larger M, from the unmodified `MatMulNBits` layout.
 //!
 //! The operands are swapped as in `decode`: the weights are `wgmma`'s register operand (64
 //! weight rows per warpgroup), dequantized straight into the A fragments, and the activations
@@ -16,7 +16,7 @@
 //! barrier per chunk, so the warpgroups wait only for what they use next and do not run in
 //! lockstep (docs/perf-notes/matmul_nbits.md, v30).
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma`
+//! # Launch contract: `matmul_nbits_wgmma_{f16,bf16}`
 //! - `a` is the permuted copy of A (`matmul_nbits_permute_*`: rows of `ceil(K / 128) * 128`
 //!   elements, zero past K), 16-byte aligned.
 //! - grid `(ceil(N / 128), ceil(M / 128), splits)`, block `(256, 1, 1)` (two warpgroups of 64
@@ -27,11 +27,11 @@
 //!   thread waits for it (`griddepcontrol.wait`) after issuing the first chunks' code copies,
 //!   before it reads `a` or writes anything.
 //! - split `z` covers K chunks (of 128) `[z * chunks_per_split, (z + 1) * chunks_per_split)`;
-//!   outputs as in [`crate::matmul_nbits`] (`y` (+ bias) unsplit, else f32 partial sums to
+//!   outputs as in [`super`] (`y` (+ bias) unsplit, else f32 partial sums to
 //!   `workspace [splits, M, N]` for `matmul_nbits_reduce_*`).
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma_streamk`
-//! - as `matmul_nbits_{f16,bf16}_wgmma`, but over a stream-K partition
+//! # Launch contract: `matmul_nbits_wgmma_streamk_{f16,bf16}`
+//! - as `matmul_nbits_wgmma_{f16,bf16}`, but over a stream-K partition
 //!   ([`StreamKBlock`]): grid `(blocks, 1, 1)` with `blocks` at most the tiles' total chunk
 //!   count and at most one resident block per SM (the shared memory allows no more), block
 //!   `(256, 1, 1)`, dynamic shared memory [`WGMMA_SHARED_BYTES`]; `chunks_per_split` unused.
@@ -40,11 +40,12 @@
 //! - A block waits for lower blocks only; that ends as long as blocks that cannot all be
 //!   resident at once start in index order (as CUDA schedules them).
 //!
-//! # Launch contract: `matmul_nbits_{f16,bf16}_wgmma_pair`
+//! # Launch contract: `matmul_nbits_wgmma_pair_{f16,bf16}`
 //! - as above with exactly two splits (grid z = 2): the entry requires clusters of `(1, 1, 2)`
 //!   blocks (`.reqnctapercluster`), so a plain launch pairs the two splits of each tile, which
 //!   sum through distributed shared memory; `y` (+ bias) is written, `workspace` is unused.
 
+use super::common::{BlockConsts, dequantize_biased, split_chunk_range};
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::cluster;
 use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, st_global_v4};
@@ -52,10 +53,9 @@ use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
 use crate::device::{SharedAddr, WARP_SIZE, index, mbarrier, sync};
 use crate::element::{Bf16, F16, TensorElement};
-use crate::matmul_nbits::{BlockConsts, dequantize_biased, matmul_nbits_entry, split_chunk_range};
 use crate::unroll;
 
-pub use crate::layout::matmul_nbits::*;
+use super::layout::*;
 
 const _: () = assert!(WGMMA_BM == 128 && WGMMA_BN == 128 && WGMMA_THREADS == 256 && CHUNK == 128);
 const _: () = assert!(WGMMA_STAGES == 4 && WGMMA_A_HALF_BYTES % 1024 == 0 && WGMMA_CODES_STAGE_BYTES % 1024 == 0);
@@ -412,7 +412,7 @@ unsafe fn store_tile<T: WgmmaElement>(
 /// The launch contract in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
+pub(crate) unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
     a_perm: *const T,
     b: *const u8,
     scales: *const T,
@@ -452,10 +452,10 @@ unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
 }
 
 /// # Safety
-/// The launch contract of `matmul_nbits_{f16,bf16}_wgmma_streamk` in the module docs.
+/// The launch contract of `matmul_nbits_wgmma_streamk_{f16,bf16}` in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement>(
+pub(crate) unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement>(
     a_perm: *const T,
     b: *const u8,
     scales: *const T,
@@ -534,15 +534,3 @@ unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement>(
         }
     }
 }
-
-// The entries name the generic function itself (always inlined), not a closure around it: a
-// closure may stay a call, which costs a stack frame.
-matmul_nbits_entry!(matmul_nbits_f16_wgmma, F16, matmul_nbits_wgmma::<F16, false>);
-matmul_nbits_entry!(matmul_nbits_bf16_wgmma, Bf16, matmul_nbits_wgmma::<Bf16, false>);
-matmul_nbits_entry!(matmul_nbits_f16_wgmma_pair, F16, matmul_nbits_wgmma::<F16, true>);
-matmul_nbits_entry!(matmul_nbits_bf16_wgmma_pair, Bf16, matmul_nbits_wgmma::<Bf16, true>);
-// The pair entries run as clusters of the two splits of a tile (grid z = 2).
-crate::entry_directive!(matmul_nbits_f16_wgmma_pair, ".reqnctapercluster 1, 1, 2");
-crate::entry_directive!(matmul_nbits_bf16_wgmma_pair, ".reqnctapercluster 1, 1, 2");
-matmul_nbits_entry!(matmul_nbits_f16_wgmma_streamk, F16, matmul_nbits_wgmma_streamk::<F16>);
-matmul_nbits_entry!(matmul_nbits_bf16_wgmma_streamk, Bf16, matmul_nbits_wgmma_streamk::<Bf16>);

@@ -1,5 +1,6 @@
-// Tile shapes and flags of `matmul_nbits_*` (kernels-gpu/src/matmul_nbits.rs), also compiled
-// into the host launcher (host/launch/matmul_nbits.rs): plain constants, no device code.
+// What the host launchers need of the `matmul_nbits` kernels (kernels-gpu/src/matmul_nbits/):
+// the entry points' names, tile shapes, flags and the scalar arguments, also compiled into the
+// host (host/ops/matmul_nbits/, `layout`): plain constants, no device code.
 
 /// K per chunk: 4 lanes x 32 codes.
 pub const CHUNK: usize = 128;
@@ -93,9 +94,9 @@ pub const DECODE16_WIDE: Tiling = Tiling { wk: DECODE16_WIDE_WARPS, ..DECODE };
 pub const DECODE16_WIDE_PACKED_SHARED_BYTES: usize = DECODE16_WIDE_WARPS * DECODE_STAGES * DECODE_PACKED_STAGE_BYTES;
 /// `packed_wgmma` (Hopper, sm_90a module only; M <= 16 over the `decode*_packed` records): block
 /// tile 128 weight columns (the records of [`PACKED_WGMMA_TILES`] 32-column tiles; two
-/// warpgroups of 64, `wgmma`'s register operand) x 8 or 16 tokens (its shared-memory operand),
+/// warpgroups of 64, `wgmma`'s register operand) x 16 tokens (its shared-memory operand),
 /// all of the block's threads on the same K chunks so that each chunk's activations are staged
-/// once per block. K splits of a tile run as one thread-block cluster.
+/// once per block.
 pub const PACKED_WGMMA_TILES: usize = 4;
 pub const PACKED_WGMMA_COLUMNS: usize = PACKED_WGMMA_TILES * DECODE_COLUMNS;
 pub const PACKED_WGMMA_THREADS: usize = 256;
@@ -115,8 +116,6 @@ pub const PACKED_WGMMA_CODES_STAGE_BYTES: usize = PACKED_WGMMA_TILES * PACKED_RE
 pub const PACKED_WGMMA_SHARED_BYTES: usize = PACKED_WGMMA_ACT_STAGES * PACKED_WGMMA_ACT_STAGE_BYTES
     + PACKED_WGMMA_STAGES * PACKED_WGMMA_CODES_STAGE_BYTES
     + 1024;
-/// Largest cluster (K splits of one tile) `packed_wgmma` has an entry for.
-pub const PACKED_WGMMA_MAX_SPLITS: usize = 4;
 /// Threads per block of `matmul_nbits_pack_decode` (one block per record): one 16-byte piece
 /// of the record's codes each.
 pub const PACK_THREADS: usize = DECODE_STAGE_BYTES / 16;
@@ -342,4 +341,107 @@ pub struct Dims {
     pub row_bytes: u32,
     pub chunks_per_split: u32,
     pub flags: u32,
+}
+
+/// The element type of a kernel build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElementType {
+    F16,
+    Bf16,
+}
+
+/// The family's kernels that have an f16 and a bf16 build, by kind. The first
+/// [`PORTABLE_ENTRY_KINDS`] are in every module; the rest, the `wgmma` kernels, only in the
+/// sm_90a one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    Decode8,
+    Decode8Ahead3,
+    Decode16,
+    Decode8Packed,
+    Decode8PackedWide,
+    Decode16Packed,
+    Decode16PackedWide,
+    Small,
+    SmallZf,
+    Large,
+    LargeZf,
+    Tiled32x128,
+    Tiled64x128,
+    Tiled128x128,
+    Permute,
+    Reduce,
+    Wgmma,
+    WgmmaPair,
+    WgmmaStreamK,
+    PackedWgmma16,
+}
+
+/// How many [`Entry`] kinds, from the first, every module has.
+pub const PORTABLE_ENTRY_KINDS: usize = Entry::Wgmma as usize;
+
+impl Entry {
+    /// The entry point of the build for `t`: `matmul_nbits_<variant>_<dtype>`, e.g.
+    /// `matmul_nbits_decode8_f16`.
+    pub const fn name(self, t: ElementType) -> &'static str {
+        TYPED_ENTRIES[self as usize][t as usize]
+    }
+}
+
+/// The `[f16, bf16]` entry points of each [`Entry`], in its order. The device crate cannot
+/// make a kernel's symbol from a string, so its entries (`matmul_nbits/mod.rs`) spell these
+/// names again; the tests check that the PTX has exactly [`ENTRIES`] and [`HOPPER_ENTRIES`].
+const TYPED_ENTRIES: [[&str; 2]; 20] = [
+    ["matmul_nbits_decode8_f16", "matmul_nbits_decode8_bf16"],
+    ["matmul_nbits_decode8_ahead3_f16", "matmul_nbits_decode8_ahead3_bf16"],
+    ["matmul_nbits_decode16_f16", "matmul_nbits_decode16_bf16"],
+    ["matmul_nbits_decode8_packed_f16", "matmul_nbits_decode8_packed_bf16"],
+    ["matmul_nbits_decode8_packed_wide_f16", "matmul_nbits_decode8_packed_wide_bf16"],
+    ["matmul_nbits_decode16_packed_f16", "matmul_nbits_decode16_packed_bf16"],
+    ["matmul_nbits_decode16_packed_wide_f16", "matmul_nbits_decode16_packed_wide_bf16"],
+    ["matmul_nbits_small_f16", "matmul_nbits_small_bf16"],
+    ["matmul_nbits_small_zf_f16", "matmul_nbits_small_zf_bf16"],
+    ["matmul_nbits_large_f16", "matmul_nbits_large_bf16"],
+    ["matmul_nbits_large_zf_f16", "matmul_nbits_large_zf_bf16"],
+    ["matmul_nbits_tiled32x128_f16", "matmul_nbits_tiled32x128_bf16"],
+    ["matmul_nbits_tiled64x128_f16", "matmul_nbits_tiled64x128_bf16"],
+    ["matmul_nbits_tiled128x128_f16", "matmul_nbits_tiled128x128_bf16"],
+    ["matmul_nbits_permute_f16", "matmul_nbits_permute_bf16"],
+    ["matmul_nbits_reduce_f16", "matmul_nbits_reduce_bf16"],
+    ["matmul_nbits_wgmma_f16", "matmul_nbits_wgmma_bf16"],
+    ["matmul_nbits_wgmma_pair_f16", "matmul_nbits_wgmma_pair_bf16"],
+    ["matmul_nbits_wgmma_streamk_f16", "matmul_nbits_wgmma_streamk_bf16"],
+    ["matmul_nbits_packed_wgmma16_f16", "matmul_nbits_packed_wgmma16_bf16"],
+];
+
+/// The repacker's entry point (one for every element type).
+pub const PACK_DECODE_ENTRY: &str = "matmul_nbits_pack_decode";
+
+/// Every entry point of the family that every module (sm_80 and sm_90a) ships.
+pub const ENTRIES: &[&str] = &PORTABLE_ENTRIES;
+/// The entry points that only the sm_90a module ships (on top of [`ENTRIES`]).
+pub const HOPPER_ENTRIES: &[&str] = &ARCH_SPECIFIC_ENTRIES;
+
+const PORTABLE_ENTRIES: [&str; 2 * PORTABLE_ENTRY_KINDS + 1] =
+    entry_list(0, PORTABLE_ENTRY_KINDS, Some(PACK_DECODE_ENTRY));
+const ARCH_SPECIFIC_ENTRIES: [&str; 2 * (TYPED_ENTRIES.len() - PORTABLE_ENTRY_KINDS)] =
+    entry_list(PORTABLE_ENTRY_KINDS, TYPED_ENTRIES.len(), None);
+
+/// The entries of kinds `from..to`, f16 and bf16 of each, then `extra`.
+const fn entry_list<const N: usize>(from: usize, to: usize, extra: Option<&'static str>) -> [&'static str; N] {
+    let mut out = [""; N];
+    let mut n = 0;
+    let mut kind = from;
+    while kind < to {
+        out[n] = TYPED_ENTRIES[kind][0];
+        out[n + 1] = TYPED_ENTRIES[kind][1];
+        n += 2;
+        kind += 1;
+    }
+    if let Some(name) = extra {
+        out[n] = name;
+        n += 1;
+    }
+    assert!(n == N);
+    out
 }
