@@ -3,7 +3,7 @@
 and per loop step, without a GPU.
 
 Usage: scripts/sass.py [--ptx FILE] [--arch sm_90a] [--split REGEX] ENTRY_REGEX [...]
-  e.g. scripts/sass.py --split 'DEPBAR.LE SB0' 'matmul_nbits_f16_decode(8|16)_packed$'
+  e.g. scripts/sass.py --split 'DEPBAR.LE SB0' 'matmul_nbits_decode(8|16)_packed_f16$'
 
 It assembles the newest PTX of the last release build (target/release/build/dlkern-*/out, or
 --ptx) with ptxas (DLKERN_PTXAS, from scripts/env.sh), disassembles the cubin with nvdisasm

@@ -7,7 +7,7 @@
 /// fails if the module has no such entry.
 ///
 /// ```ignore
-/// entry_directive!(matmul_nbits_f16_wgmma_pair, ".reqnctapercluster 1, 1, 2");
+/// entry_directive!(matmul_nbits_wgmma_pair_f16, ".reqnctapercluster 1, 1, 2");
 /// ```
 #[macro_export]
 macro_rules! entry_directive {
