@@ -9,7 +9,7 @@ use dlkern::ops::declarations;
 
 /// `docs/ops.md` in the tree this test was built in, or in the working directory when the test
 /// executable was carried to another machine (the GPU host runs it from the repository root).
-fn doc() -> PathBuf {
+fn doc_path() -> PathBuf {
     let built_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ops.md");
     if built_in.is_file() { built_in } else { PathBuf::from("docs/ops.md") }
 }
@@ -47,7 +47,7 @@ fn regenerate(doc: &str) -> Result<(String, Vec<String>), String> {
 
 #[test]
 fn docs_ops_md_matches_the_declarations() {
-    let doc = std::fs::read_to_string(doc()).expect("docs/ops.md");
+    let doc = std::fs::read_to_string(doc_path()).expect("docs/ops.md");
     let (generated, names) = regenerate(&doc).unwrap_or_else(|e| panic!("{e}"));
     for decl in declarations() {
         assert_eq!(
@@ -59,7 +59,7 @@ fn docs_ops_md_matches_the_declarations() {
         );
     }
     if std::env::var_os("DLKERN_BLESS").is_some() {
-        std::fs::write(doc(), &generated).expect("write docs/ops.md");
+        std::fs::write(doc_path(), &generated).expect("write docs/ops.md");
         return;
     }
     if generated != doc {
