@@ -4,7 +4,8 @@
 mod common;
 
 use common::Rng;
-use dlkern::ops::matmul_w8a8::pack::{self, MAX_K_I32, matmul_reference, quantize_rows};
+use dlkern::ops::matmul_w8a8::pack::{self, MAX_K_I32, quantize_rows};
+use dlkern::ops::matmul_w8a8::reference::matmul_reference;
 use proptest::prelude::*;
 
 proptest! {
@@ -103,7 +104,8 @@ fn registry_quantizer_gives_zero_width_rows_zero_scales() {
 mod gpu {
     use super::common::{Rng, gpu, subnormal_roundoff, unit_roundoff};
     use dlkern::ops::matmul_w8a8::launch::*;
-    use dlkern::ops::matmul_w8a8::pack::{matmul_reference, pack_for_decode};
+    use dlkern::ops::matmul_w8a8::pack::pack_for_decode;
+    use dlkern::ops::matmul_w8a8::reference::matmul_reference;
     use dlkern::{DType, Element};
     use half::{bf16, f16};
     use proptest::prelude::*;

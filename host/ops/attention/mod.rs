@@ -1,4 +1,5 @@
-//! Attention (prefill) forward, flash-attention's interface: padded or packed batches, GQA, causal, window, soft cap, the row log-sum-exp.
+//! Attention (prefill) forward, flash-attention's interface: padded or packed batches, GQA, causal,
+//! window, soft cap, the row log-sum-exp.
 //!
 //! One folder per family: `op.rs` declares the op(s) and their registry kernels, `launch.rs`
 //! validates and launches, `reference.rs` is the CPU oracle; the

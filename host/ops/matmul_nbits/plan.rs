@@ -149,7 +149,8 @@ pub struct MatMulNBitsPlan {
     /// Bytes of the workspace (offset, length) that must be zero when the kernel starts (the
     /// stream-K flags): the permutation before the kernel clears them.
     pub(super) zeroed: Option<(usize, usize)>,
-    /// The main kernel has the decode kernels' prologue (`decode*`, `packed_wgmma16`), which reads [`FLAG_WEIGHTS_READY`] and [`FLAG_EARLY_DEPENDENTS`].
+    /// The main kernel has the decode kernels' prologue (`decode*`, `packed_wgmma16`), which reads
+    /// [`FLAG_WEIGHTS_READY`] and [`FLAG_EARLY_DEPENDENTS`].
     pub(super) decode: bool,
     pub(super) args: Dims,
 }
@@ -202,7 +203,8 @@ impl MatMulNBitsParams {
     }
 
     /// Validates the shapes and picks the variant and split for a device with
-    /// `multiprocessors` SMs that runs `wgmma` or not ([`Device::has_wgmma`](crate::runtime::Device::has_wgmma)), for tensors that
+    /// `multiprocessors` SMs that runs `wgmma` or not ([`Device::has_wgmma`](crate::runtime::Device::has_wgmma)), for
+    /// tensors that
     /// start 16-byte aligned (every cudarc allocation).
     pub fn plan(&self, multiprocessors: u32, wgmma: bool) -> Result<MatMulNBitsPlan> {
         self.plan_for(multiprocessors, wgmma, RowAlignment::of(self, 0, 0))

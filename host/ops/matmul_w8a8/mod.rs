@@ -1,4 +1,5 @@
-//! W8A8 int8 matmul (per-token activations, per-channel weights), the per-token quantizer, and `MatMulIntegerToFloat`.
+//! W8A8 int8 matmul (per-token activations, per-channel weights), the per-token quantizer, and
+//! `MatMulIntegerToFloat`.
 //!
 //! One folder per family: `op.rs` declares the op(s) and their registry kernels, `launch.rs`
 //! validates and launches, `reference.rs` is the CPU oracle, `pack.rs` the weight layouts; the
@@ -14,3 +15,4 @@ pub(crate) mod layout;
 pub mod launch;
 pub mod op;
 pub mod pack;
+pub mod reference;

@@ -280,7 +280,7 @@ fn w8a8_compute(args: &KernelArgs) -> Result<()> {
         } else {
             w.host_slice::<i8>()?
         };
-        let out = pack::matmul_reference(
+        let out = super::reference::matmul_reference(
             a.host_slice::<i8>()?,
             a_scale.host_slice::<f32>()?,
             w,

@@ -1,10 +1,10 @@
 //! Symmetric int8 quantization (one f32 scale per row) for W8A8 matmul: per-token activations
-//! and per-output-channel weights, and the exact reference of the int8 matmul.
+//! and per-output-channel weights, and the decode kernel's packed weight layout.
 //!
 //! `q = clamp(round_half_even(x / scale), -127, 127)` with `scale = max|row| / 127` (a zero row
-//! has scale 0 and codes 0). Products of codes are accumulated exactly (in i64 here; the GPU
-//! kernels accumulate in i32, exact for `K <= MAX_K_I32`), then scaled:
-//! `y[m][n] = acc * a_scale[m] * w_scale[n] (+ bias[n])`.
+//! has scale 0 and codes 0). The GPU kernels accumulate products of codes in i32, exact for
+//! `K <= MAX_K_I32`, then scale: `y[m][n] = acc * a_scale[m] * w_scale[n] (+ bias[n])`
+//! ([`super::reference`] does the same in exact arithmetic).
 
 use crate::error::{Error, Result};
 
@@ -85,25 +85,4 @@ pub fn unpack_decode(packed: &[i8], n: usize, k: usize) -> Result<Vec<i8>> {
 /// is `(row / 16, step)`, its row within the tile `row % 16`.
 fn packed_run_start(row: usize, step: usize, steps: usize) -> usize {
     ((row / PACKED_TILE_ROWS * steps + step) * PACKED_TILE_ROWS + row % PACKED_TILE_ROWS) * PACKED_TILE_K
-}
-
-/// `y [M, N] = (A_q [M, K] . W_q [N, K]^T) * a_scale[m] * w_scale[n] (+ bias)` with the dot
-/// products exact. `a_scale` has M entries (per token) or 1 (per tensor).
-pub fn matmul_reference(
-    a: &[i8],
-    a_scale: &[f32],
-    w: &[i8],
-    w_scale: &[f32],
-    (m, n, k): (usize, usize, usize),
-    bias: Option<&[f32]>,
-) -> Vec<f64> {
-    let mut y = vec![0.0; m * n];
-    for i in 0..m {
-        let sa = a_scale[if a_scale.len() == 1 { 0 } else { i }] as f64;
-        for j in 0..n {
-            let acc: i64 = (0..k).map(|p| a[i * k + p] as i64 * w[j * k + p] as i64).sum();
-            y[i * n + j] = acc as f64 * sa * w_scale[j] as f64 + bias.map_or(0.0, |b| b[j] as f64);
-        }
-    }
-    y
 }

@@ -1,4 +1,5 @@
-//! Decode attention over a paged KV cache (ONNX Runtime's `PagedAttention` layout), and the cache write. Reachable from Rust only so far (no registry entry, no ORT op).
+//! Decode attention over a paged KV cache (ONNX Runtime's `PagedAttention` layout), and the cache
+//! write. Reachable from Rust only so far (no registry entry, no ORT op).
 //!
 //! One folder per family: `op.rs` declares the op(s) and their registry kernels, `launch.rs`
 //! validates and launches, `reference.rs` is the CPU oracle; the
