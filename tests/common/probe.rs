@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use dlkern::ops::common::checks::{check_same_device, check_slice};
 use dlkern::runtime::{Device, KernelParams, LaunchDims};
 use dlkern::{Error, Result};
 
@@ -57,12 +58,7 @@ impl Probes {
     ) -> Result<()> {
         let name = symbol(entry)?;
         // The buffers were checked against the probes' device: the stream must be on it too.
-        if stream.context().ordinal() != self.device.ordinal() {
-            return Err(Error::invalid(
-                name,
-                format!("stream is on device {}, probes on {}", stream.context().ordinal(), self.device.ordinal()),
-            ));
-        }
+        check_same_device(name, &self.device, stream)?;
         // SAFETY: forwarded contract.
         unsafe {
             if overlap {
@@ -77,19 +73,6 @@ impl Probes {
 /// The symbol of `entry`.
 fn symbol(entry: Entry) -> Result<&'static str> {
     layout::entry(entry).ok_or_else(|| Error::invalid(KERNEL, format!("no probe {entry:?}")))
-}
-
-/// Checks that `slice` lives on the probes' device and holds at least `needed` elements.
-fn check_slice<T: DeviceRepr>(name: &str, probes: &Probes, slice: &CudaSlice<T>, needed: usize) -> Result<()> {
-    let device = probes.device.ordinal();
-    let problem = if slice.ordinal() != device {
-        format!("{name} is on device {}, probes on {device}", slice.ordinal())
-    } else if slice.len() < needed {
-        format!("{name} holds {} elements, needs {needed}", slice.len())
-    } else {
-        return Ok(());
-    };
-    Err(Error::invalid(KERNEL, problem))
 }
 
 /// Which tensor-core probe to run; tiles are independent 16x8 products.
@@ -149,9 +132,9 @@ pub fn mma<A: DeviceRepr, B: DeviceRepr, C: DeviceRepr>(
         return Err(Error::invalid(KERNEL, format!("tiles = {tiles} out of range")));
     }
     let (a_elems, b_elems, c_elems) = probe.tile_elements();
-    check_slice("a", probes, a, a_elems * tiles)?;
-    check_slice("b", probes, b, b_elems * tiles)?;
-    check_slice("c", probes, c, c_elems * tiles)?;
+    check_slice(KERNEL, "a", &probes.device, a, a_elems * tiles)?;
+    check_slice(KERNEL, "b", &probes.device, b, b_elems * tiles)?;
+    check_slice(KERNEL, "c", &probes.device, c, c_elems * tiles)?;
     let (a_ptr, _a_sync) = a.device_ptr(stream);
     let (b_ptr, _b_sync) = b.device_ptr(stream);
     let (c_ptr, _c_sync) = c.device_ptr_mut(stream);
@@ -179,7 +162,7 @@ pub fn fast_math(
         return Err(Error::invalid(KERNEL, "more than u32::MAX elements"));
     }
     for (name, out) in [("x", x), ("exp2", &*exp2), ("recip", &*recip), ("rsqrt", &*rsqrt)] {
-        check_slice(name, probes, out, n)?;
+        check_slice(KERNEL, name, &probes.device, out, n)?;
     }
     let (x_ptr, _x) = x.device_ptr(stream);
     let (e_ptr, _e) = exp2.device_ptr_mut(stream);
@@ -294,8 +277,8 @@ unsafe fn launch_stream_read(
     flags: u32,
 ) -> Result<()> {
     let plan = StreamReadPlan::new(src.len(), blocks)?;
-    check_slice("src", probes, src, src.len())?;
-    check_slice("out", probes, out, plan.out_words)?;
+    check_slice(KERNEL, "src", &probes.device, src, src.len())?;
+    check_slice(KERNEL, "out", &probes.device, out, plan.out_words)?;
     let (src_ptr, _src) = src.device_ptr(stream);
     let (out_ptr, _out) = out.device_ptr_mut(stream);
     // cudarc allocations are 256-byte aligned: the 16-byte loads need 16.

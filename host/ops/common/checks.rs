@@ -38,7 +38,7 @@ pub(crate) fn span_bytes(rows: usize, cols: usize, row_stride: usize, elem_bytes
 
 /// Checks that a stream and a set of slices belong to `device`, so the raw launch that
 /// follows runs in the right context.
-pub(crate) fn check_same_device(kernel: &'static str, device: &Device, stream: &CudaStream) -> Result<()> {
+pub fn check_same_device(kernel: &'static str, device: &Device, stream: &CudaStream) -> Result<()> {
     if stream.context().ordinal() != device.ordinal() {
         return Err(Error::invalid(
             kernel,
@@ -53,7 +53,7 @@ pub(crate) fn check_same_device(kernel: &'static str, device: &Device, stream: &
 }
 
 /// Checks that a slice lives on `device` and holds at least `needed` elements.
-pub(crate) fn check_slice<T: DeviceRepr>(
+pub fn check_slice<T: DeviceRepr>(
     kernel: &'static str,
     name: &str,
     device: &Device,
