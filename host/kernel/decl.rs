@@ -16,8 +16,6 @@ pub struct OpDecl {
     /// The registry name, which is also the name C callers use (`dlkern_call`) and
     /// `DLPackKernel`'s `function_name`.
     pub name: &'static str,
-    /// One line for the docs: what the op computes.
-    pub summary: &'static str,
     pub inputs: &'static [TensorDecl],
     pub outputs: &'static [TensorDecl],
     pub attrs: &'static [AttrDecl],

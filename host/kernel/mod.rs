@@ -68,6 +68,17 @@ impl CallSite {
 }
 
 impl<'a> KernelArgs<'a> {
+    /// The arguments of one call: `tensors` holds the inputs, then the outputs.
+    pub(crate) fn new(
+        function_name: &'a str,
+        tensors: &'a [DLTensor],
+        num_inputs: usize,
+        stream: StreamHandle,
+        attrs: &'a Attributes,
+        site: Option<&'a CallSite>,
+    ) -> Self {
+        KernelArgs { function_name, tensors, num_inputs, stream, attrs, site }
+    }
     pub fn num_inputs(&self) -> usize {
         self.num_inputs
     }
@@ -128,18 +139,4 @@ pub struct InferArgs<'a> {
     pub inputs: &'a [TensorView<'a>],
     pub num_outputs: usize,
     pub attrs: &'a Attributes,
-}
-
-impl<'a> KernelArgs<'a> {
-    /// The arguments of one call: `tensors` holds the inputs, then the outputs.
-    pub(crate) fn new(
-        function_name: &'a str,
-        tensors: &'a [DLTensor],
-        num_inputs: usize,
-        stream: StreamHandle,
-        attrs: &'a Attributes,
-        site: Option<&'a CallSite>,
-    ) -> Self {
-        KernelArgs { function_name, tensors, num_inputs, stream, attrs, site }
-    }
 }

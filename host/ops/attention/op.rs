@@ -71,7 +71,6 @@ pub static DECLARATIONS: &[&OpDecl] = &[&ATTENTION, &ATTENTION_LSE];
 
 pub static ATTENTION: OpDecl = OpDecl {
     name: "dlkern.attention",
-    summary: "Attention (prefill) with flash-attention's interface.",
     inputs: INPUTS,
     outputs: &[OUT],
     attrs: ATTRS,
@@ -83,7 +82,6 @@ pub static ATTENTION: OpDecl = OpDecl {
 
 pub static ATTENTION_LSE: OpDecl = OpDecl {
     name: "dlkern.attention_lse",
-    summary: "`dlkern.attention`, and the row log-sum-exp.",
     inputs: INPUTS,
     outputs: &[
         OUT,

@@ -24,7 +24,6 @@ pub static DECLARATIONS: &[&OpDecl] = &[&MATMUL_NBITS];
 /// Exactly `com.microsoft` `MatMulNBits`' inputs and attributes (bits = 4).
 pub static MATMUL_NBITS: OpDecl = OpDecl {
     name: "dlkern.matmul_nbits",
-    summary: "`Y = A dequantize(B)^T + bias`, `B` in ONNX Runtime's 4-bit block format.",
     inputs: &[
         TensorDecl { name: "A", ty: TensorType::T, optional: false, shape: "`[..., K]`" },
         TensorDecl {

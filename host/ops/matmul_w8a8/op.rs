@@ -18,7 +18,6 @@ pub static DECLARATIONS: &[&OpDecl] = &[&QUANTIZE_PER_TOKEN, &MATMUL_W8A8, &MATM
 
 pub static QUANTIZE_PER_TOKEN: OpDecl = OpDecl {
     name: "dlkern.quantize_per_token",
-    summary: "Symmetric int8 quantization with one f32 scale per row (round half to even, `scale = max|row| / 127`).",
     inputs: &[TensorDecl { name: "x", ty: FLOAT_TYPES, optional: false, shape: "`[..., K]`" }],
     outputs: &[
         TensorDecl { name: "q", ty: I8, optional: false, shape: "`[..., K]`" },
@@ -33,7 +32,6 @@ pub static QUANTIZE_PER_TOKEN: OpDecl = OpDecl {
 
 pub static MATMUL_W8A8: OpDecl = OpDecl {
     name: "dlkern.matmul_w8a8",
-    summary: "`y = (a_q a_scale) (w_q w_scale)^T + bias`, int32 accumulation (exact for K <= 131071).",
     inputs: &[
         TensorDecl { name: "a_q", ty: I8, optional: false, shape: "`[..., K]`" },
         TensorDecl { name: "a_scale", ty: F32, optional: false, shape: "`[rows]` or `[1]`" },
@@ -67,7 +65,6 @@ pub static MATMUL_W8A8: OpDecl = OpDecl {
 
 pub static MATMUL_INTEGER_TO_FLOAT: OpDecl = OpDecl {
     name: "dlkern.matmul_integer_to_float",
-    summary: "`com.microsoft` `MatMulIntegerToFloat` with int8 inputs.",
     inputs: &[
         TensorDecl { name: "A", ty: I8, optional: false, shape: "`[..., K]`" },
         TensorDecl { name: "B", ty: I8, optional: false, shape: "`[K, N]`" },

@@ -21,7 +21,6 @@ pub static DECLARATIONS: &[&OpDecl] = &[&RMSNORM];
 
 pub static RMSNORM: OpDecl = OpDecl {
     name: "dlkern.rmsnorm",
-    summary: "`Y = X / sqrt(mean(X^2, axis=-1) + epsilon) * scale`",
     inputs: &[
         TensorDecl { name: "X", ty: TensorType::T, optional: false, shape: "`[..., D]`" },
         TensorDecl { name: "scale", ty: TensorType::T, optional: false, shape: "`[D]`" },
