@@ -46,6 +46,8 @@ pub mod paged_attention;
 pub mod probe;
 #[cfg(not(feature = "probes"))]
 pub mod rmsnorm;
+#[cfg(not(feature = "probes"))]
+pub mod rotary;
 mod unroll;
 
 /// Device code cannot unwind or print: a panic (an out-of-bounds index the optimiser could not

@@ -2,6 +2,7 @@
 //! the CPU, rows of a strided tensor) and the launchers' pointer checks ([`checks`]).
 
 pub mod checks;
+pub mod rotary;
 
 use half::{bf16, f16};
 
