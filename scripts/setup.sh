@@ -21,15 +21,20 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
 if ! .venv/bin/python - <<'PY'
-import glob, importlib.util, os, sys
+import glob, importlib.metadata, importlib.util, os, sys
 missing = [m for m in ("onnx", "onnxruntime", "numpy", "pytest", "matplotlib", "onnx_ir") if importlib.util.find_spec(m) is None]
+# The ORT ops dlkern replaces are compared against ORT's own kernels of this release (the GPU
+# host's onnxruntime-gpu is the same one), so its CPU build is pinned.
+if "onnxruntime" not in missing and importlib.metadata.version("onnxruntime") != "1.31.1":
+    missing.append("onnxruntime")
 spec = importlib.util.find_spec("nvidia")
 if spec is None or not any(glob.glob(os.path.join(d, "*", "bin", "ptxas")) for d in spec.submodule_search_locations):
     missing.append("nvidia-cuda-nvcc")
 sys.exit(1 if missing else 0)
 PY
 then
-  echo "setup: pip install nvidia-cuda-nvcc onnx onnxruntime numpy pytest matplotlib onnx_ir (into .venv)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check nvidia-cuda-nvcc onnx onnxruntime numpy pytest matplotlib onnx_ir
+  echo "setup: pip install nvidia-cuda-nvcc onnx onnxruntime==1.31.1 numpy pytest matplotlib onnx_ir (into .venv)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check nvidia-cuda-nvcc onnx onnxruntime==1.31.1 numpy pytest \
+    matplotlib onnx_ir
 fi
 echo "setup: ok"
