@@ -55,6 +55,9 @@ pub enum TensorType {
     Fixed(DType),
     /// Several types, checked by the kernel; the text says which (for the docs).
     Any(&'static str),
+    /// Always this type, and in host memory on every execution provider (ONNX Runtime hands
+    /// it over as a CPU input even on CUDA): a scalar the kernel needs before it launches.
+    Host(DType),
 }
 
 /// One attribute.
@@ -97,6 +100,7 @@ impl OpDecl {
                     TensorType::T => "T".to_string(),
                     TensorType::Fixed(d) => onnx_type_name(d).to_string(),
                     TensorType::Any(text) => text.to_string(),
+                    TensorType::Host(d) => format!("{} (host memory)", onnx_type_name(d)),
                 };
                 let _ = writeln!(md, "| {role} | `{}` | {ty} | {} |", t.name, t.shape);
             }

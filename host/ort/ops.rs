@@ -33,7 +33,7 @@ enum Kind {
 fn elem_of_decl(ty: TensorType, elem: Elem) -> Elem {
     match ty {
         TensorType::T => elem,
-        TensorType::Fixed(dtype) => elem_of(dtype),
+        TensorType::Fixed(dtype) | TensorType::Host(dtype) => elem_of(dtype),
         TensorType::Any(_) => Elem::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
     }
 }
@@ -52,6 +52,14 @@ unsafe impl Send for DlkernOp {}
 unsafe impl Sync for DlkernOp {}
 
 const GENERIC_OP: &CStr = c"DLPackKernel";
+
+impl DlkernOp {
+    /// Whether input `index` is declared in host memory ([`TensorType::Host`]).
+    fn host_input(&self, index: usize) -> bool {
+        matches!(self.kind, Kind::Typed { decl, .. }
+            if decl.inputs.get(index).is_some_and(|t| matches!(t.ty, TensorType::Host(_))))
+    }
+}
 
 fn op_of(op: *const OrtCustomOp) -> &'static DlkernOp {
     // SAFETY: every OrtCustomOp dlkern registers is the first field of a leaked DlkernOp.
@@ -195,8 +203,8 @@ unsafe extern "system" fn get_output_characteristic(
     }
 }
 
-unsafe extern "system" fn get_input_memory_type(_op: *const OrtCustomOp, _index: usize) -> OrtMemType {
-    OrtMemType::OrtMemTypeDefault
+unsafe extern "system" fn get_input_memory_type(op: *const OrtCustomOp, index: usize) -> OrtMemType {
+    if op_of(op).host_input(index) { OrtMemType::OrtMemTypeCPUInput } else { OrtMemType::OrtMemTypeDefault }
 }
 
 unsafe extern "system" fn variadic_min_arity(_op: *const OrtCustomOp) -> c_int {
@@ -414,7 +422,11 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
         let (elem, dims) = api.value_type_and_shape(value)?;
         let dtype =
             dtype_of(elem).ok_or_else(|| format!("input {i} has element type {elem:?}, which dlkern does not take"))?;
-        let device = device_of(api, kernel.op.provider, value)?;
+        let device = if kernel.op.host_input(i) {
+            device_of_provider(Provider::Cpu)
+        } else {
+            device_of(api, kernel.op.provider, value)?
+        };
         let data = api.mutable_data(value.cast_mut())?;
         shapes.push(dims);
         metas.push((data, device, dtype));

@@ -139,6 +139,10 @@ impl AttentionParams {
             lse_batch_stride: lse_batch_stride as u32,
             total_q: total_q as u32,
             total_k: total_k as u32,
+            out_row_stride: q_row as u32,
+            kv_head_stride: p.head_dim as u32,
+            kv_batch_stride: 0,
+            cache_capacity: 0,
         };
         let dims = LaunchDims {
             grid: (max_q.div_ceil(block_m(p.head_dim)).max(1) as u32, p.heads as u32, p.batch as u32),
@@ -254,4 +258,237 @@ pub fn attention_padded<T: Element>(
     // SAFETY: the slices hold the extents the params describe; `out` and `lse` are borrowed
     // mutably, so they alias nothing else.
     unsafe { attention_raw(device, stream.cu_stream(), params, &ptrs) }
+}
+
+/// Attention over a BNSH KV cache with per-sequence lengths on the device: ONNX Runtime's
+/// `GroupQueryAttention` layout. Queries `[B, S, H, D]` with rows `q_row_stride` apart (a packed
+/// QKV input's row is wider than `H * D`), caches `[B, Hkv, capacity, D]`, output `[B, S, H, D]`
+/// dense; sequence `b` sees `T = seqlens_k[b] + 1` keys and its first `min(S, T)` query rows
+/// are its newest tokens (positions `T - min(S, T) ..`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheAttentionParams {
+    pub dtype: DType,
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub capacity: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Elements between query rows (`>= H * D`, a multiple of 8).
+    pub q_row_stride: usize,
+    pub causal: bool,
+    pub window_left: Option<usize>,
+    pub scale: f32,
+    pub softcap: f32,
+}
+
+impl CacheAttentionParams {
+    pub fn plan(&self) -> Result<AttentionPlan> {
+        let p = self;
+        let dense = AttentionParams {
+            dtype: p.dtype,
+            batch: p.batch,
+            layout: Batch::Padded { seqlen_q: p.seqlen_q, seqlen_k: p.capacity },
+            heads: p.heads,
+            kv_heads: p.kv_heads,
+            head_dim: p.head_dim,
+            causal: p.causal,
+            window_left: p.window_left,
+            scale: p.scale,
+            softcap: p.softcap,
+            lse: false,
+        };
+        let mut plan = dense.plan()?;
+        let q_row = p.heads * p.head_dim;
+        if p.capacity == 0 || p.seqlen_q == 0 {
+            return Err(Error::invalid(KERNEL, "cache capacity and query length must be >= 1"));
+        }
+        if p.q_row_stride < q_row || !p.q_row_stride.is_multiple_of(8) {
+            return Err(Error::invalid(
+                KERNEL,
+                format!("query row stride {} must be >= H * D = {q_row} and a multiple of 8", p.q_row_stride),
+            ));
+        }
+        if (p.batch * p.seqlen_q).saturating_mul(p.q_row_stride) > i32::MAX as usize {
+            return Err(Error::invalid(KERNEL, "queries too large for the kernel's 32-bit strides"));
+        }
+        let a = &mut plan.args;
+        a.q_row_stride = p.q_row_stride as u32;
+        a.k_row_stride = p.head_dim as u32;
+        a.kv_head_stride = (p.capacity * p.head_dim) as u32;
+        a.kv_batch_stride = (p.kv_heads * p.capacity * p.head_dim) as u32;
+        a.cache_capacity = p.capacity as u32;
+        a.out_row_stride = q_row as u32;
+        Ok(plan)
+    }
+}
+
+/// Cache-mode attention on raw device pointers, on `stream`.
+///
+/// # Safety
+/// Device addresses in `device`'s context valid for the extents the parameters describe until
+/// the kernel has run on `stream` (`seqlens_k`: `[batch]` i32; any values are memory-safe, the
+/// kernel clamps them to the capacity); `out` distinct from the other buffers.
+pub unsafe fn attention_cache_raw(
+    device: &Device,
+    stream: CUstream,
+    params: &CacheAttentionParams,
+    [q, k_cache, v_cache, out, seqlens_k]: [u64; 5],
+) -> Result<AttentionPlan> {
+    let plan = params.plan()?;
+    for (name, ptr) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)] {
+        check_pointer(KERNEL, name, ptr, 16)?;
+    }
+    check_pointer(KERNEL, "seqlens_k", seqlens_k, 4)?;
+    let args = KernelParams::new().pointers(&[q, k_cache, v_cache, out, 0, 0, seqlens_k]).value(plan.args);
+    // SAFETY: seven pointers and the Dims struct, as the kernel declares; validity by contract.
+    unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
+    Ok(plan)
+}
+
+/// Where rotary takes positions from, and where it writes each token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RotaryPositions {
+    /// `position_ids[b * seq + s]` (i64, on the device).
+    PerToken,
+    /// `position_ids[0] + s` (i64, on the device).
+    FromFirst,
+    /// From `seqlens_k` (i32, on the device): token `s` of the newest `min(seq, T)` is position
+    /// `T - min(seq, T) + s` and is written to that row of a cache of `capacity` rows.
+    CacheAppend { capacity: usize },
+    /// As `CacheAppend`, but written to row `s` (the queries).
+    CacheQuery { capacity: usize },
+}
+
+/// One strided tensor of heads: `[batch][seq][heads][head_size]` in any order of the first three.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadStrides {
+    pub batch: usize,
+    pub seq: usize,
+    pub head: usize,
+}
+
+/// Rotary embedding (or, with `rotary_dim` 0, a plain copy) of `heads` heads per token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RotaryParams {
+    pub dtype: DType,
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_size: usize,
+    pub rotary_dim: usize,
+    pub interleaved: bool,
+    pub src: HeadStrides,
+    pub dst: HeadStrides,
+    pub positions: RotaryPositions,
+    /// Rows of the cos / sin caches (`[max_position, rotary_dim / 2]`).
+    pub max_position: usize,
+}
+
+/// Device addresses of a rotary call (`cos`, `sin`, `position_ids`, `seqlens_k` 0 where the
+/// call has none).
+#[derive(Clone, Copy, Debug)]
+pub struct RotaryPointers {
+    pub src: u64,
+    pub dst: u64,
+    pub cos: u64,
+    pub sin: u64,
+    pub position_ids: u64,
+    pub seqlens_k: u64,
+}
+
+impl RotaryParams {
+    pub fn plan(&self) -> Result<(&'static str, LaunchDims, layout::RotaryArgs)> {
+        let p = self;
+        let bad = |m: String| Error::invalid(KERNEL, m);
+        let kernel = layout::Dtype::from_name(p.dtype.name())
+            .and_then(|t| layout::entry(layout::Entry::Rotary(t)))
+            .ok_or_else(|| bad(format!("rotary: dtype {} not supported (f32, f16, bf16)", p.dtype)))?;
+        if p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_size || p.head_size == 0 {
+            return Err(bad(format!("rotary dim {} must be even and <= head size {}", p.rotary_dim, p.head_size)));
+        }
+        if p.batch == 0 || p.batch > 65535 || p.seq > i32::MAX as usize {
+            return Err(bad(format!("rotary: batch {} must be 1..=65535", p.batch)));
+        }
+        let span = |s: &HeadStrides| {
+            (p.batch.saturating_sub(1)) * s.batch + p.seq.saturating_sub(1) * s.seq + (p.heads.saturating_sub(1)) * s.head
+        };
+        let rows = match p.positions {
+            RotaryPositions::CacheAppend { capacity } => capacity.max(p.seq),
+            _ => p.seq,
+        };
+        let dst_span = (p.batch.saturating_sub(1)) * p.dst.batch
+            + rows.saturating_sub(1) * p.dst.seq
+            + (p.heads.saturating_sub(1)) * p.dst.head;
+        if span(&p.src).max(dst_span).saturating_add(p.head_size) > i32::MAX as usize
+            || p.heads.saturating_mul(p.head_size) > i32::MAX as usize
+            || p.max_position > u32::MAX as usize
+        {
+            return Err(bad("rotary: tensors too large for the kernel's 32-bit strides".into()));
+        }
+        let (positions, capacity) = match p.positions {
+            RotaryPositions::PerToken => (layout::POSITIONS_PER_TOKEN, 0),
+            RotaryPositions::FromFirst => (layout::POSITIONS_FROM_FIRST, 0),
+            RotaryPositions::CacheAppend { capacity } => (layout::POSITIONS_CACHE_APPEND, capacity),
+            RotaryPositions::CacheQuery { capacity } => (layout::POSITIONS_CACHE_QUERY, capacity),
+        };
+        let args = layout::RotaryArgs {
+            seq: p.seq as u32,
+            heads: p.heads as u32,
+            head_size: p.head_size as u32,
+            rotary_dim: p.rotary_dim as u32,
+            interleaved: p.interleaved as u32,
+            src_batch_stride: p.src.batch as u32,
+            src_seq_stride: p.src.seq as u32,
+            src_head_stride: p.src.head as u32,
+            dst_batch_stride: p.dst.batch as u32,
+            dst_seq_stride: p.dst.seq as u32,
+            dst_head_stride: p.dst.head as u32,
+            positions,
+            // Nothing to look up without rotation: every position is valid.
+            max_position: if p.rotary_dim == 0 { u32::MAX } else { p.max_position as u32 },
+            capacity: capacity.min(i32::MAX as usize) as u32,
+        };
+        let dims = LaunchDims {
+            grid: (p.seq as u32, p.batch as u32, 1),
+            block: (layout::ROTARY_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
+        Ok((kernel, dims, args))
+    }
+}
+
+/// Rotary embedding on raw device pointers, on `stream`. Nothing is launched for an empty call.
+///
+/// # Safety
+/// Device addresses in `device`'s context valid for the extents the parameters describe until
+/// the kernel has run on `stream`; `dst` distinct from `src` unless both use the same strides.
+/// Positions and lengths on the device need not be valid for memory safety (out-of-range
+/// positions write NaN heads, lengths are clamped to the capacity).
+pub unsafe fn rotary_raw(device: &Device, stream: CUstream, params: &RotaryParams, ptrs: &RotaryPointers) -> Result<()> {
+    let (kernel, dims, args) = params.plan()?;
+    if params.seq == 0 || params.heads == 0 {
+        return Ok(());
+    }
+    let size = params.dtype.size_bytes() as u64;
+    check_pointer(KERNEL, "src", ptrs.src, size)?;
+    check_pointer(KERNEL, "dst", ptrs.dst, size)?;
+    if params.rotary_dim > 0 {
+        check_pointer(KERNEL, "cos_cache", ptrs.cos, size)?;
+        check_pointer(KERNEL, "sin_cache", ptrs.sin, size)?;
+    }
+    match params.positions {
+        RotaryPositions::PerToken | RotaryPositions::FromFirst if params.rotary_dim > 0 => {
+            check_pointer(KERNEL, "position_ids", ptrs.position_ids, 8)?
+        }
+        RotaryPositions::CacheAppend { .. } | RotaryPositions::CacheQuery { .. } => {
+            check_pointer(KERNEL, "seqlens_k", ptrs.seqlens_k, 4)?
+        }
+        _ => {}
+    }
+    let kp = KernelParams::new()
+        .pointers(&[ptrs.src, ptrs.dst, ptrs.cos, ptrs.sin, ptrs.position_ids, ptrs.seqlens_k])
+        .value(args);
+    // SAFETY: six pointers and the RotaryArgs struct, as the kernel declares; validity by contract.
+    unsafe { device.launch(kernel, dims, stream, kp) }
 }

@@ -12,6 +12,8 @@
 #[path = "../../../kernels-gpu/src/attention/layout.rs"]
 pub(crate) mod layout;
 
+mod gqa;
 pub mod launch;
 pub mod op;
 pub mod reference;
+mod rotary_embedding;

@@ -67,7 +67,147 @@ const ATTRS: &[AttrDecl] = &[
 const DEVICES: u32 = DEVICE_MASK_CPU | DEVICE_MASK_CUDA;
 
 /// This family's ops, in the order `docs/ops.md` lists them.
-pub static DECLARATIONS: &[&OpDecl] = &[&ATTENTION, &ATTENTION_LSE];
+pub static DECLARATIONS: &[&OpDecl] = &[&ATTENTION, &ATTENTION_LSE, &GROUP_QUERY_ATTENTION, &ROTARY_EMBEDDING];
+
+const fn opt(name: &'static str, ty: TensorType, shape: &'static str) -> TensorDecl {
+    TensorDecl { name, ty, optional: true, shape }
+}
+const REFUSED: &str = "refused when given";
+
+/// ONNX Runtime 1.31's `com.microsoft` `GroupQueryAttention` (see [`super::gqa`]).
+pub static GROUP_QUERY_ATTENTION: OpDecl = OpDecl {
+    name: "dlkern.group_query_attention",
+    inputs: &[
+        TensorDecl {
+            name: "query",
+            ty: TensorType::T,
+            optional: false,
+            shape: "`[B, S, H * D]`, or packed QKV `[B, S, (H + 2 Hkv) * D]` when `key` and `value` are absent",
+        },
+        opt("key", TensorType::T, "`[B, S, Hkv * D]`"),
+        opt("value", TensorType::T, "`[B, S, Hkv * D]`"),
+        opt("past_key", TensorType::T, "BNSH `[B, Hkv, L, D]`; may be `present_key`'s buffer"),
+        opt("past_value", TensorType::T, "as `past_key`"),
+        TensorDecl {
+            name: "seqlens_k",
+            ty: TensorType::Fixed(DType::I32),
+            optional: false,
+            shape: "`[B]`: each sequence's token count after the step, minus one",
+        },
+        TensorDecl {
+            name: "total_sequence_length",
+            ty: TensorType::Host(DType::I32),
+            optional: false,
+            shape: "one element: the longest sequence's token count",
+        },
+        opt("cos_cache", TensorType::T, "`[positions, rotary_dim / 2]`, with `do_rotary = 1`"),
+        opt("sin_cache", TensorType::T, "as `cos_cache`"),
+        opt("position_ids", TensorType::Fixed(DType::I64), REFUSED),
+        opt("attention_bias", TensorType::T, REFUSED),
+        opt("head_sink", TensorType::T, REFUSED),
+        opt("k_scale", TensorType::Fixed(DType::F32), REFUSED),
+        opt("v_scale", TensorType::Fixed(DType::F32), REFUSED),
+        opt("q_norm_weight", TensorType::T, REFUSED),
+        opt("k_norm_weight", TensorType::T, REFUSED),
+    ],
+    outputs: &[
+        TensorDecl { name: "output", ty: TensorType::T, optional: false, shape: "`[B, S, H * D]`" },
+        opt("present_key", TensorType::T, "`[B, Hkv, max(total_sequence_length, L), D]` (required by dlkern)"),
+        opt("present_value", TensorType::T, "as `present_key` (required by dlkern)"),
+        opt("output_qk", TensorType::T, REFUSED),
+    ],
+    attrs: &[
+        AttrDecl { name: c"num_heads", kind: AttrKind::Int, doc: "query heads `H`" },
+        AttrDecl { name: c"kv_num_heads", kind: AttrKind::Int, doc: "KV heads `Hkv` (`H` a multiple of it)" },
+        AttrDecl { name: c"scale", kind: AttrKind::Float { default: 0.0 }, doc: "0 means `1/sqrt(D)`" },
+        AttrDecl { name: c"softcap", kind: AttrKind::Float { default: 0.0 }, doc: "`cap * tanh(s / cap)`; 0: none" },
+        AttrDecl {
+            name: c"local_window_size",
+            kind: AttrKind::OptionalInt { default: "-1 (none)" },
+            doc: "a query sees this many keys left of its own",
+        },
+        AttrDecl { name: c"causal", kind: AttrKind::OptionalInt { default: "1" }, doc: "0: bidirectional" },
+        AttrDecl { name: c"do_rotary", kind: AttrKind::OptionalInt { default: "0" }, doc: "rotate new queries and keys" },
+        AttrDecl {
+            name: c"rotary_interleaved",
+            kind: AttrKind::OptionalInt { default: "0" },
+            doc: "pairs `(2i, 2i + 1)` instead of `(i, i + rotary_dim / 2)`",
+        },
+        AttrDecl { name: c"smooth_softmax", kind: AttrKind::OptionalInt { default: "0" }, doc: "1 refused" },
+        AttrDecl { name: c"qk_output", kind: AttrKind::OptionalInt { default: "0" }, doc: "other values refused" },
+        AttrDecl { name: c"sliding_window_cache", kind: AttrKind::OptionalInt { default: "0" }, doc: "1 refused" },
+        AttrDecl { name: c"kv_cache_bit_width", kind: AttrKind::OptionalInt { default: "none" }, doc: REFUSED },
+        AttrDecl { name: c"k_quant_type", kind: AttrKind::OptionalString { default: "`NONE`" }, doc: "others refused" },
+        AttrDecl { name: c"v_quant_type", kind: AttrKind::OptionalString { default: "`NONE`" }, doc: "others refused" },
+        AttrDecl {
+            name: c"qk_norm_epsilon",
+            kind: AttrKind::Float { default: 1e-6 },
+            doc: "unused (`q_norm_weight` is refused)",
+        },
+    ],
+    devices: DEVICES,
+    compute: super::gqa::compute,
+    infer: super::gqa::infer,
+    ort: Some(OrtDecl {
+        name: c"GroupQueryAttention",
+        cuda: &[DType::F16, DType::BF16],
+        cpu: &[DType::F32, DType::F16],
+    }),
+};
+
+/// ONNX Runtime 1.31's `com.microsoft` `RotaryEmbedding` (see [`super::rotary_embedding`]).
+pub static ROTARY_EMBEDDING: OpDecl = OpDecl {
+    name: "dlkern.rotary_embedding",
+    inputs: &[
+        TensorDecl {
+            name: "input",
+            ty: TensorType::T,
+            optional: false,
+            shape: "`[B, S, hidden]` or `[B, N, S, head_size]`",
+        },
+        TensorDecl {
+            name: "position_ids",
+            ty: TensorType::Fixed(DType::I64),
+            optional: false,
+            shape: "`[B, S]`, or one element `p` (positions `p + s`)",
+        },
+        TensorDecl {
+            name: "cos_cache",
+            ty: TensorType::T,
+            optional: false,
+            shape: "`[max_position, rotary_dim / 2]`",
+        },
+        TensorDecl { name: "sin_cache", ty: TensorType::T, optional: false, shape: "as `cos_cache`" },
+    ],
+    outputs: &[TensorDecl { name: "output", ty: TensorType::T, optional: false, shape: "as `input`" }],
+    attrs: &[
+        AttrDecl {
+            name: c"num_heads",
+            kind: AttrKind::OptionalInt { default: "0 (from the head size)" },
+            doc: "needed with `rotary_embedding_dim`",
+        },
+        AttrDecl {
+            name: c"rotary_embedding_dim",
+            kind: AttrKind::OptionalInt { default: "0 (the head size, `2 * cos_cache` columns)" },
+            doc: "rotated elements per head",
+        },
+        AttrDecl {
+            name: c"interleaved",
+            kind: AttrKind::OptionalInt { default: "0" },
+            doc: "pairs `(2i, 2i + 1)` instead of `(i, i + rotary_dim / 2)`",
+        },
+        AttrDecl { name: c"is_packed_batching", kind: AttrKind::OptionalInt { default: "0" }, doc: "1 refused" },
+        AttrDecl { name: c"scale", kind: AttrKind::Float { default: 1.0 }, doc: "no effect (as in ORT)" },
+    ],
+    devices: DEVICES,
+    compute: super::rotary_embedding::compute,
+    infer: crate::ops::common::same_as_first_input,
+    ort: Some(OrtDecl {
+        name: c"RotaryEmbedding",
+        cuda: &[DType::F32, DType::F16, DType::BF16],
+        cpu: &[DType::F32, DType::F16],
+    }),
+};
 
 pub static ATTENTION: OpDecl = OpDecl {
     name: "dlkern.attention",

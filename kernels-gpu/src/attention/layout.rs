@@ -62,6 +62,19 @@ pub struct Dims {
     /// Query and key rows in all: packed lengths are clamped to them.
     pub total_q: u32,
     pub total_k: u32,
+    /// Elements between output rows (`H * D` when dense; `q_row_stride` may be larger, as in
+    /// a packed QKV input).
+    pub out_row_stride: u32,
+    /// Elements between KV heads: `D` in token-major rows, `capacity * D` in a BNSH cache.
+    pub kv_head_stride: u32,
+    /// Elements between sequences' caches (KV-cache mode), 0 otherwise.
+    pub kv_batch_stride: u32,
+    /// KV-cache mode (ONNX Runtime's `GroupQueryAttention`) when nonzero: keys and values are a
+    /// BNSH cache of this many positions per sequence, `cu_k` holds `seqlens_k` (each
+    /// sequence's key count minus one) and queries are padded to `seqlen_q` rows; sequence `b`
+    /// sees `T = seqlens_k[b] + 1` keys (clamped to the capacity) and its first `min(seqlen_q, T)`
+    /// query rows are the newest tokens.
+    pub cache_capacity: u32,
 }
 
 /// An entry point: `attention_fwd_{dtype}_d{head_dim}`, for f16 and bf16 and head sizes 64, 80,
@@ -69,6 +82,41 @@ pub struct Dims {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Entry {
     Fwd(Dtype, usize),
+    /// `attention_rotary_{dtype}`: rotary embedding over strided heads (f32 too).
+    Rotary(Dtype),
+}
+
+/// Threads per block of `attention_rotary_*`.
+pub const ROTARY_THREADS: u32 = 128;
+
+/// Where `attention_rotary_*` takes each token's position from (see its launch contract).
+pub const POSITIONS_PER_TOKEN: u32 = 0;
+pub const POSITIONS_FROM_FIRST: u32 = 1;
+pub const POSITIONS_CACHE_APPEND: u32 = 2;
+pub const POSITIONS_CACHE_QUERY: u32 = 3;
+
+/// Scalar arguments of `attention_rotary_*`. Strides in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct RotaryArgs {
+    pub seq: u32,
+    pub heads: u32,
+    pub head_size: u32,
+    /// Rotated elements per head (even, <= `head_size`); 0 copies the heads unchanged.
+    pub rotary_dim: u32,
+    pub interleaved: u32,
+    pub src_batch_stride: u32,
+    pub src_seq_stride: u32,
+    pub src_head_stride: u32,
+    pub dst_batch_stride: u32,
+    pub dst_seq_stride: u32,
+    pub dst_head_stride: u32,
+    /// One of the `POSITIONS_*` modes.
+    pub positions: u32,
+    /// Rows of the cos / sin caches.
+    pub max_position: u32,
+    /// Positions per sequence in the KV cache (the cache modes clamp lengths to it).
+    pub capacity: u32,
 }
 
 /// Every entry point of the family, with its symbol.
@@ -83,6 +131,9 @@ pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::Fwd(Dtype::Bf16, 96), "attention_fwd_bf16_d96"),
     (Entry::Fwd(Dtype::Bf16, 128), "attention_fwd_bf16_d128"),
     (Entry::Fwd(Dtype::Bf16, 256), "attention_fwd_bf16_d256"),
+    (Entry::Rotary(Dtype::F32), "attention_rotary_f32"),
+    (Entry::Rotary(Dtype::F16), "attention_rotary_f16"),
+    (Entry::Rotary(Dtype::Bf16), "attention_rotary_bf16"),
 ];
 
 /// The symbol of `entry`, if the family has it.

@@ -20,8 +20,17 @@
 //! - `cu_q`, `cu_k` (when given) are clamped to `[0, total]` and made non-decreasing, so no
 //!   value can send an access outside the tensors; a sequence longer than the grid's
 //!   `block_m(D) * gridDim.x` queries leaves its later rows unwritten.
+//! - `out` rows are `out_row_stride` elements apart; KV head `h` starts `h * kv_head_stride`
+//!   elements into a sequence's keys.
+//! - KV-cache mode (`cache_capacity > 0`, ONNX Runtime's `GroupQueryAttention`): `k`, `v` are
+//!   BNSH caches (sequence `b`, KV head `h` at `b * kv_batch_stride + h * kv_head_stride`,
+//!   positions `k_row_stride` apart), `cu_k` is `seqlens_k` (`[batch]`, clamped so that
+//!   `T = seqlens_k[b] + 1` lies in `[0, cache_capacity]`), `cu_q` is unused, and sequence `b`'s
+//!   queries are rows `b * seqlen_q ..` of which the first `min(seqlen_q, T)` are written:
+//!   query `i` sits at key position `T - min(seqlen_q, T) + i` (bottom-right alignment).
 
 pub mod layout;
+pub mod rotary;
 
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::ldmatrix::{ldmatrix_x4, ldmatrix_x4_trans};
@@ -145,7 +154,12 @@ unsafe fn attention_fwd<
     unsafe {
         // Row indices and element offsets are u32 (the host bounds every tensor by i32::MAX
         // elements): half the registers of usize, which the main loop needs.
-        let (q0, q1, k0, k1) = if cu_q.is_null() {
+        let (q0, q1, k0, k1) = if p.cache_capacity != 0 {
+            // A bad `seqlens_k` is clamped to the cache, so it can never send an access outside.
+            let total = (cu_k.add(b).read() as i64 + 1).clamp(0, p.cache_capacity as i64) as u32;
+            let q0 = b as u32 * p.seqlen_q;
+            (q0, q0 + p.seqlen_q.min(total), 0, total)
+        } else if cu_q.is_null() {
             let (sq, sk, b) = (p.seqlen_q, p.seqlen_k, b as u32);
             (b * sq, (b + 1) * sq, b * sk, (b + 1) * sk)
         } else {
@@ -175,8 +189,9 @@ unsafe fn attention_fwd<
         let k_s = |stage: usize| smem.offset(((block_m + stage * BN) * row_bytes(D)) as u32);
         let v_s = |stage: usize| smem.offset(((block_m + 2 * BN + stage * BN) * row_bytes(D)) as u32);
         let q_ptr = q.add((q0 * p.q_row_stride + (h * D) as u32) as usize);
-        let k_ptr = k.add((k0 * p.k_row_stride + (kvh * D) as u32) as usize);
-        let v_ptr = v.add((k0 * p.k_row_stride + (kvh * D) as u32) as usize);
+        let kv_base = b * p.kv_batch_stride as usize + kvh * p.kv_head_stride as usize;
+        let k_ptr = k.add(kv_base + (k0 * p.k_row_stride) as usize);
+        let v_ptr = v.add(kv_base + (k0 * p.k_row_stride) as usize);
         let load_kv = |tile: usize, stage: usize| {
             let first = (tile * BN) as u32;
             let valid = sk.saturating_sub(first).min(BN as u32);
@@ -398,7 +413,7 @@ unsafe fn attention_fwd<
                     let i = m0 + (MI * WARPS * 16 + warp_id * 16 + g + 8 * RH) as u32;
                     if i < sq {
                         let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-                        let row = out.add(((q0 + i) * p.q_row_stride + (h * D) as u32) as usize);
+                        let row = out.add(((q0 + i) * p.out_row_stride + (h * D) as u32) as usize);
                         unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                             if U < D / 8 {
                                 let pair = T::pack2(o[MI][U][2 * RH] * inv, o[MI][U][2 * RH + 1] * inv);

@@ -1,0 +1,119 @@
+//! Rotary position embedding over strided heads, ONNX Runtime's definition (the pairing is
+//! [`crate::rotary::rotary_pair`]): `com.microsoft` `RotaryEmbedding`, and the first step of
+//! `GroupQueryAttention` on the GPU, which rotates the new queries into a workspace and the new
+//! keys straight into the KV cache, and copies the new values there (`rotary_dim` 0).
+//!
+//! # Launch contract: `attention_rotary_{f32,f16,bf16}`
+//! - grid `(seq, batch, 1)`, block `(ROTARY_THREADS, 1, 1)`, no shared memory: block `(s, b)`
+//!   does token `s` of sequence `b`, all its heads.
+//! - `src` head `h` of token `(b, s)` starts at element `b * src_batch_stride + s * src_seq_stride
+//!   + h * src_head_stride`, and `dst` likewise with its own strides (row `dst_row` below
+//!   instead of `s`); `head_size` contiguous elements each. `dst` must not overlap `src` unless
+//!   it is the very same layout (in place: each thread reads a pair, then writes it).
+//! - `cos`, `sin`: `[max_position, rotary_dim / 2]`, contiguous.
+//! - positions ([`RotaryArgs::positions`]): `POSITIONS_PER_TOKEN` reads `position_ids[b * seq + s]`
+//!   (i64); `POSITIONS_FROM_FIRST` reads `position_ids[0] + s`; `POSITIONS_CACHE_APPEND` and
+//!   `POSITIONS_CACHE_QUERY` read `seqlens_k[b]` (i32): with `T = seqlens_k[b] + 1` clamped to
+//!   `[0, capacity]` and `Q = min(seq, T)`, tokens `s >= Q` are skipped and token `s` sits at
+//!   position `T - Q + s`; `APPEND` writes it to `dst` row `T - Q + s` (the cache), `QUERY` to
+//!   row `s`. Otherwise `dst` row is `s`.
+//! - With `rotary_dim` 0 (a copy) the per-token modes read no position and `position_ids` may
+//!   be null.
+//! - A position outside `[0, max_position)` writes NaN over the whole head: the host cannot see
+//!   device-side positions before the launch, and NaN is visible where a clamp would not be.
+
+use crate::device::index;
+use crate::element::{Bf16, Element, F16};
+use crate::rotary::rotary_pair;
+
+pub use super::layout::{
+    POSITIONS_CACHE_APPEND, POSITIONS_CACHE_QUERY, POSITIONS_FROM_FIRST, POSITIONS_PER_TOKEN, ROTARY_THREADS,
+    RotaryArgs,
+};
+
+#[inline(always)]
+unsafe fn rotary<T: Element>(
+    src: *const T,
+    dst: *mut T,
+    cos: *const T,
+    sin: *const T,
+    position_ids: *const i64,
+    seqlens_k: *const i32,
+    p: RotaryArgs,
+) {
+    let s = index::block_idx_x() as u64;
+    let b = index::block_idx_y() as u64;
+    let tid = index::thread_idx_x();
+    // SAFETY (whole body): the launch contract sizes every buffer for the strides and shapes
+    // in `p`; positions are checked before `cos` / `sin` are read.
+    unsafe {
+        let (position, dst_row) = match p.positions {
+            // A plain copy (no rotation) needs no position.
+            POSITIONS_PER_TOKEN | POSITIONS_FROM_FIRST if p.rotary_dim == 0 => (0, s),
+            POSITIONS_PER_TOKEN => (position_ids.add((b * p.seq as u64 + s) as usize).read(), s),
+            POSITIONS_FROM_FIRST => (position_ids.read().wrapping_add(s as i64), s),
+            mode => {
+                let total = (seqlens_k.add(b as usize).read() as i64 + 1).clamp(0, p.capacity as i64) as u64;
+                let new = total.min(p.seq as u64);
+                if s >= new {
+                    return;
+                }
+                let position = total - new + s;
+                (position as i64, if mode == POSITIONS_CACHE_APPEND { position } else { s })
+            }
+        };
+        let valid = position >= 0 && position < p.max_position as i64;
+        let half = p.rotary_dim / 2;
+        let cache_row = if valid { position as usize * half as usize } else { 0 };
+        let src = src.add((b * p.src_batch_stride as u64 + s * p.src_seq_stride as u64) as usize);
+        let dst = dst.add((b * p.dst_batch_stride as u64 + dst_row * p.dst_seq_stride as u64) as usize);
+        // Work items per head: the rotated pairs, then the pass-through tail.
+        let per_head = half + (p.head_size - p.rotary_dim);
+        let mut item = tid;
+        while item < p.heads * per_head {
+            let (h, w) = (item / per_head, item % per_head);
+            let x = src.add((h * p.src_head_stride) as usize);
+            let y = dst.add((h * p.dst_head_stride) as usize);
+            if w < half {
+                let (i, j) = rotary_pair(w as usize, p.rotary_dim as usize, p.interleaved != 0);
+                let (a, bv) = (x.add(i).read().to_f32(), x.add(j).read().to_f32());
+                let (out_i, out_j) = if valid {
+                    let (c, sn) = (cos.add(cache_row + w as usize).read().to_f32(), sin.add(cache_row + w as usize).read().to_f32());
+                    (a * c - bv * sn, bv * c + a * sn)
+                } else {
+                    (f32::NAN, f32::NAN)
+                };
+                y.add(i).write(T::from_f32(out_i));
+                y.add(j).write(T::from_f32(out_j));
+            } else {
+                let i = (p.rotary_dim + w - half) as usize;
+                let v = x.add(i).read();
+                y.add(i).write(if valid { v } else { T::from_f32(f32::NAN) });
+            }
+            item += ROTARY_THREADS;
+        }
+    }
+}
+
+macro_rules! rotary_entries {
+    ($($name:ident: $ty:ty);+ $(;)?) => {$(
+        /// Rotary embedding over strided heads; see the module docs for the launch contract.
+        ///
+        /// # Safety
+        /// The launch contract in the module docs.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            src: *const $ty, dst: *mut $ty, cos: *const $ty, sin: *const $ty,
+            position_ids: *const i64, seqlens_k: *const i32, args: RotaryArgs,
+        ) {
+            // SAFETY: forwarded launch contract.
+            unsafe { rotary::<$ty>(src, dst, cos, sin, position_ids, seqlens_k, args) }
+        }
+    )+};
+}
+
+rotary_entries!(
+    attention_rotary_f32: f32;
+    attention_rotary_f16: F16;
+    attention_rotary_bf16: Bf16;
+);
