@@ -545,7 +545,9 @@ impl OpCase {
             x.iter_mut().for_each(|v| *v = round16(*v));
         };
         for (b, &(new, past)) in self.seqs.iter().enumerate() {
-            let slot = |pos: usize| self.table[b * c.max_blocks + pos / c.block_size] as usize * c.block_size + pos % c.block_size;
+            let slot = |pos: usize| {
+                self.table[b * c.max_blocks + pos / c.block_size] as usize * c.block_size + pos % c.block_size
+            };
             let mut hk: Vec<Vec<f64>> = (0..past).map(|p| self.kc[slot(p) * row..][..row].to_vec()).collect();
             let mut hv: Vec<Vec<f64>> = (0..past).map(|p| self.vc[slot(p) * row..][..row].to_vec()).collect();
             let mut queries = Vec::new();
@@ -569,7 +571,7 @@ impl OpCase {
             for (t, qpos, q) in queries {
                 for hq in 0..nh {
                     let h = hq / (nh / kvh);
-                    let lo = c.local_window.map_or(0, |w| qpos.saturating_sub(w));
+                    let lo = c.local_window.map_or(0, |w| (qpos + 1).saturating_sub(w));
                     let s: Vec<f64> = (lo..=qpos)
                         .map(|j| {
                             let dot: f64 = (0..d).map(|e| q[hq * d + e] * hk[j][h * d + e]).sum::<f64>() * c.scale;
@@ -594,12 +596,14 @@ impl OpCase {
 fn op_cases() -> Vec<OpCase> {
     let ragged: &[(usize, usize)] = &[(1, 1025), (7, 0), (97, 1), (0, 5), (1, 0), (7, 1025)];
     let mut cases = Vec::new();
-    let configs: &[(usize, usize, usize, usize, Option<usize>, f64, Option<(usize, bool)>, bool)] = &[
+    // (heads, kv heads, head size, block size, window, softcap, rotary, packed QKV)
+    type Config = (usize, usize, usize, usize, Option<usize>, f64, Option<(usize, bool)>, bool);
+    let configs: &[Config] = &[
         (2, 2, 64, 16, None, 0.0, None, false),
         (4, 1, 80, 32, None, 0.0, Some((80, false)), false),
         (8, 1, 128, 16, Some(40), 0.0, Some((128, true)), true),
         (8, 2, 64, 32, None, 30.0, Some((32, false)), false), // partial rotary
-        (4, 1, 128, 16, Some(0), 10.0, Some((64, true)), true), // window of one key, interleaved partial
+        (4, 1, 128, 16, Some(1), 10.0, Some((64, true)), true), // window of one key, interleaved partial
     ];
     for (i, &(nh, kvh, d, bs, window, cap, rotary, packed)) in configs.iter().enumerate() {
         cases.push(op_case(ragged, nh, kvh, d, bs, window, cap, rotary, packed, 100 + i as u64));
@@ -700,7 +704,10 @@ impl OpCase {
             table: Host::new(self.table.clone(), &[self.past.len() as i64, c.max_blocks as i64]),
             cos: host_of(&self.cos, &rot_shape),
             sin: host_of(&self.sin, &rot_shape),
-            out: host_of(&vec![f64::NAN; self.tokens() * c.num_heads * c.head_size], &[t, (c.num_heads * c.head_size) as i64]),
+            out: host_of(
+                &vec![f64::NAN; self.tokens() * c.num_heads * c.head_size],
+                &[t, (c.num_heads * c.head_size) as i64],
+            ),
         }
     }
 }
@@ -767,7 +774,9 @@ fn op_on_the_cpu_matches_the_reference_in_f32_and_f16() {
 #[test]
 fn op_refuses_what_it_does_not_implement_naming_it() {
     let case = op_case(&[(2, 3)], 4, 2, 64, 16, None, 0.0, None, false, 9);
-    let err = |attrs: &Attributes, extra| run_cpu::<f32>(&case, attrs, extra).err().map(|e| e.to_string()).unwrap_or_default();
+    let err = |attrs: &Attributes, extra| {
+        run_cpu::<f32>(&case, attrs, extra).err().map(|e| e.to_string()).unwrap_or_default()
+    };
     let with = |k: &str, v: AttrValue| case.attrs().with(k, v);
     assert!(err(&with("is_causal", AttrValue::Int(0)), None).contains("is_causal"));
     assert!(err(&with("kv_cache_layout", AttrValue::String("LATENT".into())), None).contains("kv_cache_layout"));
@@ -781,7 +790,8 @@ fn op_refuses_what_it_does_not_implement_naming_it() {
     let slots = Host::new(vec![0, 1], &[2]);
     assert!(err(&case.attrs(), Some((10, slots))).contains("slot_mapping"));
     // Accepted as ORT spells them.
-    let ok = with("k_cache_dtype", AttrValue::String("float".into())).with("kv_cache_layout", AttrValue::String("SEPARATE".into()));
+    let ok = with("k_cache_dtype", AttrValue::String("float".into()))
+        .with("kv_cache_layout", AttrValue::String("SEPARATE".into()));
     run_cpu::<f32>(&case, &ok, Some((16, Host::new(vec![2, 5], &[2])))).unwrap();
 }
 
@@ -847,7 +857,8 @@ fn run_gpu_op<T: Element + dlkern::dtype::Scalar + cudarc::driver::DeviceRepr + 
         unsafe { registry::call("dlkern.paged_attention", &mut tensors, 10, s.cu_stream().cast(), attrs) }
     };
     stream.synchronize().unwrap();
-    let (out, kc, vc) = (stream.clone_dtoh(&out).unwrap(), stream.clone_dtoh(&kc).unwrap(), stream.clone_dtoh(&vc).unwrap());
+    let (out, kc, vc) =
+        (stream.clone_dtoh(&out).unwrap(), stream.clone_dtoh(&kc).unwrap(), stream.clone_dtoh(&vc).unwrap());
     for (what, buf) in [("output", &out), ("key_cache", &kc), ("value_cache", &vc)] {
         assert!(buf[buf.len() - GUARD..].iter().all(|&g| g == sentinel), "{what}: written past its end");
     }
@@ -863,7 +874,11 @@ fn check_gpu_op(case: &OpCase) {
     let u = unit_roundoff(DType::F16);
     for (what, got, want) in [("key_cache", &kc, &want_kc), ("value_cache", &vc, &want_vc)] {
         for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
-            assert!((g.to_f64() - w).abs() <= 2.0 * u * w.abs().max(1.0), "{what} {:?} element {i}: {g} vs {w}", case.c);
+            assert!(
+                (g.to_f64() - w).abs() <= 2.0 * u * w.abs().max(1.0),
+                "{what} {:?} element {i}: {g} vs {w}",
+                case.c
+            );
         }
     }
     assert_matches(&format!("{:?} seqs {:?}", case.c, case.seqs), &out, &want);

@@ -468,7 +468,7 @@ pub struct PagedOpParams {
     pub cos_rows: usize,
     pub scale: f32,
     pub softcap: f32,
-    /// Keys a query sees, itself included (0: all; ORT's `local_window_size + 1`).
+    /// Keys a query sees, itself included (0: all; ORT's `local_window_size`).
     pub window: usize,
 }
 
@@ -522,7 +522,10 @@ impl PagedOpParams {
             return Err(bad(format!("batch = {} (must be 1..2^31-1)", p.batch)));
         }
         if p.rotary_dim > p.head_size || !p.rotary_dim.is_multiple_of(2) {
-            return Err(bad(format!("rotary dimension {} must be even and at most head size {}", p.rotary_dim, p.head_size)));
+            return Err(bad(format!(
+                "rotary dimension {} must be even and at most head size {}",
+                p.rotary_dim, p.head_size
+            )));
         }
         if p.rotary_dim > 0 && (p.cos_rows == 0 || p.cos_rows > u32::MAX as usize) {
             return Err(bad(format!("cos/sin caches of {} rows", p.cos_rows)));

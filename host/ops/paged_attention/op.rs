@@ -41,7 +41,12 @@ pub static DECLARATIONS: &[&OpDecl] = &[&PAGED_ATTENTION];
 pub static PAGED_ATTENTION: OpDecl = OpDecl {
     name: "dlkern.paged_attention",
     inputs: &[
-        input("query", T, false, "`[tokens, num_heads * D]`, or packed QKV `[tokens, (num_heads + 2 kv_num_heads) * D]`"),
+        input(
+            "query",
+            T,
+            false,
+            "`[tokens, num_heads * D]`, or packed QKV `[tokens, (num_heads + 2 kv_num_heads) * D]`",
+        ),
         input("key", T, true, "`[tokens, kv_num_heads * D]`; absent with packed QKV"),
         input("value", T, true, "as `key`"),
         input("key_cache", T, false, "`[num_blocks, block_size, kv_num_heads, D]`; block_size a power of two >= 16"),
@@ -72,9 +77,13 @@ pub static PAGED_ATTENTION: OpDecl = OpDecl {
         AttrDecl {
             name: c"local_window_size",
             kind: AttrKind::OptionalInt { default: "-1 (none)" },
-            doc: "a query at position `i` sees keys `i - w ..= i`",
+            doc: "`w >= 1`: a query at position `i` sees keys `i + 1 - w ..= i`",
         },
-        AttrDecl { name: c"do_rotary", kind: AttrKind::OptionalInt { default: "0" }, doc: "rotate q and k by position" },
+        AttrDecl {
+            name: c"do_rotary",
+            kind: AttrKind::OptionalInt { default: "0" },
+            doc: "rotate q and k by position",
+        },
         AttrDecl {
             name: c"rotary_interleaved",
             kind: AttrKind::OptionalInt { default: "0" },
@@ -83,7 +92,11 @@ pub static PAGED_ATTENTION: OpDecl = OpDecl {
         AttrDecl { name: c"is_causal", kind: AttrKind::OptionalInt { default: "1" }, doc: "must be 1" },
         AttrDecl { name: c"rotary_offset", kind: AttrKind::OptionalInt { default: "0" }, doc: "must be 0" },
         AttrDecl { name: c"v_head_size", kind: AttrKind::OptionalInt { default: "0" }, doc: "0 or `D`" },
-        AttrDecl { name: c"kv_cache_layout", kind: AttrKind::OptionalString { default: "`SEPARATE`" }, doc: "must be `SEPARATE`" },
+        AttrDecl {
+            name: c"kv_cache_layout",
+            kind: AttrKind::OptionalString { default: "`SEPARATE`" },
+            doc: "must be `SEPARATE`",
+        },
         AttrDecl { name: c"k_quant_type", kind: AttrKind::OptionalString { default: "`NONE`" }, doc: "must be `NONE`" },
         AttrDecl { name: c"v_quant_type", kind: AttrKind::OptionalString { default: "`NONE`" }, doc: "must be `NONE`" },
         AttrDecl {
@@ -91,7 +104,11 @@ pub static PAGED_ATTENTION: OpDecl = OpDecl {
             kind: AttrKind::OptionalString { default: "`\"\"`" },
             doc: "empty or the cache's own type",
         },
-        AttrDecl { name: c"v_cache_dtype", kind: AttrKind::OptionalString { default: "`\"\"`" }, doc: "as `k_cache_dtype`" },
+        AttrDecl {
+            name: c"v_cache_dtype",
+            kind: AttrKind::OptionalString { default: "`\"\"`" },
+            doc: "as `k_cache_dtype`",
+        },
         AttrDecl { name: c"qk_norm_epsilon", kind: AttrKind::Float { default: 1e-6 }, doc: "unused (no QK norm)" },
     ],
     devices: DEVICE_MASK_CPU | DEVICE_MASK_CUDA,
@@ -153,9 +170,12 @@ fn attrs(name: &str, a: &Attributes) -> Result<Attrs> {
     if !scale.is_finite() {
         return Err(fail(name, format!("scale = {scale} (must be finite)")));
     }
+    // ORT 1.31 (GroupQueryAttention's CPU kernel, which PagedAttention's semantics follow) shows a
+    // query the `w` keys ending at its own; 0 is degenerate there (neither none nor one key).
     let local_window = match a.int("local_window_size")?.unwrap_or(-1) {
-        w if w < 0 => None,
-        w => Some(usize::try_from(w).unwrap_or(usize::MAX).min(u32::MAX as usize - 1)),
+        -1 => None,
+        w if w >= 1 => Some(usize::try_from(w).unwrap_or(usize::MAX).min(u32::MAX as usize)),
+        w => return Err(fail(name, format!("local_window_size = {w} (must be -1 for none, or >= 1)"))),
     };
     Ok(Attrs {
         num_heads,
@@ -221,7 +241,12 @@ fn layout(
             if s != [q[0], a.kv_heads * head_size] {
                 return Err(fail(
                     name,
-                    format!("{what} has shape {:?}, expected [{}, {}] (kv_num_heads x head size)", t.shape(), q[0], a.kv_heads * head_size),
+                    format!(
+                        "{what} has shape {:?}, expected [{}, {}] (kv_num_heads x head size)",
+                        t.shape(),
+                        q[0],
+                        a.kv_heads * head_size
+                    ),
                 ));
             }
         }
@@ -233,11 +258,18 @@ fn layout(
     if kc[2] != a.kv_heads || kc[3] != head_size {
         return Err(fail(
             name,
-            format!("key_cache has shape {:?}, expected [num_blocks, block_size, {}, {head_size}]", key_cache.shape(), a.kv_heads),
+            format!(
+                "key_cache has shape {:?}, expected [num_blocks, block_size, {}, {head_size}]",
+                key_cache.shape(),
+                a.kv_heads
+            ),
         ));
     }
     if value_cache.shape() != key_cache.shape() {
-        return Err(fail(name, format!("value_cache has shape {:?}, key_cache {:?}", value_cache.shape(), key_cache.shape())));
+        return Err(fail(
+            name,
+            format!("value_cache has shape {:?}, key_cache {:?}", value_cache.shape(), key_cache.shape()),
+        ));
     }
     if kc[1] < 16 || !kc[1].is_power_of_two() || kc[0] == 0 {
         return Err(fail(name, format!("block_size {} must be a power of two >= 16 (and num_blocks >= 1)", kc[1])));
@@ -252,7 +284,10 @@ fn layout(
     }
     let t = shape_of(table, 2, "block_table", name)?;
     if t[0] != batch || t[1] == 0 {
-        return Err(fail(name, format!("block_table has shape {:?}, expected [{batch}, max_blocks >= 1]", table.shape())));
+        return Err(fail(
+            name,
+            format!("block_table has shape {:?}, expected [{batch}, max_blocks >= 1]", table.shape()),
+        ));
     }
     Ok(Layout { tokens: q[0], head_size, packed, num_blocks: kc[0], block_size: kc[1], batch, max_blocks: t[1] })
 }
@@ -289,7 +324,14 @@ fn compute(args: &KernelArgs) -> Result<()> {
     let table = args.input(7, "block_table")?;
     let cos = optional(args, 8, "cos_cache")?;
     let sin = optional(args, 9, "sin_cache")?;
-    for (i, input) in [(10, "slot_mapping"), (11, "head_sink"), (12, "q_norm_weight"), (13, "k_norm_weight"), (14, "k_scale"), (15, "v_scale")] {
+    for (i, input) in [
+        (10, "slot_mapping"),
+        (11, "head_sink"),
+        (12, "q_norm_weight"),
+        (13, "k_norm_weight"),
+        (14, "k_scale"),
+        (15, "v_scale"),
+    ] {
         if optional(args, i, input)?.is_some() {
             return Err(fail(name, format!("input '{input}' is not supported")));
         }
@@ -300,15 +342,27 @@ fn compute(args: &KernelArgs) -> Result<()> {
             return Err(fail(name, format!("attention_metadata has shape {:?} (expected [2] or [3])", meta.shape())));
         }
     }
-    let l = layout(name, &a, &query, key.as_ref(), value.as_ref(), &key_cache, value_cache.as_ref(), [&cu, &past, &table])?;
+    let l =
+        layout(name, &a, &query, key.as_ref(), value.as_ref(), &key_cache, value_cache.as_ref(), [&cu, &past, &table])?;
     let value_cache = value_cache.expect("layout requires it");
     let dtype = query.expect_dtype(&[DType::F32, DType::F16, DType::BF16])?;
-    for t in [key.as_ref(), value.as_ref(), Some(&key_cache), Some(&value_cache), cos.as_ref(), sin.as_ref()].into_iter().flatten() {
+    for t in [key.as_ref(), value.as_ref(), Some(&key_cache), Some(&value_cache), cos.as_ref(), sin.as_ref()]
+        .into_iter()
+        .flatten()
+    {
         t.expect_same_dtype(&query)?;
     }
     for (attr, cache) in [("k_cache_dtype", &key_cache), ("v_cache_dtype", &value_cache)] {
-        if let Some(v) = args.attrs.string(attr)?.filter(|v| !v.is_empty() && *v != crate::kernel::onnx_type_name(cache.dtype())) {
-            return Err(fail(name, format!("{attr} = '{v}' is not supported (the cache holds {})", crate::kernel::onnx_type_name(cache.dtype()))));
+        if let Some(v) =
+            args.attrs.string(attr)?.filter(|v| !v.is_empty() && *v != crate::kernel::onnx_type_name(cache.dtype()))
+        {
+            return Err(fail(
+                name,
+                format!(
+                    "{attr} = '{v}' is not supported (the cache holds {})",
+                    crate::kernel::onnx_type_name(cache.dtype())
+                ),
+            ));
         }
     }
     for t in [&cu, &past, &table] {
@@ -316,13 +370,21 @@ fn compute(args: &KernelArgs) -> Result<()> {
     }
     let rotary = if a.do_rotary {
         let (Some(cos), Some(sin)) = (&cos, &sin) else {
-            return Err(fail(name, "cos_cache and sin_cache must be passed to PagedAttention when do_rotary = 1".into()));
+            return Err(fail(
+                name,
+                "cos_cache and sin_cache must be passed to PagedAttention when do_rotary = 1".into(),
+            ));
         };
         let c = shape_of(cos, 2, "cos_cache", name)?;
         if sin.shape() != cos.shape() || c[1] == 0 || 2 * c[1] > l.head_size || c[0] == 0 {
             return Err(fail(
                 name,
-                format!("cos_cache {:?} / sin_cache {:?} must both be [positions, rotary_dim / 2] with rotary_dim <= head size {}", cos.shape(), sin.shape(), l.head_size),
+                format!(
+                    "cos_cache {:?} / sin_cache {:?} must both be [positions, rotary_dim / 2] with rotary_dim <= head size {}",
+                    cos.shape(),
+                    sin.shape(),
+                    l.head_size
+                ),
             ));
         }
         Some((2 * c[1], c[0]))
@@ -344,8 +406,21 @@ fn compute(args: &KernelArgs) -> Result<()> {
             out.expect_shape(cache.shape())?;
         }
     }
-    let all = [Some(&query), key.as_ref(), value.as_ref(), Some(&key_cache), Some(&value_cache), Some(&cu), Some(&past), Some(&table)];
-    for t in all.into_iter().chain([cos.as_ref(), sin.as_ref(), Some(&output), key_out.as_ref(), value_out.as_ref()]).flatten() {
+    let all = [
+        Some(&query),
+        key.as_ref(),
+        value.as_ref(),
+        Some(&key_cache),
+        Some(&value_cache),
+        Some(&cu),
+        Some(&past),
+        Some(&table),
+    ];
+    for t in all
+        .into_iter()
+        .chain([cos.as_ref(), sin.as_ref(), Some(&output), key_out.as_ref(), value_out.as_ref()])
+        .flatten()
+    {
         t.expect_device(query.device())?;
         t.expect_contiguous()?;
     }
@@ -363,7 +438,9 @@ fn compute(args: &KernelArgs) -> Result<()> {
         for (target, cache) in [(k_target, &key_cache), (v_target, &value_cache)] {
             if target.data_address() != cache.data_address() {
                 // SAFETY: two distinct device tensors of the same shape and type (checked above).
-                unsafe { crate::runtime::copy_async(&device, stream, target.data_address(), cache.data_address(), bytes)? };
+                unsafe {
+                    crate::runtime::copy_async(&device, stream, target.data_address(), cache.data_address(), bytes)?
+                };
             }
         }
         if l.tokens == 0 {
@@ -385,7 +462,7 @@ fn compute(args: &KernelArgs) -> Result<()> {
             cos_rows: rotary.map_or(0, |(_, rows)| rows),
             scale: scale as f32,
             softcap: a.softcap as f32,
-            window: a.local_window.map_or(0, |w| w + 1),
+            window: a.local_window.unwrap_or(0),
         };
         let plan = params.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?;
         // SAFETY: ORT's (or the registry caller's) stream of this device; freed on it.

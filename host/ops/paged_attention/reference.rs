@@ -96,7 +96,8 @@ pub struct PagedOpConfig {
     pub scale: f64,
     /// `cap * tanh(s / cap)` on the scaled scores; 0: none.
     pub softcap: f64,
-    /// ORT's `local_window_size`: a query at position `i` sees keys `i - w ..= i`; `None`: all.
+    /// ORT's `local_window_size` `w >= 1`: a query at position `i` sees the `w` keys
+    /// `i + 1 - w ..= i` (what ORT 1.31's GroupQueryAttention CPU kernel computes); `None`: all.
     pub local_window: Option<usize>,
     /// `(rotary_dim, interleaved)` when `do_rotary`: the first `rotary_dim` elements of every
     /// query and key head rotate by their token's position (`cos`/`sin` rows of `rotary_dim / 2`).
@@ -174,12 +175,20 @@ pub fn paged_attention_op(
         for pos in 0..total {
             let entry = x.block_table[b * c.max_blocks + pos / c.block_size];
             if entry < 0 || entry as usize >= c.num_blocks {
-                return Err(format!("block_table[{b}][{}] = {entry} is outside the cache's {} blocks", pos / c.block_size, c.num_blocks));
+                return Err(format!(
+                    "block_table[{b}][{}] = {entry} is outside the cache's {} blocks",
+                    pos / c.block_size,
+                    c.num_blocks
+                ));
             }
             seq_rows.push(entry as usize * c.block_size + pos % c.block_size);
         }
         if half > 0 && total > x.cos.len() / half {
-            return Err(format!("sequence {b} reaches position {}, beyond the {} rows of cos_cache", total - 1, x.cos.len() / half));
+            return Err(format!(
+                "sequence {b} reaches position {}, beyond the {} rows of cos_cache",
+                total - 1,
+                x.cos.len() / half
+            ));
         }
         token_pos.extend((past as usize..total).map(|pos| (b, pos)));
         rows.push(seq_rows);
@@ -213,7 +222,7 @@ pub fn paged_attention_op(
     let group = nh / kvh;
     let mut out = vec![0.0; tokens * nh * d];
     for (t, &(b, pos)) in token_pos.iter().enumerate() {
-        let first = c.local_window.map_or(0, |w| pos.saturating_sub(w));
+        let first = c.local_window.map_or(0, |w| (pos + 1).saturating_sub(w.max(1)));
         for hq in 0..nh {
             let h = hq / group;
             let qh = &q[(t * nh + hq) * d..][..d];
