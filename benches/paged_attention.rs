@@ -91,6 +91,96 @@ fn benches(c: &mut Criterion) {
         dlkern::ops::paged_attention::launch::check_status(&gpu.stream, &status).expect("status");
     }
     group.finish();
+    op_benches(c, &gpu);
+}
+
+/// The `PagedAttention` op's path (prologue with rotary, per-token attention, the status
+/// read-back): decode steps of batch 16 and 64 at context 4k, 32 query / 8 KV heads, head 128,
+/// f16, blocks of 16 and 32.
+fn op_benches(c: &mut Criterion, gpu: &common::Gpu) {
+    use dlkern::ops::paged_attention::launch::{PagedOpParams, PagedOpPointers, paged_attention_op_raw};
+    let mut group = c.benchmark_group("paged_attention_op");
+    for (batch, bs) in [(16usize, 16usize), (16, 32), (64, 16), (64, 32)] {
+        let (hq, hkv, d, ctx) = (32, 8, 128, 4096);
+        let max_blocks = ctx / bs;
+        let num_blocks = batch * max_blocks;
+        let params = PagedOpParams {
+            dtype: DType::F16,
+            batch,
+            tokens: batch,
+            num_heads: hq,
+            kv_heads: hkv,
+            head_size: d,
+            num_blocks,
+            block_size: bs,
+            max_blocks,
+            packed_qkv: false,
+            rotary_dim: d,
+            interleaved: false,
+            cos_rows: ctx,
+            scale: 1.0 / (d as f32).sqrt(),
+            softcap: 0.0,
+            window: 0,
+        };
+        let plan = params.plan(gpu.device.multiprocessors(), gpu.device.max_shared_bytes_per_block()).expect("plan");
+        let pattern = |n: usize| -> Vec<f16> {
+            (0..n).map(|i| f16::from_f32(((i * 2_654_435_761) % 2039) as f32 / 1019.5 - 1.0)).collect()
+        };
+        let s = &gpu.stream;
+        let cache_elems = num_blocks * bs * hkv * d;
+        let mut kc = s.clone_htod(&pattern(cache_elems)).expect("alloc");
+        let mut vc = s.clone_htod(&pattern(cache_elems + 7)[7..].to_vec()).expect("alloc");
+        let q = s.clone_htod(&pattern(batch * hq * d)).expect("alloc");
+        let k = s.clone_htod(&pattern(batch * hkv * d)).expect("alloc");
+        let v = s.clone_htod(&pattern(batch * hkv * d + 3)[3..].to_vec()).expect("alloc");
+        let cos = s.clone_htod(&pattern(ctx * d / 2)).expect("alloc");
+        let sin = s.clone_htod(&pattern(ctx * d / 2 + 1)[1..].to_vec()).expect("alloc");
+        let mut out = s.alloc_zeros::<f16>(batch * hq * d).expect("alloc");
+        let tables: Vec<i32> = (0..num_blocks).map(|i| ((i * 7919) % num_blocks) as i32).collect();
+        let tables = s.clone_htod(&tables).expect("alloc");
+        // Each sequence holds ctx - 1 tokens and gets one: the step attends over the full 4k.
+        let cu = s.clone_htod(&(0..=batch as i32).collect::<Vec<i32>>()).expect("alloc");
+        let past = s.clone_htod(&vec![ctx as i32 - 1; batch]).expect("alloc");
+        let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes).expect("alloc");
+        let kv_bytes = (2 * batch * ctx * hkv * d * 2) as u64;
+        let id = format!("dlkern_f16/b{batch}_hq{hq}_hkv{hkv}_ctx{ctx}_d{d}_bs{bs}");
+        group.throughput(Throughput::Bytes(kv_bytes));
+        common::record(&common::Meta {
+            family: "paged_attention",
+            id: format!("paged_attention_op/{id}"),
+            implementation: "dlkern",
+            shape: format!("op B{batch} Hq{hq} Hkv{hkv} ctx{ctx} D{d} block{bs} rotary"),
+            dtype: "f16",
+            bytes: kv_bytes,
+            flops: (4 * batch * hq * ctx * d) as u64,
+            workspace_bytes: plan.workspace_bytes as u64,
+        });
+        let ptrs = PagedOpPointers {
+            query: q.device_ptr(s).0,
+            key: k.device_ptr(s).0,
+            value: v.device_ptr(s).0,
+            key_cache: kc.device_ptr_mut(s).0,
+            value_cache: vc.device_ptr_mut(s).0,
+            cu_seqlens: cu.device_ptr(s).0,
+            past_seqlens: past.device_ptr(s).0,
+            block_table: tables.device_ptr(s).0,
+            cos: cos.device_ptr(s).0,
+            sin: sin.device_ptr(s).0,
+            out: out.device_ptr_mut(s).0,
+            workspace: workspace.device_ptr(s).0,
+        };
+        group.bench_function(&id, |b| {
+            b.iter_custom(|iters| {
+                // SAFETY: all buffers above outlive the timed calls and match the params.
+                gpu.time(iters, || {
+                    unsafe { paged_attention_op_raw(&gpu.device, s.cu_stream(), &params, &ptrs) }
+                        .map(|_| ())
+                        .expect("op")
+                })
+            })
+        });
+    }
+    group.finish();
 }
 
 criterion_group!(paged, benches);

@@ -389,3 +389,538 @@ fn gpu_kv_write_fills_slots_and_flags_bad_ones() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The `PagedAttention` op (`dlkern.paged_attention`): packed ragged batches, rotary, windows.
+
+use common::{Host, on_cuda};
+use dlkern::dlpack::DLTensor;
+use dlkern::ops::common::rotary::rotate_head;
+use dlkern::ops::paged_attention::reference::{PagedOpConfig, PagedOpInputs, paged_attention_op};
+use dlkern::registry::{self, AttrValue, Attributes};
+
+/// One op call: sequences of `(new tokens, past tokens)`, values representable in f16.
+#[derive(Clone)]
+struct OpCase {
+    c: PagedOpConfig,
+    seqs: Vec<(usize, usize)>,
+    packed: bool,
+    query: Vec<f64>,
+    key: Vec<f64>,
+    value: Vec<f64>,
+    kc: Vec<f64>,
+    vc: Vec<f64>,
+    cu: Vec<i32>,
+    past: Vec<i32>,
+    table: Vec<i32>,
+    cos: Vec<f64>,
+    sin: Vec<f64>,
+}
+
+fn f16_vec(rng: &mut Rng, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    rng.vec::<f16>(n, lo, hi).iter().map(|v| v.to_f64()).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn op_case(
+    seqs: &[(usize, usize)],
+    nh: usize,
+    kvh: usize,
+    d: usize,
+    bs: usize,
+    local_window: Option<usize>,
+    softcap: f64,
+    rotary: Option<(usize, bool)>,
+    packed: bool,
+    seed: u64,
+) -> OpCase {
+    let mut rng = Rng::new(seed);
+    let needed: Vec<usize> = seqs.iter().map(|&(n, p)| (n + p).div_ceil(bs)).collect();
+    let num_blocks = needed.iter().sum::<usize>() + 3;
+    let max_blocks = needed.iter().copied().max().unwrap_or(0) + 1;
+    let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    // Unused entries hold ids far outside the cache: they must never be read.
+    let mut table = vec![i32::MAX; seqs.len() * max_blocks];
+    let mut next = 0;
+    for (b, &n) in needed.iter().enumerate() {
+        for j in 0..n {
+            table[b * max_blocks + j] = perm[next];
+            next += 1;
+        }
+    }
+    let tokens: usize = seqs.iter().map(|s| s.0).sum();
+    let mut cu = vec![0i32];
+    for &(n, _) in seqs {
+        cu.push(cu.last().unwrap() + n as i32);
+    }
+    let positions = seqs.iter().map(|&(n, p)| n + p).max().unwrap_or(1) + 5;
+    let half = rotary.map_or(0, |(rd, _)| rd / 2);
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for pos in 0..positions {
+        for i in 0..half {
+            let angle = pos as f64 / 10000f64.powf(i as f64 / half as f64);
+            cos.push(f16::from_f64(angle.cos()).to_f64());
+            sin.push(f16::from_f64(angle.sin()).to_f64());
+        }
+    }
+    let width = if packed { (nh + 2 * kvh) * d } else { nh * d };
+    let cache = num_blocks * bs * kvh * d;
+    OpCase {
+        c: PagedOpConfig {
+            num_heads: nh,
+            kv_heads: kvh,
+            head_size: d,
+            num_blocks,
+            block_size: bs,
+            max_blocks,
+            scale: 1.0 / (d as f64).sqrt(),
+            softcap,
+            local_window,
+            rotary,
+        },
+        seqs: seqs.to_vec(),
+        packed,
+        query: f16_vec(&mut rng, tokens * width, -1.0, 1.0),
+        key: if packed { Vec::new() } else { f16_vec(&mut rng, tokens * kvh * d, -1.0, 1.0) },
+        value: if packed { Vec::new() } else { f16_vec(&mut rng, tokens * kvh * d, -1.0, 1.0) },
+        kc: f16_vec(&mut rng, cache, -1.0, 1.0),
+        vc: f16_vec(&mut rng, cache, -1.0, 1.0),
+        cu,
+        past: seqs.iter().map(|s| s.1 as i32).collect(),
+        table,
+        cos,
+        sin,
+    }
+}
+
+fn round16(v: f64) -> f64 {
+    f16::from_f64(v).to_f64()
+}
+
+impl OpCase {
+    fn tokens(&self) -> usize {
+        *self.cu.last().unwrap() as usize
+    }
+
+    fn inputs(&self) -> PagedOpInputs<'_> {
+        PagedOpInputs {
+            query: &self.query,
+            key: (!self.packed).then_some(&self.key[..]),
+            value: (!self.packed).then_some(&self.value[..]),
+            cumulative_sequence_length: &self.cu,
+            past_seqlens: &self.past,
+            block_table: &self.table,
+            cos: &self.cos,
+            sin: &self.sin,
+        }
+    }
+
+    /// The reference: (output, key cache, value cache) after the call.
+    fn reference(&self) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (mut kc, mut vc) = (self.kc.clone(), self.vc.clone());
+        let out = paged_attention_op(&self.c, &self.inputs(), &mut kc, &mut vc, round16).unwrap();
+        (out, kc, vc)
+    }
+
+    /// Dense attention computed here, independently: each sequence's history gathered into
+    /// contiguous rows (old ones from the cache through the table, new ones from the inputs),
+    /// then masked softmax attention.
+    fn dense(&self) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let c = &self.c;
+        let (nh, kvh, d) = (c.num_heads, c.kv_heads, c.head_size);
+        let row = kvh * d;
+        let width = if self.packed { (nh + 2 * kvh) * d } else { nh * d };
+        let (mut kc, mut vc) = (self.kc.clone(), self.vc.clone());
+        let mut out = vec![0.0; self.tokens() * nh * d];
+        let rotate = |x: &mut [f64], pos: usize| {
+            if let Some((rd, inter)) = c.rotary {
+                let half = rd / 2;
+                for head in x.chunks_mut(d) {
+                    rotate_head(head, &self.cos[pos * half..][..half], &self.sin[pos * half..][..half], rd, inter);
+                }
+            }
+            x.iter_mut().for_each(|v| *v = round16(*v));
+        };
+        for (b, &(new, past)) in self.seqs.iter().enumerate() {
+            let slot = |pos: usize| {
+                self.table[b * c.max_blocks + pos / c.block_size] as usize * c.block_size + pos % c.block_size
+            };
+            let mut hk: Vec<Vec<f64>> = (0..past).map(|p| self.kc[slot(p) * row..][..row].to_vec()).collect();
+            let mut hv: Vec<Vec<f64>> = (0..past).map(|p| self.vc[slot(p) * row..][..row].to_vec()).collect();
+            let mut queries = Vec::new();
+            for i in 0..new {
+                let t = self.cu[b] as usize + i;
+                let qrow = &self.query[t * width..][..width];
+                let mut q = qrow[..nh * d].to_vec();
+                let (mut k, v) = if self.packed {
+                    (qrow[nh * d..][..row].to_vec(), qrow[(nh + kvh) * d..][..row].to_vec())
+                } else {
+                    (self.key[t * row..][..row].to_vec(), self.value[t * row..][..row].to_vec())
+                };
+                rotate(&mut q, past + i);
+                rotate(&mut k, past + i);
+                kc[slot(past + i) * row..][..row].copy_from_slice(&k);
+                vc[slot(past + i) * row..][..row].copy_from_slice(&v);
+                hk.push(k);
+                hv.push(v);
+                queries.push((t, past + i, q));
+            }
+            for (t, qpos, q) in queries {
+                for hq in 0..nh {
+                    let h = hq / (nh / kvh);
+                    let lo = c.local_window.map_or(0, |w| (qpos + 1).saturating_sub(w));
+                    let s: Vec<f64> = (lo..=qpos)
+                        .map(|j| {
+                            let dot: f64 = (0..d).map(|e| q[hq * d + e] * hk[j][h * d + e]).sum::<f64>() * c.scale;
+                            if c.softcap > 0.0 { c.softcap * (dot / c.softcap).tanh() } else { dot }
+                        })
+                        .collect();
+                    let m = s.iter().copied().fold(f64::MIN, f64::max);
+                    let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                    for e in 0..d {
+                        out[(t * nh + hq) * d + e] =
+                            (lo..=qpos).zip(&s).map(|(j, x)| (x - m).exp() / z * hv[j][h * d + e]).sum();
+                    }
+                }
+            }
+        }
+        (out, kc, vc)
+    }
+}
+
+/// The awkward shapes of the op: new tokens 1, 7, 97; past 0, 1, 1025 (and an empty sequence);
+/// head sizes 64, 80, 128; GQA 1, 4, 8; blocks of 16 and 32; window, softcap, rotary variants.
+fn op_cases() -> Vec<OpCase> {
+    let ragged: &[(usize, usize)] = &[(1, 1025), (7, 0), (97, 1), (0, 5), (1, 0), (7, 1025)];
+    let mut cases = Vec::new();
+    // (heads, kv heads, head size, block size, window, softcap, rotary, packed QKV)
+    type Config = (usize, usize, usize, usize, Option<usize>, f64, Option<(usize, bool)>, bool);
+    let configs: &[Config] = &[
+        (2, 2, 64, 16, None, 0.0, None, false),
+        (4, 1, 80, 32, None, 0.0, Some((80, false)), false),
+        (8, 1, 128, 16, Some(40), 0.0, Some((128, true)), true),
+        (8, 2, 64, 32, None, 30.0, Some((32, false)), false), // partial rotary
+        (4, 1, 128, 16, Some(1), 10.0, Some((64, true)), true), // window of one key, interleaved partial
+    ];
+    for (i, &(nh, kvh, d, bs, window, cap, rotary, packed)) in configs.iter().enumerate() {
+        cases.push(op_case(ragged, nh, kvh, d, bs, window, cap, rotary, packed, 100 + i as u64));
+    }
+    cases
+}
+
+#[test]
+fn op_reference_matches_dense_attention_over_gathered_history() {
+    for case in op_cases() {
+        let (out, kc, vc) = case.reference();
+        let (want, want_kc, want_vc) = case.dense();
+        assert_eq!(kc, want_kc, "key cache {:?}", case.c);
+        assert_eq!(vc, want_vc, "value cache {:?}", case.c);
+        for (i, (g, w)) in out.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() < 1e-10, "{:?} element {i}: {g} vs {w}", case.c);
+        }
+    }
+}
+
+#[test]
+fn op_reference_writes_only_the_new_slots() {
+    let case = op_case(&[(3, 20), (1, 0)], 4, 2, 64, 16, None, 0.0, Some((64, false)), false, 7);
+    let (_, kc, _) = case.reference();
+    let row = 2 * 64;
+    let changed = (0..case.c.num_blocks * 16).filter(|&s| kc[s * row..][..row] != case.kc[s * row..][..row]).count();
+    assert_eq!(changed, 4, "four new tokens, four slots");
+}
+
+#[test]
+fn op_reference_refuses_bad_indices() {
+    let base = op_case(&[(2, 30), (1, 0)], 4, 2, 64, 16, None, 0.0, None, false, 8);
+    let err = |case: &OpCase| {
+        let (mut kc, mut vc) = (case.kc.clone(), case.vc.clone());
+        paged_attention_op(&case.c, &case.inputs(), &mut kc, &mut vc, round16).unwrap_err()
+    };
+    let mut c = base.clone();
+    c.table[1] = -3;
+    assert!(err(&c).contains("block_table[0][1] = -3"), "{}", err(&c));
+    let mut c = base.clone();
+    c.past[1] = 10_000;
+    assert!(err(&c).contains("exceed the block table"), "{}", err(&c));
+    let mut c = base.clone();
+    c.cu[1] = 5;
+    assert!(err(&c).contains("cumulative_sequence_length"), "{}", err(&c));
+}
+
+/// Host tensors of one case in `T`, and the registry call.
+struct OpTensors<T> {
+    query: Host<T>,
+    key: Host<T>,
+    value: Host<T>,
+    kc: Host<T>,
+    vc: Host<T>,
+    cu: Host<i32>,
+    past: Host<i32>,
+    table: Host<i32>,
+    cos: Host<T>,
+    sin: Host<T>,
+    out: Host<T>,
+}
+
+fn host_of<T: Element + dlkern::dtype::Scalar>(v: &[f64], shape: &[i64]) -> Host<T> {
+    Host::new(v.iter().map(|&x| T::from_f64(x)).collect(), shape)
+}
+
+impl OpCase {
+    fn attrs(&self) -> Attributes {
+        let c = &self.c;
+        let mut a = Attributes::new()
+            .with("num_heads", AttrValue::Int(c.num_heads as i64))
+            .with("kv_num_heads", AttrValue::Int(c.kv_heads as i64))
+            .with("softcap", AttrValue::Float(c.softcap))
+            .with("local_window_size", AttrValue::Int(c.local_window.map_or(-1, |w| w as i64)));
+        if let Some((_, inter)) = c.rotary {
+            a = a.with("do_rotary", AttrValue::Int(1)).with("rotary_interleaved", AttrValue::Int(inter as i64));
+        }
+        a
+    }
+
+    fn tensors<T: Element + dlkern::dtype::Scalar>(&self) -> OpTensors<T> {
+        let c = &self.c;
+        let (t, d) = (self.tokens() as i64, c.head_size as i64);
+        let width = self.query.len() as i64 / t.max(1);
+        let cache = [c.num_blocks as i64, c.block_size as i64, c.kv_heads as i64, d];
+        let kv = [t, c.kv_heads as i64 * d];
+        let half = c.rotary.map_or(0, |(rd, _)| rd / 2) as i64;
+        let rows = if half > 0 { self.cos.len() as i64 / half } else { 0 };
+        let rot_shape: Vec<i64> = if half > 0 { vec![rows, half] } else { vec![0] };
+        OpTensors {
+            query: host_of(&self.query, &[t, width]),
+            key: host_of(&self.key, if self.packed { &[0] } else { &kv }),
+            value: host_of(&self.value, if self.packed { &[0] } else { &kv }),
+            kc: host_of(&self.kc, &cache),
+            vc: host_of(&self.vc, &cache),
+            cu: Host::new(self.cu.clone(), &[self.cu.len() as i64]),
+            past: Host::new(self.past.clone(), &[self.past.len() as i64]),
+            table: Host::new(self.table.clone(), &[self.past.len() as i64, c.max_blocks as i64]),
+            cos: host_of(&self.cos, &rot_shape),
+            sin: host_of(&self.sin, &rot_shape),
+            out: host_of(
+                &vec![f64::NAN; self.tokens() * c.num_heads * c.head_size],
+                &[t, (c.num_heads * c.head_size) as i64],
+            ),
+        }
+    }
+}
+
+impl<T: dlkern::dtype::Scalar> OpTensors<T> {
+    fn dl(&mut self) -> Vec<DLTensor> {
+        vec![
+            self.query.dl(),
+            self.key.dl(),
+            self.value.dl(),
+            self.kc.dl(),
+            self.vc.dl(),
+            self.cu.dl(),
+            self.past.dl(),
+            self.table.dl(),
+            self.cos.dl(),
+            self.sin.dl(),
+        ]
+    }
+}
+
+/// Runs the op on host tensors in `T` with extra inputs/attributes, the caches updated in place.
+fn run_cpu<T: Element + dlkern::dtype::Scalar>(
+    case: &OpCase,
+    attrs: &Attributes,
+    extra: Option<(usize, Host<i32>)>,
+) -> dlkern::Result<OpTensors<T>> {
+    let mut x = case.tensors::<T>();
+    let mut tensors = x.dl();
+    let mut extra = extra;
+    // Absent inputs between: 0-element tensors, kept alive (their shapes) through the call.
+    let mut absent: Vec<Host<i32>> = (0..17).map(|_| Host::new(Vec::new(), &[0])).collect();
+    if let Some((at, h)) = extra.as_mut() {
+        let mut gaps = absent.iter_mut();
+        while tensors.len() < *at {
+            tensors.push(gaps.next().expect("17 placeholders").dl());
+        }
+        tensors.push(h.dl());
+    }
+    let n_in = tensors.len();
+    tensors.push(x.out.dl());
+    // SAFETY: host tensors alive for the call (the placeholders own no data).
+    unsafe { registry::call("dlkern.paged_attention", &mut tensors, n_in, std::ptr::null_mut(), attrs) }?;
+    Ok(x)
+}
+
+#[test]
+fn op_on_the_cpu_matches_the_reference_in_f32_and_f16() {
+    for case in op_cases().into_iter().take(3) {
+        let (want, want_kc, _) = case.reference();
+        let got = run_cpu::<f16>(&case, &case.attrs(), None).unwrap();
+        for (i, (g, w)) in got.out.data.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_f64(), round16(*w), "f16 {:?} element {i}", case.c);
+        }
+        assert!(got.kc.data.iter().zip(&want_kc).all(|(g, w)| g.to_f64() == *w), "key cache updated in place");
+        let got = run_cpu::<f32>(&case, &case.attrs(), None).unwrap();
+        // f32 storage rounds the rotated values to f32 rather than f16: close, not equal.
+        for (g, w) in got.out.data.iter().zip(&want) {
+            assert!((*g as f64 - w).abs() < 2e-3, "f32 {:?}: {g} vs {w}", case.c);
+        }
+    }
+}
+
+#[test]
+fn op_refuses_what_it_does_not_implement_naming_it() {
+    let case = op_case(&[(2, 3)], 4, 2, 64, 16, None, 0.0, None, false, 9);
+    let err = |attrs: &Attributes, extra| {
+        run_cpu::<f32>(&case, attrs, extra).err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    let with = |k: &str, v: AttrValue| case.attrs().with(k, v);
+    assert!(err(&with("is_causal", AttrValue::Int(0)), None).contains("is_causal"));
+    assert!(err(&with("kv_cache_layout", AttrValue::String("LATENT".into())), None).contains("kv_cache_layout"));
+    assert!(err(&with("k_quant_type", AttrValue::String("PER_TENSOR".into())), None).contains("k_quant_type"));
+    assert!(err(&with("rotary_offset", AttrValue::Int(8)), None).contains("rotary_offset"));
+    assert!(err(&with("k_cache_dtype", AttrValue::String("int8".into())), None).contains("k_cache_dtype"));
+    assert!(err(&with("v_head_size", AttrValue::Int(32)), None).contains("v_head_size"));
+    assert!(err(&with("do_rotary", AttrValue::Int(1)), None).contains("cos_cache and sin_cache"));
+    assert!(err(&with("num_heads", AttrValue::Int(3)), None).contains("multiple of kv_num_heads"));
+    assert!(err(&with("kv_num_heads", AttrValue::Int(4)), None).contains("kv_num_heads"));
+    let slots = Host::new(vec![0, 1], &[2]);
+    assert!(err(&case.attrs(), Some((10, slots))).contains("slot_mapping"));
+    // Accepted as ORT spells them.
+    let ok = with("k_cache_dtype", AttrValue::String("float".into()))
+        .with("kv_cache_layout", AttrValue::String("SEPARATE".into()));
+    run_cpu::<f32>(&case, &ok, Some((16, Host::new(vec![2, 5], &[2])))).unwrap();
+}
+
+#[test]
+fn op_writes_the_cache_outputs_when_given_leaving_the_inputs() {
+    let case = op_case(&[(3, 17), (1, 2)], 4, 2, 64, 16, None, 0.0, Some((64, false)), false, 11);
+    let (want, want_kc, want_vc) = case.reference();
+    let mut x = case.tensors::<f16>();
+    let mut kc_out = host_of::<f16>(&vec![5.0; case.kc.len()], &x.kc.shape.clone());
+    let mut vc_out = host_of::<f16>(&vec![5.0; case.vc.len()], &x.vc.shape.clone());
+    let mut tensors = x.dl();
+    tensors.extend([x.out.dl(), kc_out.dl(), vc_out.dl()]);
+    // SAFETY: host tensors alive for the call.
+    unsafe { registry::call("dlkern.paged_attention", &mut tensors, 10, std::ptr::null_mut(), &case.attrs()) }.unwrap();
+    assert!(x.out.data.iter().zip(&want).all(|(g, w)| g.to_f64() == round16(*w)));
+    assert!(kc_out.data.iter().zip(&want_kc).all(|(g, w)| g.to_f64() == *w));
+    assert!(vc_out.data.iter().zip(&want_vc).all(|(g, w)| g.to_f64() == *w));
+    assert!(x.kc.data.iter().zip(&case.kc).all(|(g, w)| g.to_f64() == *w), "the input cache is left alone");
+}
+
+// GPU: the op on CUDA tensors against the reference, with guard bytes after every buffer it
+// writes.
+
+const GUARD: usize = 64;
+
+/// Runs the op on the GPU (f16). Returns (output, key cache, value cache) or the error, and
+/// asserts that the guard elements after each written buffer are untouched.
+#[allow(clippy::type_complexity)]
+fn run_gpu_op<T: Element + dlkern::dtype::Scalar + cudarc::driver::DeviceRepr + PartialEq + std::fmt::Debug>(
+    case: &OpCase,
+    attrs: &Attributes,
+) -> dlkern::Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    let (_device, stream) = gpu();
+    let mut x = case.tensors::<T>();
+    let sentinel = T::from_f64(-3.5);
+    let up = |h: &Host<T>| {
+        let mut v = h.data.clone();
+        v.extend(std::iter::repeat_n(sentinel, GUARD));
+        stream.clone_htod(&v).unwrap()
+    };
+    let upi = |h: &Host<i32>| stream.clone_htod(&[h.data.clone(), vec![0]].concat()).unwrap();
+    let (q, k, v, cos, sin) = (up(&x.query), up(&x.key), up(&x.value), up(&x.cos), up(&x.sin));
+    let (mut kc, mut vc, mut out) = (up(&x.kc), up(&x.vc), up(&x.out));
+    let (cu, past, table) = (upi(&x.cu), upi(&x.past), upi(&x.table));
+    let result = {
+        let s = &stream;
+        let addrs = [
+            q.device_ptr(s).0,
+            k.device_ptr(s).0,
+            v.device_ptr(s).0,
+            kc.device_ptr_mut(s).0,
+            vc.device_ptr_mut(s).0,
+            cu.device_ptr(s).0,
+            past.device_ptr(s).0,
+            table.device_ptr(s).0,
+            cos.device_ptr(s).0,
+            sin.device_ptr(s).0,
+        ];
+        let mut tensors: Vec<DLTensor> = x.dl().into_iter().zip(addrs).map(|(t, a)| on_cuda(t, a)).collect();
+        tensors.push(on_cuda(x.out.dl(), out.device_ptr_mut(s).0));
+        // SAFETY: device buffers of the tensors' extents, alive for the call; ORT-like stream.
+        unsafe { registry::call("dlkern.paged_attention", &mut tensors, 10, s.cu_stream().cast(), attrs) }
+    };
+    stream.synchronize().unwrap();
+    let (out, kc, vc) =
+        (stream.clone_dtoh(&out).unwrap(), stream.clone_dtoh(&kc).unwrap(), stream.clone_dtoh(&vc).unwrap());
+    for (what, buf) in [("output", &out), ("key_cache", &kc), ("value_cache", &vc)] {
+        assert!(buf[buf.len() - GUARD..].iter().all(|&g| g == sentinel), "{what}: written past its end");
+    }
+    result?;
+    let strip = |v: Vec<T>| v[..v.len() - GUARD].to_vec();
+    Ok((strip(out), strip(kc), strip(vc)))
+}
+
+fn check_gpu_op(case: &OpCase) {
+    let (want, want_kc, want_vc) = case.reference();
+    let (out, kc, vc) = run_gpu_op::<f16>(case, &case.attrs()).unwrap_or_else(|e| panic!("{:?}: {e}", case.c));
+    // Rotated keys in f32 then rounded: at most one f16 step from the reference's f64 rotation.
+    let u = unit_roundoff(DType::F16);
+    for (what, got, want) in [("key_cache", &kc, &want_kc), ("value_cache", &vc, &want_vc)] {
+        for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+            assert!(
+                (g.to_f64() - w).abs() <= 2.0 * u * w.abs().max(1.0),
+                "{what} {:?} element {i}: {g} vs {w}",
+                case.c
+            );
+        }
+    }
+    assert_matches(&format!("{:?} seqs {:?}", case.c, case.seqs), &out, &want);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_op_matches_reference_on_ragged_batches() {
+    for case in op_cases() {
+        check_gpu_op(&case);
+    }
+    // Decode only, prompt only, GQA 8 at head size 128, blocks of 32.
+    check_gpu_op(&op_case(&[(1, 4000), (1, 17), (1, 0)], 32, 4, 128, 32, None, 0.0, Some((128, false)), false, 40));
+    check_gpu_op(&op_case(&[(97, 0)], 8, 8, 64, 16, Some(31), 0.0, None, false, 41));
+    check_gpu_op(&op_case(&[(7, 1025), (97, 1)], 8, 1, 80, 16, None, 20.0, Some((40, true)), true, 42));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_op_reports_bad_inputs_without_writing_outside() {
+    let base = op_case(&[(3, 40), (1, 5), (2, 0)], 8, 2, 64, 16, None, 0.0, Some((64, false)), false, 50);
+    let err = |case: &OpCase| run_gpu_op::<f16>(case, &case.attrs()).err().map(|e| e.to_string()).unwrap_or_default();
+    let mut c = base.clone();
+    c.table[1] = c.c.num_blocks as i32 + 100; // sequence 0, a block beyond the cache
+    assert!(err(&c).contains("outside the cache"), "{}", err(&c));
+    let mut c = base.clone();
+    c.table[c.c.max_blocks] = -1; // sequence 1, a negative block id
+    assert!(err(&c).contains("outside the cache"), "{}", err(&c));
+    let mut c = base.clone();
+    c.past[2] = 10_000; // beyond the block table
+    assert!(err(&c).contains("context length"), "{}", err(&c));
+    let mut c = base.clone();
+    c.cos.truncate(40 * 32); // rotary rows for positions 0..40 only: sequence 0 sits at 40..43
+    c.sin.truncate(40 * 32);
+    assert!(err(&c).contains("cos_cache"), "{}", err(&c));
+    let mut c = base.clone();
+    c.cu[1] = 7; // not the lengths the query holds
+    assert!(err(&c).contains("cumulative_sequence_length"), "{}", err(&c));
+    // Mismatched head counts and wrong dtypes: host errors naming them.
+    let mismatched = base.attrs().with("kv_num_heads", AttrValue::Int(4));
+    let e = run_gpu_op::<f16>(&base, &mismatched).unwrap_err().to_string();
+    assert!(e.contains("key has shape") || e.contains("key_cache has shape"), "{e}");
+    let e = run_gpu_op::<f32>(&base, &base.attrs()).unwrap_err().to_string();
+    assert!(e.contains("f32 are not supported"), "{e}");
+}

@@ -15,7 +15,7 @@ use std::ops::RangeInclusive;
 use std::sync::{Mutex, MutexGuard};
 
 pub use attributes::{AttrValue, Attributes};
-pub use decl::{AttrDecl, AttrKind, OpDecl, OrtDecl, TensorDecl, TensorType};
+pub use decl::{AttrDecl, AttrKind, OpDecl, OrtDecl, TensorDecl, TensorType, onnx_type_name};
 
 use crate::dlpack::{DLTensor, TensorView};
 use crate::dtype::DType;

@@ -22,6 +22,7 @@ pub fn declarations() -> impl Iterator<Item = &'static OpDecl> {
         matmul_nbits::op::DECLARATIONS,
         matmul_w8a8::op::DECLARATIONS,
         attention::op::DECLARATIONS,
+        paged_attention::op::DECLARATIONS,
     ]
     .into_iter()
     .flatten()

@@ -499,3 +499,49 @@ pub unsafe fn synchronize_stream(device: &Device, stream: CUstream) -> Result<()
         unsafe { cudarc::driver::result::stream::synchronize(stream) }.during("cuStreamSynchronize")
     })
 }
+
+/// Fills `bytes` bytes at `ptr` with `value`, in `stream` order.
+///
+/// # Safety
+/// `ptr` valid for `bytes` writable bytes of `device`; `stream` as in [`synchronize_stream`].
+pub unsafe fn memset_async(device: &Device, stream: CUstream, ptr: u64, value: u8, bytes: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    guarded("memset", || {
+        device.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        // SAFETY: the caller's contract.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, value, bytes, stream) }.during("cuMemsetD8Async")
+    })
+}
+
+/// Copies `bytes` bytes from `src` to `dst` (device memory, not overlapping), in `stream` order.
+///
+/// # Safety
+/// Both ranges valid on `device`; `stream` as in [`synchronize_stream`].
+pub unsafe fn copy_async(device: &Device, stream: CUstream, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    guarded("device copy", || {
+        device.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        // SAFETY: the caller's contract.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream) }.during("cuMemcpyDtoDAsync")
+    })
+}
+
+/// Waits for `stream`, then reads the u32 at `ptr`.
+///
+/// # Safety
+/// `ptr` a valid, 4-byte aligned device address of `device`; `stream` as in
+/// [`synchronize_stream`].
+pub unsafe fn read_u32(device: &Device, stream: CUstream, ptr: u64) -> Result<u32> {
+    // SAFETY: forwarded.
+    unsafe { synchronize_stream(device, stream)? };
+    guarded("read status", || {
+        let mut word = [0u32];
+        // SAFETY: the caller's contract; the stream's work that writes it has finished.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut word, ptr) }.during("cuMemcpyDtoH")?;
+        Ok(word[0])
+    })
+}

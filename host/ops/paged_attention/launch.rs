@@ -27,7 +27,7 @@ const KERNEL: &str = "paged_attention";
 pub const HEAD_SIZES: [usize; 5] = [64, 80, 96, 128, 256];
 use super::layout;
 use layout::{Dims, M_TILE, THREADS};
-pub use layout::{STATUS_BAD_BLOCK, STATUS_BAD_CONTEXT};
+pub use layout::{STATUS_BAD_BLOCK, STATUS_BAD_CONTEXT, STATUS_BAD_POSITION};
 /// Most query rows (query heads per KV head times query tokens) one block handles.
 pub const MAX_ROWS: usize = 64;
 
@@ -200,6 +200,7 @@ impl PagedAttentionParams {
             m_tiles: m_tiles as u32,
             block_magic: divmod_constants(p.block_size as u32).0,
             block_shift: divmod_constants(p.block_size as u32).1,
+            table_rows: p.batch as u32,
         };
         let attention_dims = LaunchDims {
             grid: (num_partitions as u32, (p.num_kv_heads * m_tiles * layout::split(d)) as u32, p.batch as u32),
@@ -273,13 +274,14 @@ pub unsafe fn paged_attention_raw(
             ptrs.value_cache,
             ptrs.block_tables,
             ptrs.context_lens,
+            0, // no row map: sequence b reads block-table row b
             if params.alibi { ptrs.alibi } else { 0 },
             ptrs.out,
             ptrs.workspace,
             ptrs.status,
         ])
         .value(plan.dims);
-    // SAFETY: nine pointers and the Dims struct, as the kernel declares; validity by contract.
+    // SAFETY: ten pointers and the Dims struct, as the kernel declares; validity by contract.
     unsafe { device.launch(plan.attention, plan.attention_dims, stream, args)? };
     if let Some((combine, combine_dims)) = plan.combine {
         let args =
@@ -416,13 +418,23 @@ pub unsafe fn paged_kv_write_raw(
 /// Reads the status word (synchronizing `stream`) and turns set bits into an error.
 pub fn check_status(stream: &Arc<CudaStream>, status: &CudaSlice<u32>) -> Result<()> {
     let bits = stream.clone_dtoh(status).map_err(|source| Error::Driver { call: "cuMemcpyDtoH", source })?;
-    let bits = bits.first().copied().unwrap_or(0);
+    status_error(bits.first().copied().unwrap_or(0))
+}
+
+/// The error the status bits stand for, if any.
+pub fn status_error(bits: u32) -> Result<()> {
     let mut problems = Vec::new();
     if bits & STATUS_BAD_BLOCK != 0 {
         problems.push("a block-table entry (or cache slot) lies outside the cache");
     }
     if bits & STATUS_BAD_CONTEXT != 0 {
-        problems.push("a context length is below q_len or beyond the block table");
+        problems.push(
+            "a context length is below q_len or beyond the block table (or cumulative_sequence_length / \
+             past_seqlens are inconsistent)",
+        );
+    }
+    if bits & STATUS_BAD_POSITION != 0 {
+        problems.push("a token's position lies beyond the rotary cos_cache/sin_cache rows");
     }
     if problems.is_empty() {
         Ok(())
@@ -432,4 +444,248 @@ pub fn check_status(stream: &Arc<CudaStream>, status: &CudaSlice<u32>) -> Result
             format!("{}; the affected outputs are NaN and nothing outside the cache was read", problems.join("; ")),
         ))
     }
+}
+
+/// Shapes and options of one `PagedAttention` op call on the device (ORT's packed layout:
+/// `query [tokens, num_heads * D]`, or packed QKV `[tokens, (num_heads + 2 kv_heads) * D]`;
+/// sequence `b` owns tokens `cu[b]..cu[b + 1]` at positions `past[b]..`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PagedOpParams {
+    pub dtype: DType,
+    pub batch: usize,
+    pub tokens: usize,
+    pub num_heads: usize,
+    pub kv_heads: usize,
+    pub head_size: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub max_blocks: usize,
+    /// Key and value are the trailing parts of each query row.
+    pub packed_qkv: bool,
+    /// Rotated leading elements per head (0: no rotary), and the rows of the cos/sin caches.
+    pub rotary_dim: usize,
+    pub interleaved: bool,
+    pub cos_rows: usize,
+    pub scale: f32,
+    pub softcap: f32,
+    /// Keys a query sees, itself included (0: all; ORT's `local_window_size`).
+    pub window: usize,
+}
+
+/// What a validated op call launches: the prologue, then the family's attention kernels with
+/// every token as its own sequence (`q_len = 1`, context = its position + 1, block-table row
+/// from the prologue's map), so decode, prefill and mixed batches share one path.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PagedOpPlan {
+    pub attention: PagedAttentionPlan,
+    pub write_dims: LaunchDims,
+    /// Device memory the call needs (status word, rotated queries, per-token map, partials).
+    pub workspace_bytes: usize,
+    dims: layout::WriteDims,
+    offsets: [usize; 4], // q_out, token_seq, token_ctx, partials (the status word is at 0)
+}
+
+impl PagedOpParams {
+    /// The attention kernels' view of the call: `tokens` sequences of one query each, contexts
+    /// bounded by the block table (as ORT bounds them without `attention_metadata`).
+    pub fn attention_params(&self) -> PagedAttentionParams {
+        PagedAttentionParams {
+            dtype: self.dtype,
+            batch: self.tokens,
+            q_len: 1,
+            num_q_heads: self.num_heads,
+            num_kv_heads: self.kv_heads,
+            head_size: self.head_size,
+            num_blocks: self.num_blocks,
+            block_size: self.block_size,
+            max_blocks_per_seq: self.max_blocks,
+            max_context_len: self.max_blocks.saturating_mul(self.block_size),
+            scale: self.scale,
+            softcap: self.softcap,
+            window: self.window,
+            alibi: false,
+            partition: 0,
+        }
+    }
+
+    /// Row strides of `query` and of `key`/`value`, in elements.
+    pub fn strides(&self) -> (usize, usize) {
+        let (q, kv) = (self.num_heads * self.head_size, self.kv_heads * self.head_size);
+        if self.packed_qkv { (q + 2 * kv, q + 2 * kv) } else { (q, kv) }
+    }
+
+    /// Validates and plans the call for a device with `multiprocessors` SMs.
+    pub fn plan(&self, multiprocessors: u32, max_shared_bytes: u32) -> Result<PagedOpPlan> {
+        let p = self;
+        let bad = |m: String| Error::invalid(KERNEL, m);
+        if p.batch == 0 || p.batch > i32::MAX as usize - 1 {
+            return Err(bad(format!("batch = {} (must be 1..2^31-1)", p.batch)));
+        }
+        if p.rotary_dim > p.head_size || !p.rotary_dim.is_multiple_of(2) {
+            return Err(bad(format!(
+                "rotary dimension {} must be even and at most head size {}",
+                p.rotary_dim, p.head_size
+            )));
+        }
+        if p.rotary_dim > 0 && (p.cos_rows == 0 || p.cos_rows > u32::MAX as usize) {
+            return Err(bad(format!("cos/sin caches of {} rows", p.cos_rows)));
+        }
+        let mut attention = p.attention_params().plan(multiprocessors, max_shared_bytes)?;
+        attention.dims.table_rows = p.batch as u32;
+        let (q_stride, kv_stride) = p.strides();
+        if q_stride > u32::MAX as usize || p.tokens.checked_mul(q_stride).is_none_or(|n| n > i64::MAX as usize / 4) {
+            return Err(bad("query too large".into()));
+        }
+        let elem = p.dtype.size_bytes();
+        let round = |n: usize| n.div_ceil(256) * 256;
+        let q_out = 256;
+        let token_seq = q_out + round(p.tokens * p.num_heads * p.head_size * elem);
+        let token_ctx = token_seq + round(p.tokens * 4);
+        let partials = token_ctx + round(p.tokens * 4);
+        let dims = layout::WriteDims {
+            batch: p.batch as u32,
+            tokens: p.tokens as u32,
+            num_heads: p.num_heads as u32,
+            kv_heads: p.kv_heads as u32,
+            head_size: p.head_size as u32,
+            num_blocks: p.num_blocks as u32,
+            block_size: p.block_size as u32,
+            max_blocks: p.max_blocks as u32,
+            rotary_dim: p.rotary_dim as u32,
+            interleaved: p.interleaved as u32,
+            cos_rows: p.cos_rows as u32,
+            q_stride: q_stride as u32,
+            kv_stride: kv_stride as u32,
+        };
+        Ok(PagedOpPlan {
+            attention,
+            write_dims: LaunchDims { grid: (p.tokens as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 },
+            workspace_bytes: partials + attention.workspace_bytes,
+            dims,
+            offsets: [q_out, token_seq, token_ctx, partials],
+        })
+    }
+}
+
+/// Device addresses of one op call. `key`/`value` are ignored with packed QKV (they are parts
+/// of the query rows); `cos`/`sin` may be 0 without rotary.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedOpPointers {
+    pub query: u64,
+    pub key: u64,
+    pub value: u64,
+    pub key_cache: u64,
+    pub value_cache: u64,
+    pub cu_seqlens: u64,
+    pub past_seqlens: u64,
+    pub block_table: u64,
+    pub cos: u64,
+    pub sin: u64,
+    pub out: u64,
+    /// `plan.workspace_bytes` of device memory, 256-byte aligned.
+    pub workspace: u64,
+}
+
+/// The `PagedAttention` op on raw device pointers, on `stream`: writes the new keys and values
+/// into the caches (rotated when `rotary_dim > 0`), then attention for every token; then waits
+/// for the stream and turns the device's status bits into an error (a bad block id, length or
+/// position is never dereferenced; the affected tokens' outputs are NaN).
+///
+/// # Safety
+/// Every pointer a device address in `device`'s context valid for the extent the parameters
+/// describe until the kernels have run on `stream`; `out` and the caches distinct from the
+/// inputs. Lengths and block ids need not be valid (they are checked on the device).
+pub unsafe fn paged_attention_op_raw(
+    device: &Device,
+    stream: CUstream,
+    params: &PagedOpParams,
+    ptrs: &PagedOpPointers,
+) -> Result<PagedOpPlan> {
+    let plan = params.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?;
+    let p = params;
+    let elem = p.dtype.size_bytes() as u64;
+    let (key, value) = if p.packed_qkv {
+        let q_part = (p.num_heads * p.head_size) as u64 * elem;
+        (ptrs.query + q_part, ptrs.query + q_part + (p.kv_heads * p.head_size) as u64 * elem)
+    } else {
+        (ptrs.key, ptrs.value)
+    };
+    for (name, ptr) in [
+        ("query", ptrs.query),
+        ("key", key),
+        ("value", value),
+        ("key_cache", ptrs.key_cache),
+        ("value_cache", ptrs.value_cache),
+        ("output", ptrs.out),
+    ] {
+        check_pointer(KERNEL, name, ptr, 16)?;
+    }
+    for (name, ptr) in [
+        ("cumulative_sequence_length", ptrs.cu_seqlens),
+        ("past_seqlens", ptrs.past_seqlens),
+        ("block_table", ptrs.block_table),
+    ] {
+        check_pointer(KERNEL, name, ptr, 4)?;
+    }
+    if p.rotary_dim > 0 {
+        check_pointer(KERNEL, "cos_cache", ptrs.cos, elem)?;
+        check_pointer(KERNEL, "sin_cache", ptrs.sin, elem)?;
+    }
+    check_pointer(KERNEL, "workspace", ptrs.workspace, 256)?;
+    let ws = ptrs.workspace;
+    let [q_out, token_seq, token_ctx, partials] = plan.offsets.map(|o| ws + o as u64);
+    let status = ws;
+    let dtype = if p.dtype == DType::F16 { layout::Dtype::F16 } else { layout::Dtype::Bf16 };
+    let write = layout::entry(layout::Entry::KvWriteRotary(dtype))
+        .ok_or_else(|| Error::invalid(KERNEL, format!("no prologue kernel for {}", p.dtype)))?;
+    // SAFETY: the status word lies in the workspace (contract).
+    unsafe { crate::runtime::memset_async(device, stream, status, 0, 4)? };
+    let (cos, sin) = if p.rotary_dim > 0 { (ptrs.cos, ptrs.sin) } else { (0, 0) };
+    let args = KernelParams::new()
+        .pointers(&[
+            ptrs.query,
+            key,
+            value,
+            ptrs.key_cache,
+            ptrs.value_cache,
+            ptrs.cu_seqlens,
+            ptrs.past_seqlens,
+            ptrs.block_table,
+            cos,
+            sin,
+            q_out,
+            token_seq,
+            token_ctx,
+            status,
+        ])
+        .value(plan.dims);
+    // SAFETY: fourteen pointers and the WriteDims struct, as the kernel declares; extents by
+    // contract and the plan (the workspace regions are disjoint).
+    unsafe { device.launch(write, plan.write_dims, stream, args)? };
+    let a = &plan.attention;
+    let args = KernelParams::new()
+        .pointers(&[
+            q_out,
+            ptrs.key_cache,
+            ptrs.value_cache,
+            ptrs.block_table,
+            token_ctx,
+            token_seq,
+            0,
+            ptrs.out,
+            partials,
+            status,
+        ])
+        .value(a.dims);
+    // SAFETY: ten pointers and the Dims struct, as the partition kernel declares.
+    unsafe { device.launch(a.attention, a.attention_dims, stream, args)? };
+    if let Some((combine, combine_dims)) = a.combine {
+        let args = KernelParams::new().pointers(&[token_ctx, ptrs.out, partials, status]).value(a.dims);
+        // SAFETY: four pointers and the Dims struct, as the combine kernel declares.
+        unsafe { device.launch(combine, combine_dims, stream, args)? };
+    }
+    // SAFETY: the status word in the workspace, written on this stream.
+    let bits = unsafe { crate::runtime::read_u32(device, stream, status)? };
+    status_error(bits)?;
+    Ok(plan)
 }

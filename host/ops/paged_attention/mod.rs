@@ -1,5 +1,5 @@
-//! Decode attention over a paged KV cache (ONNX Runtime's `PagedAttention` layout), and the cache
-//! write. Reachable from Rust only so far (no registry entry, no ORT op).
+//! Attention over a paged KV cache (ONNX Runtime's `PagedAttention` layout), and the cache
+//! write: the kernels from Rust, and `dlkern.paged_attention` (ORT op `PagedAttention`, [`op`]).
 //!
 //! One folder per family: `op.rs` declares the op(s) and their registry kernels, `launch.rs`
 //! validates and launches, `reference.rs` is the CPU oracle; the
@@ -13,4 +13,5 @@
 pub(crate) mod layout;
 
 pub mod launch;
+pub mod op;
 pub mod reference;

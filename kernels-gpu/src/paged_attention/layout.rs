@@ -1,5 +1,5 @@
 // Tile shapes, status bits and entry points of `paged_attention_*` and `paged_kv_write_*`
-// (kernels-gpu/src/paged_attention/mod.rs), also compiled into the host
+// (kernels-gpu/src/paged_attention/mod.rs and write.rs), also compiled into the host
 // (host/ops/paged_attention/mod.rs, for its launcher): no device code.
 
 // `Dtype` and `find`, shared by the families' tables.
@@ -14,6 +14,8 @@ pub const M_TILE: usize = 16;
 pub const STATUS_BAD_BLOCK: u32 = 1;
 /// Status bit: a context length below `q_len` or beyond the block table.
 pub const STATUS_BAD_CONTEXT: u32 = 2;
+/// Status bit: a token's position lies beyond the rotary `cos`/`sin` caches.
+pub const STATUS_BAD_POSITION: u32 = 4;
 
 /// Dynamic shared memory of the partition kernel for head size `d`: permuted queries
 /// `[16][32 * ceil(d / 32) + 8]` b16, per-warp max/sum `[4][16][2]` f32, and per-warp
@@ -59,6 +61,35 @@ pub struct Dims {
     /// [`divmod`] constants for `block_size`.
     pub block_magic: u32,
     pub block_shift: u32,
+    /// Rows of the block table. With a row map (the op's per-token launch), a mapped row at or
+    /// past this is treated as a bad context length instead of being read.
+    pub table_rows: u32,
+}
+
+/// Scalar arguments of `paged_kv_write_rotary_*` (the op's prologue). Strides and offsets are in
+/// elements; every one is a multiple of 8 so rows stay 16-byte aligned.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub struct WriteDims {
+    /// Sequences (`cumulative_sequence_length` holds `batch + 1` entries).
+    pub batch: u32,
+    /// Packed query tokens (the grid's x extent).
+    pub tokens: u32,
+    pub num_heads: u32,
+    pub kv_heads: u32,
+    pub head_size: u32,
+    pub num_blocks: u32,
+    pub block_size: u32,
+    pub max_blocks: u32,
+    /// Rotated leading elements of each head (`2 * cos_cache.shape[1]`), 0 without rotary.
+    pub rotary_dim: u32,
+    /// 1: pairs `(2p, 2p + 1)`; 0: pairs `(p, p + rotary_dim / 2)` (see `rotary.rs`).
+    pub interleaved: u32,
+    /// Positions the `cos`/`sin` caches hold.
+    pub cos_rows: u32,
+    /// Elements between consecutive tokens of `query`, and of `key`/`value`.
+    pub q_stride: u32,
+    pub kv_stride: u32,
 }
 
 /// An entry point, for f16 and bf16; the attention kernels for head sizes 64, 80, 96, 128 and
@@ -71,6 +102,9 @@ pub enum Entry {
     Combine(Dtype, usize),
     /// `paged_kv_write_{dtype}`: the cache write.
     KvWrite(Dtype),
+    /// `paged_kv_write_rotary_{dtype}`: the op's prologue (rotary, cache write through the block
+    /// table, per-token sequence map).
+    KvWriteRotary(Dtype),
 }
 
 /// Every entry point of the family, with its symbol.
@@ -86,6 +120,7 @@ pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::Partition(Dtype::F16, 256), "paged_attention_f16_d256"),
     (Entry::Combine(Dtype::F16, 256), "paged_attention_combine_f16_d256"),
     (Entry::KvWrite(Dtype::F16), "paged_kv_write_f16"),
+    (Entry::KvWriteRotary(Dtype::F16), "paged_kv_write_rotary_f16"),
     (Entry::Partition(Dtype::Bf16, 64), "paged_attention_bf16_d64"),
     (Entry::Combine(Dtype::Bf16, 64), "paged_attention_combine_bf16_d64"),
     (Entry::Partition(Dtype::Bf16, 80), "paged_attention_bf16_d80"),
@@ -97,6 +132,7 @@ pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::Partition(Dtype::Bf16, 256), "paged_attention_bf16_d256"),
     (Entry::Combine(Dtype::Bf16, 256), "paged_attention_combine_bf16_d256"),
     (Entry::KvWrite(Dtype::Bf16), "paged_kv_write_bf16"),
+    (Entry::KvWriteRotary(Dtype::Bf16), "paged_kv_write_rotary_bf16"),
 ];
 
 /// The symbol of `entry`, if the family has it.

@@ -9,6 +9,11 @@
 //! - Query token `t` of sequence `b` sits at position `context_len - q_len + t` and sees cache
 //!   positions up to its own (causal), the last `window` of them when `window > 0`.
 //! - `alibi`: f32 `[num_q_heads]` slopes or null; `softcap > 0` applies `cap * tanh(s / cap)`.
+//! - `seq_map`: null, or i32 `[batch]` naming the block-table row of each "sequence" `b`
+//!   (`PagedAttention`'s per-token launch: every packed query token is its own sequence of
+//!   `q_len = 1` whose context ends at its own position, so causal masking among a prompt's new
+//!   tokens falls out of the context lengths); a row outside `[0, table_rows)` is treated as a bad
+//!   context length and none of its blocks is read.
 //!
 //! # Launch contract: `paged_attention_{f16,bf16}_d{D}`
 //! - grid `(num_partitions, num_kv_heads * m_tiles * split(D), batch)`, block `(128, 1, 1)`,
@@ -38,6 +43,7 @@
 //!   beyond the cache sets bit 1 of `*status` and writes nothing.
 
 pub mod layout;
+pub mod write;
 
 use crate::device::ldmatrix::ldmatrix_x4;
 use crate::device::memory::{ld_global_nc_v4, red_global_or_u32, st_global_v4};
@@ -138,6 +144,7 @@ unsafe fn attention_partition<
     value_cache: *const T,
     block_tables: *const i32,
     context_lens: *const i32,
+    seq_map: *const i32,
     alibi: *const f32,
     out: *mut T,
     partial: *mut f32,
@@ -175,7 +182,25 @@ unsafe fn attention_partition<
     // trip counts are uniform per warp (tiles) or per block (barrier phases), so `mma`,
     // `ldmatrix`, shuffles and barriers are reached by all lanes/threads.
     unsafe {
-        let ctx = context_len(context_lens, b, &p, status, part == 0 && index::block_idx_y() == 0 && tid == 0);
+        let flag = part == 0 && index::block_idx_y() == 0 && tid == 0;
+        // The block-table row of this sequence: itself, or (per-token launches) the row its
+        // token maps to; an unmapped row is a bad length, so no block of it is ever read.
+        let row = if seq_map.is_null() {
+            Some(b)
+        } else {
+            let r = seq_map.add(b).read();
+            (r >= 0 && (r as u32) < p.table_rows).then_some(r as usize)
+        };
+        let ctx = match row {
+            Some(_) => context_len(context_lens, b, &p, status, flag),
+            None => {
+                if flag {
+                    red_global_or_u32(status, STATUS_BAD_CONTEXT);
+                }
+                None
+            }
+        };
+        let row = row.unwrap_or(0);
         let ctx_or_zero = ctx.unwrap_or(0);
         let start = part * p.partition;
         let n = ctx_or_zero.saturating_sub(start).min(p.partition);
@@ -218,7 +243,7 @@ unsafe fn attention_partition<
         // Cache offset of token `pos` (< end) for this KV head, if its block id is valid.
         let slot_of = |pos: u32| -> Option<usize> {
             let (blk, off) = divmod(pos, p.block_size, p.block_magic, p.block_shift);
-            let entry = block_tables.add(b * p.max_blocks as usize + blk as usize).read();
+            let entry = block_tables.add(row * p.max_blocks as usize + blk as usize).read();
             if entry < 0 || entry as u32 >= p.num_blocks {
                 red_global_or_u32(status, STATUS_BAD_BLOCK);
                 return None;
@@ -655,10 +680,11 @@ macro_rules! attention_entries {
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $attn(
             q: *const $ty, key_cache: *const $ty, value_cache: *const $ty, block_tables: *const i32,
-            context_lens: *const i32, alibi: *const f32, out: *mut $ty, partial: *mut f32, status: *mut u32, dims: Dims,
+            context_lens: *const i32, seq_map: *const i32, alibi: *const f32, out: *mut $ty, partial: *mut f32,
+            status: *mut u32, dims: Dims,
         ) {
             // SAFETY: forwarded launch contract.
-            unsafe { attention_partition::<$ty, $d, { split($d) }, { ($d as usize).div_ceil(32) }, { ($d as usize / split($d)).div_ceil(64) }, { $d <= 128 }>(q, key_cache, value_cache, block_tables, context_lens, alibi, out, partial, status, dims) }
+            unsafe { attention_partition::<$ty, $d, { split($d) }, { ($d as usize).div_ceil(32) }, { ($d as usize / split($d)).div_ceil(64) }, { $d <= 128 }>(q, key_cache, value_cache, block_tables, context_lens, seq_map, alibi, out, partial, status, dims) }
         }
 
         /// Combine kernel; see the module docs for the launch contract.
