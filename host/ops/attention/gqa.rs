@@ -27,7 +27,8 @@
 use half::{bf16, f16};
 
 use super::launch::{
-    CacheAttentionParams, HeadStrides, RotaryParams, RotaryPointers, RotaryPositions, attention_cache_raw, rotary_raw,
+    CacheAttentionParams, DecodeParams, HeadStrides, RotaryParams, RotaryPointers, RotaryPositions,
+    attention_cache_raw, attention_decode_raw, rotary_raw,
 };
 use super::reference::{AttentionOptions, attention_varlen};
 use crate::dlpack::{DeviceKind, TensorView};
@@ -150,6 +151,8 @@ struct Shape {
     past_len: usize,
     /// Positions of the present caches.
     present_len: usize,
+    /// `total_sequence_length` (the longest sequence's tokens), or `present_len` unknown.
+    max_keys: usize,
     /// Rotated elements per head (0: no rotary).
     rotary_dim: usize,
     /// Rows of the cos / sin caches.
@@ -262,7 +265,7 @@ fn shape(name: &str, o: &Options, inputs: &[Option<&TensorView>], total: Option<
             ));
         }
     }
-    Ok(Shape { batch, seq, head_size, packed, past_len, present_len, rotary_dim, max_position })
+    Ok(Shape { batch, seq, head_size, packed, past_len, present_len, max_keys: total.unwrap_or(present_len), rotary_dim, max_position })
 }
 
 fn output_specs(o: &Options, s: &Shape, dtype: DType, num_outputs: usize) -> Vec<TensorSpec> {
@@ -600,7 +603,28 @@ fn compute_cuda(
         }
     };
     let q_strides = HeadStrides { batch: s.seq * row, seq: row, head: d };
-    let workspace_bytes = if s.rotary_dim > 0 { s.batch * s.seq * h * d * size } else { 0 };
+    let scale = if o.scale == 0.0 { 1.0 / (d as f32).sqrt() } else { o.scale as f32 };
+    // One new token per sequence: the split-KV decode kernel (all heads of a KV head in one
+    // pass over its cache); otherwise the prefill kernel's KV-cache mode.
+    let decode = (s.seq == 1 && DecodeParams::supported(dtype, h, hkv, d)).then(|| DecodeParams {
+        dtype,
+        batch: s.batch,
+        heads: h,
+        kv_heads: hkv,
+        head_dim: d,
+        capacity: s.present_len,
+        max_keys: s.present_len.min(s.max_keys),
+        q_batch_stride: if s.rotary_dim > 0 { h * d } else { row },
+        window_left: o.window,
+        scale,
+        softcap: o.softcap as f32,
+    });
+    let decode_plan = match &decode {
+        Some(p) => Some(p.plan(device.multiprocessors() as usize)?),
+        None => None,
+    };
+    let q_bytes = if s.rotary_dim > 0 { (s.batch * s.seq * h * d * size).next_multiple_of(256) } else { 0 };
+    let workspace_bytes = q_bytes + decode_plan.map_or(0, |p| p.workspace_bytes);
     // SAFETY: `stream` is ORT's (or the registry caller's) stream of this device; the scratch
     // is freed on it after the launches below.
     let workspace = unsafe { StreamScratch::new(&device, stream, workspace_bytes)? };
@@ -639,6 +663,12 @@ fn compute_cuda(
         } else {
             (q.data_address(), row)
         };
+        let tensors = [q_ptr, present_k.data_address(), present_v.data_address(), out.data_address(), seqlens];
+        if let Some(params) = &decode {
+            attention_decode_raw(&device, stream, params, tensors, workspace.address() + q_bytes as u64)?;
+            drop(workspace);
+            return Ok(());
+        }
         let params = CacheAttentionParams {
             dtype,
             batch: s.batch,
@@ -650,15 +680,10 @@ fn compute_cuda(
             q_row_stride,
             causal: o.causal,
             window_left: o.window,
-            scale: if o.scale == 0.0 { 1.0 / (d as f32).sqrt() } else { o.scale as f32 },
+            scale,
             softcap: o.softcap as f32,
         };
-        attention_cache_raw(
-            &device,
-            stream,
-            &params,
-            [q_ptr, present_k.data_address(), present_v.data_address(), out.data_address(), seqlens],
-        )?;
+        attention_cache_raw(&device, stream, &params, tensors)?;
     }
     drop(workspace);
     Ok(())

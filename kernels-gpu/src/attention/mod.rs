@@ -22,13 +22,14 @@
 //!   `block_m(D) * gridDim.x` queries leaves its later rows unwritten.
 //! - `out` rows are `out_row_stride` elements apart; KV head `h` starts `h * kv_head_stride`
 //!   elements into a sequence's keys.
-//! - KV-cache mode (`cache_capacity > 0`, ONNX Runtime's `GroupQueryAttention`): `k`, `v` are
+//! - KV-cache mode (the `attention_fwd_cache_*` entries, ONNX Runtime's `GroupQueryAttention`): `k`, `v` are
 //!   BNSH caches (sequence `b`, KV head `h` at `b * kv_batch_stride + h * kv_head_stride`,
 //!   positions `k_row_stride` apart), `cu_k` is `seqlens_k` (`[batch]`, clamped so that
 //!   `T = seqlens_k[b] + 1` lies in `[0, cache_capacity]`), `cu_q` is unused, and sequence `b`'s
 //!   queries are rows `b * seqlen_q ..` of which the first `min(seqlen_q, T)` are written:
 //!   query `i` sits at key position `T - min(seqlen_q, T) + i` (bottom-right alignment).
 
+pub mod decode;
 pub mod layout;
 pub mod rotary;
 
@@ -127,6 +128,7 @@ unsafe fn attention_fwd<
     const MT: usize,
     const Q_REGS: bool,
     const COPY_AT: usize,
+    const CACHE: bool,
 >(
     q: *const T,
     k: *const T,
@@ -154,7 +156,7 @@ unsafe fn attention_fwd<
     unsafe {
         // Row indices and element offsets are u32 (the host bounds every tensor by i32::MAX
         // elements): half the registers of usize, which the main loop needs.
-        let (q0, q1, k0, k1) = if p.cache_capacity != 0 {
+        let (q0, q1, k0, k1) = if CACHE {
             // A bad `seqlens_k` is clamped to the cache, so it can never send an access outside.
             let total = (cu_k.add(b).read() as i64 + 1).clamp(0, p.cache_capacity as i64) as u32;
             let q0 = b as u32 * p.seqlen_q;
@@ -189,9 +191,16 @@ unsafe fn attention_fwd<
         let k_s = |stage: usize| smem.offset(((block_m + stage * BN) * row_bytes(D)) as u32);
         let v_s = |stage: usize| smem.offset(((block_m + 2 * BN + stage * BN) * row_bytes(D)) as u32);
         let q_ptr = q.add((q0 * p.q_row_stride + (h * D) as u32) as usize);
-        let kv_base = b * p.kv_batch_stride as usize + kvh * p.kv_head_stride as usize;
-        let k_ptr = k.add(kv_base + (k0 * p.k_row_stride) as usize);
-        let v_ptr = v.add(kv_base + (k0 * p.k_row_stride) as usize);
+        // The KV-cache entries are instantiations of their own, so the token-major ones keep
+        // their register allocation (compile-time strides there).
+        let kv_base = if CACHE {
+            b as u32 * p.kv_batch_stride + kvh as u32 * p.kv_head_stride + k0 * p.k_row_stride
+        } else {
+            k0 * p.k_row_stride + (kvh * D) as u32
+        };
+        let out_row_stride = if CACHE { p.out_row_stride } else { p.q_row_stride };
+        let k_ptr = k.add(kv_base as usize);
+        let v_ptr = v.add(kv_base as usize);
         let load_kv = |tile: usize, stage: usize| {
             let first = (tile * BN) as u32;
             let valid = sk.saturating_sub(first).min(BN as u32);
@@ -413,7 +422,7 @@ unsafe fn attention_fwd<
                     let i = m0 + (MI * WARPS * 16 + warp_id * 16 + g + 8 * RH) as u32;
                     if i < sq {
                         let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-                        let row = out.add(((q0 + i) * p.out_row_stride + (h * D) as u32) as usize);
+                        let row = out.add(((q0 + i) * out_row_stride + (h * D) as u32) as usize);
                         unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                             if U < D / 8 {
                                 let pair = T::pack2(o[MI][U][2 * RH] * inv, o[MI][U][2 * RH + 1] * inv);
@@ -437,7 +446,7 @@ unsafe fn attention_fwd<
 }
 
 macro_rules! attention_entries {
-    ($ty:ty, $($name:ident: $d:literal);+ $(;)?) => {$(
+    ($ty:ty, $cache:literal, $($name:ident: $d:literal);+ $(;)?) => {$(
         /// Attention forward; see the module docs for the launch contract.
         ///
         /// # Safety
@@ -449,22 +458,36 @@ macro_rules! attention_entries {
             cu_q: *const i32, cu_k: *const i32, dims: Dims,
         ) {
             // SAFETY: forwarded launch contract.
-            unsafe { attention_fwd::<$ty, $d, { block_m($d) }, { block_n($d) }, { sub_n($d) }, { m_tiles($d) }, { $d == 64 }, { copy_at($d) }>(q, k, v, out, lse, cu_q, cu_k, dims) }
+            unsafe { attention_fwd::<$ty, $d, { block_m($d) }, { block_n($d) }, { sub_n($d) }, { m_tiles($d) }, { $d == 64 }, { copy_at($d) }, $cache>(q, k, v, out, lse, cu_q, cu_k, dims) }
         }
     )+};
 }
 
-attention_entries!(F16,
+attention_entries!(F16, false,
     attention_fwd_f16_d64: 64;
     attention_fwd_f16_d80: 80;
     attention_fwd_f16_d96: 96;
     attention_fwd_f16_d128: 128;
     attention_fwd_f16_d256: 256;
 );
-attention_entries!(Bf16,
+attention_entries!(Bf16, false,
     attention_fwd_bf16_d64: 64;
     attention_fwd_bf16_d80: 80;
     attention_fwd_bf16_d96: 96;
     attention_fwd_bf16_d128: 128;
     attention_fwd_bf16_d256: 256;
+);
+attention_entries!(F16, true,
+    attention_fwd_cache_f16_d64: 64;
+    attention_fwd_cache_f16_d80: 80;
+    attention_fwd_cache_f16_d96: 96;
+    attention_fwd_cache_f16_d128: 128;
+    attention_fwd_cache_f16_d256: 256;
+);
+attention_entries!(Bf16, true,
+    attention_fwd_cache_bf16_d64: 64;
+    attention_fwd_cache_bf16_d80: 80;
+    attention_fwd_cache_bf16_d96: 96;
+    attention_fwd_cache_bf16_d128: 128;
+    attention_fwd_cache_bf16_d256: 256;
 );

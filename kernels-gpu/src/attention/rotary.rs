@@ -68,7 +68,10 @@ unsafe fn rotary<T: Element>(
         let src = src.add((b * p.src_batch_stride as u64 + s * p.src_seq_stride as u64) as usize);
         let dst = dst.add((b * p.dst_batch_stride as u64 + dst_row * p.dst_seq_stride as u64) as usize);
         // Work items per head: the rotated pairs, then the pass-through tail.
-        let per_head = half + (p.head_size - p.rotary_dim);
+        let per_head = half + p.head_size.saturating_sub(p.rotary_dim);
+        if per_head == 0 {
+            return; // empty heads (the host refuses them); also spares the division a zero check
+        }
         let mut item = tid;
         while item < p.heads * per_head {
             let (h, w) = (item / per_head, item % per_head);
