@@ -17,6 +17,7 @@
 //! re-reads `x` from L1/L2 (a row of 8192 halves is 16 KiB), so DRAM sees each input byte once.
 
 pub mod layout;
+pub mod skip;
 
 use crate::device::memory::{ld_global_nc_v4, ld_global_v4, st_global_v4};
 use crate::device::reduce::{BLOCK_REDUCE_SCRATCH_BYTES, block_sum_f32};
