@@ -140,7 +140,7 @@ pub static SIMPLIFIED_LAYER_NORMALIZATION: OpDecl = OpDecl {
         AttrDecl {
             name: c"axis",
             kind: AttrKind::OptionalInt { default: "`-1`" },
-            doc: "the first normalized axis (`-r..r`): rows are `X.shape[:axis]`, normalized over `X.shape[axis:]`",
+            doc: "the first normalized axis, in `[-r, r)`: rows are `X.shape[:axis]`, normalized over `X.shape[axis:]`",
         },
         AttrDecl { name: c"epsilon", kind: AttrKind::Float { default: 1e-5 }, doc: "" },
         AttrDecl {

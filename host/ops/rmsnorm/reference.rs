@@ -50,7 +50,7 @@ pub fn skip_rmsnorm<T: Element>(
     eps: f64,
 ) -> SkipRmsNormOutput<T> {
     let scale_len = gamma.len();
-    assert!(scale_len > 0 && cols % scale_len == 0, "gamma of {scale_len} for rows of {cols}");
+    assert!(scale_len > 0 && cols.is_multiple_of(scale_len), "gamma of {scale_len} for rows of {cols}");
     let mut out = SkipRmsNormOutput {
         y: Vec::with_capacity(rows * cols),
         sum: Vec::with_capacity(rows * cols),

@@ -15,8 +15,10 @@ pub const MAX_THREADS: u32 = 256;
 pub const VEC_BYTES: usize = 16;
 
 /// Largest block the launcher picks for `rmsnorm_skip_*`: long rows get more threads rather
-/// than more loop trips, so that each thread's share stays within [`SKIP_CACHED_UNITS`].
-pub const SKIP_MAX_THREADS: u32 = 1024;
+/// than more loop trips, so that each thread's share stays within [`SKIP_CACHED_UNITS`]. Not
+/// 1024: the vec variants use about 64 registers (ptxas, sm_80/sm_90a), and a driver JIT that
+/// takes a few more would make a 1024-thread launch fail for want of registers.
+pub const SKIP_MAX_THREADS: u32 = 512;
 /// Units (16-byte vectors, or single elements in the scalar variant) of its row that each
 /// thread of `rmsnorm_skip_*` keeps in registers between the sum-of-squares pass and the
 /// normalized write; units past these are read again (from `sum` when it is written, else
