@@ -155,8 +155,9 @@ impl<T: Element> Row<T> {
         let w = Self::width(VEC);
         let off = u * w;
         // A scale broadcast over leading normalized axes repeats every `scale_len` elements;
-        // units never straddle a repeat (the vec variant needs scale_len % W == 0).
-        let g_off = if self.scale_len == self.cols { off } else { off % self.scale_len };
+        // units never straddle a repeat (the vec variant needs scale_len % W == 0). The launcher
+        // refuses scale_len 0; the checked remainder keeps a panic path out of the kernel.
+        let g_off = if self.scale_len == self.cols { off } else { off.checked_rem(self.scale_len).unwrap_or(0) };
         // SAFETY: the launch contract.
         unsafe {
             if VEC {
