@@ -774,8 +774,10 @@ fn check_skip_on_gpu<T: Element>(c: Case, seed: u64) {
     let what = format!("{} {c:?}", T::DTYPE);
     let y_buf = if c.in_place == InPlace::YIsX { &x_dev } else { &y_dev };
     let y_all: Vec<T> = stream.clone_dtoh(y_buf).unwrap();
-    // One rounding to T, the f32 arithmetic and rsqrt.approx.
-    assert_close(&what, &rows_of(&y_all, c.rows), &expected.y, 3.0, 1e-6);
+    // One rounding to T, the f32 arithmetic and rsqrt.approx (about 2 f32 ulps, and the f32
+    // sum of squares of long rows adds a few more).
+    let f32_storage = T::DTYPE == DType::F32;
+    assert_close(&what, &rows_of(&y_all, c.rows), &expected.y, if f32_storage { 16.0 } else { 3.0 }, 1e-6);
     if c.sum {
         let sum_buf = match c.in_place {
             InPlace::SumIsX => &x_dev,
@@ -784,8 +786,10 @@ fn check_skip_on_gpu<T: Element>(c: Case, seed: u64) {
         };
         let sum_all: Vec<T> = stream.clone_dtoh(sum_buf).unwrap();
         let sum_ref: Vec<f64> = expected.sum.iter().map(|v| v.to_f64()).collect();
-        // x + skip + bias in f32 then rounded, against f64 then rounded: at most an ulp apart.
-        assert_close(&format!("{what} sum"), &rows_of(&sum_all, c.rows), &sum_ref, 2.0, 1e-30);
+        // f16/bf16 operands add exactly in f32, so the sum rounds as the f64 one does; f32 ones
+        // round twice, an ulp of the operands (|x|, |skip| <= 3) where they cancel.
+        let abs = if f32_storage { 2e-6 } else { 1e-30 };
+        assert_close(&format!("{what} sum"), &rows_of(&sum_all, c.rows), &sum_ref, 2.0, abs);
     } else {
         let untouched: Vec<T> = stream.clone_dtoh(&sum_dev).unwrap();
         assert!(untouched.iter().all(|v| v.to_f64().is_nan()), "{what}: sum written though absent");
@@ -794,7 +798,7 @@ fn check_skip_on_gpu<T: Element>(c: Case, seed: u64) {
     let inv: Vec<f32> = stream.clone_dtoh(&inv_dev).unwrap();
     if c.stats {
         assert!(mean.iter().all(|&m| m == 0.0), "{what}: mean");
-        assert_close(&format!("{what} inv_std_var"), &inv, &expected.inv_std_var, 8.0, 0.0);
+        assert_close(&format!("{what} inv_std_var"), &inv, &expected.inv_std_var, 64.0, 0.0);
     } else {
         assert!(mean.iter().chain(&inv).all(|v| v.is_nan()), "{what}: statistics written though absent");
     }
