@@ -227,6 +227,9 @@ impl NodeKernel {
     fn optional_input(&self, i: usize) -> bool {
         matches!(self.op.kind, Kind::Typed { decl, .. } if decl.inputs.get(i).is_some_and(|x| x.optional))
     }
+    fn optional_output(&self, i: usize) -> bool {
+        matches!(self.op.kind, Kind::Typed { decl, .. } if decl.outputs.get(i).is_some_and(|x| x.optional))
+    }
 }
 
 /// A kernel instance: one node of a session.
@@ -457,7 +460,15 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
             (api.0.KernelContext_GetOutput)(context, i, spec.shape.as_ptr(), spec.shape.len(), &mut value)
         })?;
         if value.is_null() {
-            return Err(format!("ORT could not allocate output {i} of shape {:?}", spec.shape));
+            if !kernel.optional_output(i) {
+                return Err(format!("ORT could not allocate output {i} of shape {:?}", spec.shape));
+            }
+            // An omitted optional output (`''` in the node): a 0-element placeholder keeps the
+            // positions, as for inputs.
+            shapes.push(vec![0]);
+            let shape = shapes.last_mut().expect("just pushed");
+            tensors.push(dl_tensor(std::ptr::null_mut(), device_of_provider(kernel.op.provider), DType::U8, shape));
+            continue;
         }
         let device = device_of(api, kernel.op.provider, value)?;
         let data = api.mutable_data(value)?;
@@ -596,7 +607,14 @@ fn infer_shapes(op: &DlkernOp, context: *mut OrtShapeInferContext) -> OrtResult<
                 -1
             })
             .collect();
-        api.set_output(context, i, elem_of(spec.dtype), &dims, |axis| names[axis].clone())?;
+        let set = api.set_output(context, i, elem_of(spec.dtype), &dims, |axis| names[axis].clone());
+        // The context cannot say how many outputs the node has: a node that leaves out trailing
+        // optional outputs makes setting those fail, which is not an error of the node.
+        let optional = matches!(op.kind, Kind::Typed { decl, .. } if decl.outputs.get(i).is_some_and(|o| o.optional));
+        if set.is_err() && optional {
+            break;
+        }
+        set?;
     }
     Ok(())
 }

@@ -20,6 +20,16 @@ pub(crate) fn optional<'a>(args: &'a KernelArgs, i: usize, name: &'a str) -> Res
     Ok(if t.is_empty() { None } else { Some(t) })
 }
 
+/// An optional output: `None` when absent (not passed, or 0 elements: how ORT's omitted outputs
+/// and the registry's placeholders arrive).
+pub(crate) fn optional_output<'a>(args: &'a KernelArgs, i: usize, name: &'a str) -> Result<Option<TensorView<'a>>> {
+    if i >= args.num_outputs() {
+        return Ok(None);
+    }
+    let t = args.output(i, name)?;
+    Ok(if t.is_empty() { None } else { Some(t) })
+}
+
 /// `shape` with its last dimension replaced by `n`.
 pub(crate) fn with_last(shape: &[i64], n: i64) -> Vec<i64> {
     let mut out = shape.to_vec();
@@ -111,6 +121,52 @@ pub(crate) fn as_rows(t: &TensorView) -> Result<(usize, usize, usize)> {
                 span = strides[axis] * shape[axis];
             }
             Some(_) if strides[axis] == span => span *= shape[axis],
+            Some(_) => return Err(invalid("the leading axes must collapse into evenly strided rows")),
+        }
+    }
+    let row_stride = row_stride.unwrap_or(cols as i64) as usize;
+    if rows > 1 && row_stride < cols {
+        return Err(invalid("rows overlap"));
+    }
+    Ok((rows, cols, row_stride))
+}
+
+/// Rows, row length and row stride of a tensor seen as `[prod(shape[..axis]), prod(shape[axis..])]`:
+/// the axes from `axis` on must be contiguous (row-major among themselves) and the leading axes
+/// must collapse into one uniformly strided row axis. `axis == rank - 1` is [`as_rows`].
+pub(crate) fn as_rows_from(t: &TensorView, axis: usize) -> Result<(usize, usize, usize)> {
+    t.expect_rank(1, crate::dlpack::MAX_NDIM)?;
+    let shape = t.shape();
+    let strides = t.strides();
+    let n = shape.len();
+    let invalid = |why: &str| Error::InvalidTensor {
+        name: t.name().to_string(),
+        message: format!("{why}: shape {shape:?}, strides {strides:?}"),
+    };
+    if axis >= n {
+        return Err(invalid(&format!("axis {axis} is out of range")));
+    }
+    let mut inner = 1i64; // elements of the axes inside the current one
+    for a in (axis..n).rev() {
+        if shape[a] != 1 && strides[a] != inner {
+            return Err(invalid(&format!("the axes from {axis} on must be contiguous")));
+        }
+        inner *= shape[a];
+    }
+    let cols = inner as usize;
+    let rows = shape[..axis].iter().product::<i64>() as usize;
+    let mut row_stride: Option<i64> = None;
+    let mut span = 0i64;
+    for a in (0..axis).rev() {
+        if shape[a] == 1 {
+            continue;
+        }
+        match row_stride {
+            None => {
+                row_stride = Some(strides[a]);
+                span = strides[a] * shape[a];
+            }
+            Some(_) if strides[a] == span => span *= shape[a],
             Some(_) => return Err(invalid("the leading axes must collapse into evenly strided rows")),
         }
     }

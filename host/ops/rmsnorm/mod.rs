@@ -1,4 +1,6 @@
-//! RMSNorm: `y = x / sqrt(mean(x^2, last axis) + eps) * weight`.
+//! RMSNorm: `y = x / sqrt(mean(x^2, last axis) + eps) * weight`, and ORT's
+//! `SimplifiedLayerNormalization` and `SkipSimplifiedLayerNormalization` (the residual add
+//! fused in) on the fused kernel `rmsnorm_skip_*`.
 //!
 //! One folder per family: `op.rs` declares the op(s) and their registry kernels, `launch.rs`
 //! validates and launches, `reference.rs` is the CPU oracle; the

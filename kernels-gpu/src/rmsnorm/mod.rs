@@ -11,12 +11,14 @@
 //!   row strides and `cols` multiples of 16 bytes' worth of elements (8 for f16/bf16, 4 for
 //!   f32).
 //!
-//! Entry points: `rmsnorm_{vec,scalar}_{f32,f16,bf16}` ([`layout::ENTRIES`]).
+//! Entry points: `rmsnorm_{vec,scalar}_{f32,f16,bf16}` ([`layout::ENTRIES`]); the fused
+//! residual variant (skip, bias, sum and statistics outputs, broadcast scale) is [`skip`].
 //!
 //! Two passes over the row: the sum of squares, then the normalized write. The second pass
 //! re-reads `x` from L1/L2 (a row of 8192 halves is 16 KiB), so DRAM sees each input byte once.
 
 pub mod layout;
+pub mod skip;
 
 use crate::device::memory::{ld_global_nc_v4, ld_global_v4, st_global_v4};
 use crate::device::reduce::{BLOCK_REDUCE_SCRATCH_BYTES, block_sum_f32};
