@@ -41,7 +41,7 @@ def providers_of(model, feeds, names):
     return out, used
 
 
-def check(op, feeds, input_names, output_names, np_dtype, what, **attrs):
+def check(op, feeds, input_names, output_names, np_dtype, what, cuda_cross_check=True, **attrs):
     names = [n for n in output_names if n]
     used_feeds = {n: feeds[n] for n in input_names if n}
     ours_model = base.build(op, "dlkern", feeds, input_names, output_names, np_dtype, **attrs)
@@ -50,6 +50,8 @@ def check(op, feeds, input_names, output_names, np_dtype, what, **attrs):
     theirs_model = base.build(op, base.ORT_DOMAIN[op], feeds, input_names, output_names, np_dtype, **attrs)
     reference = dict(zip(names, base.session(theirs_model, CPU).run(None, used_feeds)))
     base.compare(reference, ours, np_dtype, f"{what} vs ORT CPU", gpu=True)
+    if not cuda_cross_check:
+        return
     try:
         ort_cuda = dict(zip(names, base.session(theirs_model, CUDA).run(None, used_feeds)))
     except Exception as e:  # ORT's CUDA kernels take fewer scale shapes than its CPU one
@@ -98,8 +100,13 @@ def test_cuda_simplified_last_axis(rows, hidden, with_inv, np_dtype):
 def test_cuda_simplified_axis(x_shape, axis, scale_shape, np_dtype):
     rng = np.random.default_rng(sum(x_shape) + axis)
     feeds = {"X": rng.uniform(-2, 2, x_shape).astype(np_dtype), "scale": rng.uniform(-1, 1, scale_shape).astype(np_dtype)}
+    # ORT's CUDA kernel reads `scale` as if it had the whole normalized shape (seen on
+    # onnxruntime-gpu 1.31.1: it disagrees with ORT's CPU kernel exactly where the scale
+    # broadcasts), so a broadcast scale is compared with ORT's CPU EP only.
+    normalized = x_shape[axis % len(x_shape):]
     check("SimplifiedLayerNormalization", feeds, ["X", "scale"], ["Y", "inv_std_var"], np_dtype,
-          f"{x_shape} axis={axis} scale {scale_shape}", axis=axis)
+          f"{x_shape} axis={axis} scale {scale_shape}", cuda_cross_check=tuple(scale_shape) == tuple(normalized),
+          axis=axis)
 
 
 def test_cuda_errors_are_errors():

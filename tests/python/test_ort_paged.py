@@ -21,11 +21,20 @@ PAGED_INPUTS = ["query", "key", "value", "key_cache", "value_cache", "cumulative
                 "block_table", "cos_cache", "sin_cache"]
 
 
+PAGED_SHAPES = {
+    "query": ["tokens", "q_hidden"], "key": ["tokens", "kv_hidden"], "value": ["tokens", "kv_hidden"],
+    "key_cache": ["blocks", "block_size", "kv_heads", "head"], "value_cache": ["blocks", "block_size", "kv_heads", "head"],
+    "cumulative_sequence_length": ["batch_1"], "past_seqlens": ["batch"], "block_table": ["batch", "max_blocks"],
+    "cos_cache": ["positions", "half"], "sin_cache": ["positions", "half"],
+}
+
+
 def paged_model(elem, domain, attrs):
     node = helper.make_node("PagedAttention", PAGED_INPUTS, ["output", "key_cache_out", "value_cache_out"],
                             domain=domain, **attrs)
     ints = {"cumulative_sequence_length", "past_seqlens", "block_table"}
-    inputs = [dx.value(n, TensorProto.INT32 if n in ints else elem, None) for n in PAGED_INPUTS]
+    # Ranked shapes (symbolic dims): ORT's own PagedAttention's shape inference needs them.
+    inputs = [dx.value(n, TensorProto.INT32 if n in ints else elem, PAGED_SHAPES[n]) for n in PAGED_INPUTS]
     outputs = [dx.value(n, elem, None) for n in ["output", "key_cache_out", "value_cache_out"]]
     graph = helper.make_graph([node], "paged", inputs, outputs)
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]

@@ -27,8 +27,7 @@
 use half::{bf16, f16};
 
 use super::launch::{
-    CacheAttentionParams, DecodeParams, HeadStrides, RotaryParams, RotaryPointers, RotaryPositions,
-    attention_cache_raw, attention_decode_raw, rotary_raw,
+    CacheAttentionParams, HeadStrides, RotaryParams, RotaryPointers, RotaryPositions, attention_cache_raw, rotary_raw,
 };
 use super::reference::{AttentionOptions, attention_varlen};
 use crate::dlpack::{DeviceKind, TensorView};
@@ -37,7 +36,8 @@ use crate::error::{Error, Result};
 use crate::kernel::{Attributes, InferArgs, KernelArgs, TensorSpec};
 use crate::ops::common::rotary::rotate_head;
 use crate::ops::common::{floats, store};
-use crate::runtime::{Device, StreamScratch};
+use crate::ops::paged_attention::launch::{BnshAttentionParams, PagedAttentionPointers, paged_attention_bnsh_raw};
+use crate::runtime::{Device, StreamScratch, copy_2d_async, memset_async};
 
 /// Inputs by position (ORT's order).
 const QUERY: usize = 0;
@@ -604,27 +604,34 @@ fn compute_cuda(
     };
     let q_strides = HeadStrides { batch: s.seq * row, seq: row, head: d };
     let scale = if o.scale == 0.0 { 1.0 / (d as f32).sqrt() } else { o.scale as f32 };
-    // One new token per sequence: the split-KV decode kernel (all heads of a KV head in one
-    // pass over its cache); otherwise the prefill kernel's KV-cache mode.
-    let decode = (s.seq == 1 && DecodeParams::supported(dtype, h, hkv, d)).then(|| DecodeParams {
+    // One new token per sequence: the split-KV decode kernels (the paged family's, over the
+    // BNSH cache as one block per sequence; all query heads of a KV head in one pass over it);
+    // otherwise the prefill kernel's KV-cache mode.
+    let decode = BnshAttentionParams {
         dtype,
         batch: s.batch,
-        heads: h,
-        kv_heads: hkv,
-        head_dim: d,
+        q_len: 1,
+        num_q_heads: h,
+        num_kv_heads: hkv,
+        head_size: d,
         capacity: s.present_len,
         max_keys: s.present_len.min(s.max_keys),
-        q_batch_stride: if s.rotary_dim > 0 { h * d } else { row },
-        window_left: o.window,
         scale,
         softcap: o.softcap as f32,
-    });
+        window: o.window.map_or(0, |w| w + 1),
+    };
+    let decode = (s.seq == 1 && decode.supported()).then_some(decode);
     let decode_plan = match &decode {
-        Some(p) => Some(p.plan(device.multiprocessors() as usize)?),
+        Some(p) => Some(p.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?),
         None => None,
     };
-    let q_bytes = if s.rotary_dim > 0 { (s.batch * s.seq * h * d * size).next_multiple_of(256) } else { 0 };
-    let workspace_bytes = q_bytes + decode_plan.map_or(0, |p| p.workspace_bytes);
+    // The decode kernels read dense queries: rotated ones, or a copy of a packed input's.
+    let dense_q = s.rotary_dim > 0 || (decode.is_some() && row != h * d);
+    let q_bytes = if dense_q { (s.batch * s.seq * h * d * size).next_multiple_of(256) } else { 0 };
+    // Decode: the partial results, then the status word the kernels flag bad lengths in (they
+    // write NaN rows for them; nothing waits to read it).
+    let partials = decode_plan.map_or(0, |p| p.workspace_bytes.next_multiple_of(256));
+    let workspace_bytes = q_bytes + if decode.is_some() { partials + 4 } else { 0 };
     // SAFETY: `stream` is ORT's (or the registry caller's) stream of this device; the scratch
     // is freed on it after the launches below.
     let workspace = unsafe { StreamScratch::new(&device, stream, workspace_bytes)? };
@@ -633,12 +640,20 @@ fn compute_cuda(
     // the caches and write NaN for device-side positions outside the cos / sin caches.
     unsafe {
         if let (Some(pk), Some(pv)) = (inputs[PAST_KEY], inputs[PAST_VALUE]) {
-            // A present cache in another buffer starts as a copy of the past.
-            let past = HeadStrides { batch: hkv * s.past_len * d, seq: d, head: s.past_len * d };
+            // A present cache in another buffer starts as a copy of the past (one strided copy
+            // per cache: each head's past rows into its longer present rows).
+            let (row, past_pitch, present_pitch) =
+                (s.past_len * d * size, s.past_len * d * size, s.present_len * d * size);
             for (from, to) in [(pk, present_k), (pv, present_v)] {
-                if from.data_address() != to.data_address() && s.past_len > 0 {
-                    let copy = RotaryParams { seq: s.past_len, ..rotary(hkv, 0, past, cache, RotaryPositions::FromFirst) };
-                    rotary_raw(&device, stream, &copy, &pointers(from.data_address(), to.data_address()))?;
+                if from.data_address() != to.data_address() {
+                    copy_2d_async(
+                        &device,
+                        stream,
+                        (to.data_address(), present_pitch),
+                        (from.data_address(), past_pitch),
+                        row,
+                        s.batch * hkv,
+                    )?;
                 }
             }
         }
@@ -650,12 +665,13 @@ fn compute_cuda(
             &pointers(k_src, present_k.data_address()),
         )?;
         rotary_raw(&device, stream, &rotary(hkv, 0, kv_strides, cache, append), &pointers(v_src, present_v.data_address()))?;
-        let (q_ptr, q_row_stride) = if s.rotary_dim > 0 {
+        let (q_ptr, q_row_stride) = if dense_q {
             let dense = HeadStrides { batch: s.seq * h * d, seq: h * d, head: d };
             let query = RotaryPositions::CacheQuery { capacity: s.present_len };
             rotary_raw(
                 &device,
                 stream,
+                // (rotary_dim 0: a plain copy into the dense layout)
                 &rotary(h, s.rotary_dim, q_strides, dense, query),
                 &pointers(q.data_address(), workspace.address()),
             )?;
@@ -665,7 +681,20 @@ fn compute_cuda(
         };
         let tensors = [q_ptr, present_k.data_address(), present_v.data_address(), out.data_address(), seqlens];
         if let Some(params) = &decode {
-            attention_decode_raw(&device, stream, params, tensors, workspace.address() + q_bytes as u64)?;
+            let status = workspace.address() + (q_bytes + partials) as u64;
+            memset_async(&device, stream, status, 0, 4)?;
+            let ptrs = PagedAttentionPointers {
+                q: q_ptr,
+                key_cache: present_k.data_address(),
+                value_cache: present_v.data_address(),
+                block_tables: 0,
+                context_lens: seqlens,
+                alibi: 0,
+                out: out.data_address(),
+                workspace: if partials > 0 { workspace.address() + q_bytes as u64 } else { 0 },
+                status,
+            };
+            paged_attention_bnsh_raw(&device, stream, params, &ptrs)?;
             drop(workspace);
             return Ok(());
         }

@@ -410,8 +410,8 @@ impl RotaryParams {
         if p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_size || p.head_size == 0 {
             return Err(bad(format!("rotary dim {} must be even and <= head size {}", p.rotary_dim, p.head_size)));
         }
-        if p.batch == 0 || p.batch > 65535 || p.seq > i32::MAX as usize {
-            return Err(bad(format!("rotary: batch {} must be 1..=65535", p.batch)));
+        if p.batch == 0 || p.batch > 65535 || p.heads > 65535 || p.seq > i32::MAX as usize {
+            return Err(bad(format!("rotary: batch {} and heads {} must be 1..=65535", p.batch, p.heads)));
         }
         let span = |s: &HeadStrides| {
             (p.batch.saturating_sub(1)) * s.batch + p.seq.saturating_sub(1) * s.seq + (p.heads.saturating_sub(1)) * s.head
@@ -453,7 +453,7 @@ impl RotaryParams {
             capacity: capacity.min(i32::MAX as usize) as u32,
         };
         let dims = LaunchDims {
-            grid: (p.seq as u32, p.batch as u32, 1),
+            grid: (p.seq as u32, p.batch as u32, p.heads as u32),
             block: (layout::ROTARY_THREADS, 1, 1),
             shared_bytes: 0,
         };
@@ -494,152 +494,4 @@ pub unsafe fn rotary_raw(device: &Device, stream: CUstream, params: &RotaryParam
         .value(args);
     // SAFETY: six pointers and the RotaryArgs struct, as the kernel declares; validity by contract.
     unsafe { device.launch(kernel, dims, stream, kp) }
-}
-
-/// Split-KV decode over a BNSH KV cache (one new token per sequence; `attention_decode_*`):
-/// the cache layout and lengths of [`CacheAttentionParams`] with `seqlen_q` 1.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct DecodeParams {
-    pub dtype: DType,
-    pub batch: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub capacity: usize,
-    /// The longest sequence's key count (host-side bound; sizes the splits).
-    pub max_keys: usize,
-    /// Elements between sequences' query rows (`>= H * D`, a multiple of 8).
-    pub q_batch_stride: usize,
-    pub window_left: Option<usize>,
-    pub scale: f32,
-    pub softcap: f32,
-}
-
-/// What a validated decode launches.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct DecodePlan {
-    pub kernel: &'static str,
-    pub dims: LaunchDims,
-    /// The merge, when the keys are split.
-    pub combine: Option<(&'static str, LaunchDims)>,
-    /// f32 partial outputs and log-sum-exps of the splits.
-    pub workspace_bytes: usize,
-    args: layout::DecodeArgs,
-}
-
-/// Most slices one sequence's keys are cut into.
-const MAX_SPLITS: usize = 128;
-/// Fewest keys per slice (below that the merge costs more than the parallelism brings).
-const MIN_SPLIT_KEYS: usize = 256;
-
-impl DecodeParams {
-    /// Whether the decode kernel takes these heads (else the prefill kernel's cache mode does).
-    pub fn supported(dtype: DType, heads: usize, kv_heads: usize, head_dim: usize) -> bool {
-        matches!(dtype, DType::F16 | DType::BF16)
-            && HEAD_DIMS.contains(&head_dim)
-            && kv_heads > 0
-            && heads.is_multiple_of(kv_heads)
-            && (1..=layout::MAX_GROUP).contains(&(heads / kv_heads))
-    }
-
-    /// Validates the call and picks the splits for a GPU of `multiprocessors` SMs.
-    pub fn plan(&self, multiprocessors: usize) -> Result<DecodePlan> {
-        let p = self;
-        let bad = |m: String| Error::invalid(KERNEL, m);
-        if !Self::supported(p.dtype, p.heads, p.kv_heads, p.head_dim) {
-            return Err(bad(format!(
-                "decode: {} with {} heads over {} KV heads of size {} is not supported",
-                p.dtype, p.heads, p.kv_heads, p.head_dim
-            )));
-        }
-        let t = layout::Dtype::from_name(p.dtype.name()).expect("f16 or bf16");
-        let kernel = layout::entry(layout::Entry::Decode(t, p.head_dim)).expect("in the table");
-        let combine = layout::entry(layout::Entry::DecodeCombine(t)).expect("in the table");
-        let q_row = p.heads * p.head_dim;
-        if p.batch == 0 || p.batch > 65535 || p.kv_heads > 65535 || p.capacity == 0 {
-            return Err(bad(format!("decode: batch {} (1..=65535), capacity {}", p.batch, p.capacity)));
-        }
-        if p.q_batch_stride < q_row || !p.q_batch_stride.is_multiple_of(8) {
-            return Err(bad(format!("decode: query stride {} must be >= H * D and a multiple of 8", p.q_batch_stride)));
-        }
-        if (p.batch * p.kv_heads * p.capacity).saturating_mul(p.head_dim) > i32::MAX as usize
-            || p.batch.saturating_mul(p.q_batch_stride) > i32::MAX as usize
-        {
-            return Err(bad("decode: tensors too large for the kernel's 32-bit strides".into()));
-        }
-        if !(p.scale.is_finite() && p.softcap.is_finite() && p.softcap >= 0.0) {
-            return Err(bad(format!("decode: scale {} / softcap {} must be finite (softcap >= 0)", p.scale, p.softcap)));
-        }
-        // Enough blocks for about four per SM; no slice below MIN_SPLIT_KEYS keys.
-        let keys = p.max_keys.clamp(1, p.capacity);
-        let blocks = p.batch * p.kv_heads;
-        let wanted = (4 * multiprocessors.max(1)).div_ceil(blocks);
-        let splits = wanted.min(keys.div_ceil(MIN_SPLIT_KEYS)).clamp(1, MAX_SPLITS);
-        let split_len = keys.div_ceil(splits).next_multiple_of(64);
-        let num_splits = keys.div_ceil(split_len);
-        let args = layout::DecodeArgs {
-            heads: p.heads as u32,
-            group: (p.heads / p.kv_heads) as u32,
-            capacity: p.capacity as u32,
-            q_batch_stride: p.q_batch_stride as u32,
-            out_batch_stride: q_row as u32,
-            kv_head_stride: (p.capacity * p.head_dim) as u32,
-            kv_batch_stride: (p.kv_heads * p.capacity * p.head_dim) as u32,
-            split_len: split_len as u32,
-            num_splits: num_splits as u32,
-            window_left: p.window_left.map_or(-1, |w| w.min(i32::MAX as usize) as i32),
-            scale: p.scale,
-            softcap: p.softcap,
-        };
-        let dims = LaunchDims {
-            grid: (num_splits as u32, p.kv_heads as u32, p.batch as u32),
-            block: (layout::DECODE_THREADS, 1, 1),
-            shared_bytes: layout::decode_shared_bytes(p.head_dim) as u32,
-        };
-        let rows = p.batch * p.heads * num_splits;
-        let (combine, workspace_bytes) = if num_splits > 1 {
-            let dims = LaunchDims { grid: (p.heads as u32, p.batch as u32, 1), block: (layout::DECODE_THREADS, 1, 1), shared_bytes: 0 };
-            (Some((combine, dims)), rows * (p.head_dim + 1) * 4)
-        } else {
-            (None, 0)
-        };
-        Ok(DecodePlan { kernel, dims, combine, workspace_bytes, args })
-    }
-}
-
-/// Split-KV decode on raw device pointers, on `stream`; `workspace` holds the plan's
-/// `workspace_bytes` (16-byte aligned; 0 when it needs none).
-///
-/// # Safety
-/// Device addresses in `device`'s context valid for the extents the parameters describe until
-/// the kernels have run on `stream` (`seqlens_k`: `[batch]` i32, any values: the kernel clamps
-/// them to the capacity); `out` and `workspace` distinct from the other buffers.
-pub unsafe fn attention_decode_raw(
-    device: &Device,
-    stream: CUstream,
-    params: &DecodeParams,
-    [q, k_cache, v_cache, out, seqlens_k]: [u64; 5],
-    workspace: u64,
-) -> Result<DecodePlan> {
-    let plan = params.plan(device.multiprocessors() as usize)?;
-    for (name, ptr) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)] {
-        check_pointer(KERNEL, name, ptr, 16)?;
-    }
-    check_pointer(KERNEL, "seqlens_k", seqlens_k, 4)?;
-    let rows = params.batch * params.heads * plan.args.num_splits as usize;
-    let (partial, lse) = if plan.workspace_bytes > 0 {
-        check_pointer(KERNEL, "workspace", workspace, 16)?;
-        (workspace, workspace + (rows * params.head_dim * 4) as u64)
-    } else {
-        (0, 0)
-    };
-    let args = KernelParams::new().pointers(&[q, k_cache, v_cache, out, partial, lse, seqlens_k]).value(plan.args);
-    // SAFETY: seven pointers and DecodeArgs, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
-    if let Some((combine, dims)) = plan.combine {
-        let args = KernelParams::new().pointers(&[out, partial, lse]).value(params.head_dim as u32).value(plan.args);
-        // SAFETY: three pointers, the head size and DecodeArgs, as the kernel declares.
-        unsafe { device.launch(combine, dims, stream, args)? };
-    }
-    Ok(plan)
 }

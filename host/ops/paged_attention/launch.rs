@@ -161,6 +161,9 @@ impl PagedAttentionParams {
         {
             return Err(bad("cache too large".into()));
         }
+        if p.block_size * p.num_kv_heads * p.head_size > u32::MAX as usize {
+            return Err(bad("cache blocks too large for the kernel's 32-bit strides".into()));
+        }
         let d = p.head_size;
         let m_tiles = rows.div_ceil(M_TILE);
         let smem = layout::shared_bytes(d);
@@ -201,6 +204,10 @@ impl PagedAttentionParams {
             block_magic: divmod_constants(p.block_size as u32).0,
             block_shift: divmod_constants(p.block_size as u32).1,
             table_rows: p.batch as u32,
+            kv_block_stride: (p.block_size * p.num_kv_heads * p.head_size) as u32,
+            kv_token_stride: (p.num_kv_heads * p.head_size) as u32,
+            kv_head_stride: p.head_size as u32,
+            context_bias: 0,
         };
         let attention_dims = LaunchDims {
             grid: (num_partitions as u32, (p.num_kv_heads * m_tiles * layout::split(d)) as u32, p.batch as u32),
@@ -251,14 +258,113 @@ pub unsafe fn paged_attention_raw(
     ptrs: &PagedAttentionPointers,
 ) -> Result<PagedAttentionPlan> {
     let plan = params.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?;
+    check_pointer(KERNEL, "block_tables", ptrs.block_tables, 4)?;
+    // SAFETY: forwarded.
+    unsafe { launch_plan(device, stream, params, plan, ptrs) }
+}
+
+/// The decode kernels over a BNSH KV cache `[batch, kv_heads, capacity, D]` (ONNX Runtime's
+/// `GroupQueryAttention`): each sequence is one block of `capacity` tokens (no block table), and
+/// its length is `seqlens_k[b] + 1`. Queries and output `[batch, q_len, num_q_heads, D]`, dense.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BnshAttentionParams {
+    pub dtype: DType,
+    pub batch: usize,
+    pub q_len: usize,
+    pub num_q_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_size: usize,
+    pub capacity: usize,
+    /// The longest sequence's key count (host-side bound: sizes the partitions; a longer one
+    /// is an error, flagged on the device and NaN in its output).
+    pub max_keys: usize,
+    pub scale: f32,
+    pub softcap: f32,
+    /// Keys a query sees, itself included (ORT's `local_window_size`); 0 for all.
+    pub window: usize,
+}
+
+impl BnshAttentionParams {
+    fn paged(&self) -> PagedAttentionParams {
+        let p = self;
+        PagedAttentionParams {
+            dtype: p.dtype,
+            batch: p.batch,
+            q_len: p.q_len,
+            num_q_heads: p.num_q_heads,
+            num_kv_heads: p.num_kv_heads,
+            head_size: p.head_size,
+            num_blocks: p.batch,
+            block_size: p.capacity,
+            max_blocks_per_seq: 1,
+            max_context_len: p.max_keys.clamp(p.q_len, p.capacity.max(p.q_len)),
+            scale: p.scale,
+            softcap: p.softcap,
+            window: p.window,
+            alibi: false,
+            partition: 0,
+        }
+    }
+
+    /// Whether the decode kernels take these heads (rows of one KV head within [`MAX_ROWS`]).
+    pub fn supported(&self) -> bool {
+        matches!(self.dtype, DType::F16 | DType::BF16)
+            && HEAD_SIZES.contains(&self.head_size)
+            && self.num_kv_heads > 0
+            && self.num_q_heads.is_multiple_of(self.num_kv_heads)
+            && self.paged().rows() <= MAX_ROWS
+    }
+
+    pub fn plan(&self, multiprocessors: u32, max_shared_bytes: u32) -> Result<PagedAttentionPlan> {
+        let p = self;
+        let mut plan = p.paged().plan(multiprocessors, max_shared_bytes)?;
+        let block = p.num_kv_heads * p.capacity * p.head_size;
+        if p.batch.saturating_mul(block) > i32::MAX as usize {
+            return Err(Error::invalid(KERNEL, "BNSH cache too large for the kernel's 32-bit strides"));
+        }
+        let d = &mut plan.dims;
+        d.kv_block_stride = block as u32;
+        d.kv_token_stride = p.head_size as u32;
+        d.kv_head_stride = (p.capacity * p.head_size) as u32;
+        d.context_bias = 1;
+        Ok(plan)
+    }
+}
+
+/// [`BnshAttentionParams`] on raw device pointers, on `stream`: `ptrs.block_tables` is unused
+/// (0) and `ptrs.context_lens` holds `seqlens_k`.
+///
+/// # Safety
+/// As [`paged_attention_raw`].
+pub unsafe fn paged_attention_bnsh_raw(
+    device: &Device,
+    stream: CUstream,
+    params: &BnshAttentionParams,
+    ptrs: &PagedAttentionPointers,
+) -> Result<PagedAttentionPlan> {
+    let plan = params.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?;
+    let ptrs = PagedAttentionPointers { block_tables: 0, ..*ptrs };
+    // SAFETY: forwarded; a null block table makes the kernels read sequence b's block b.
+    unsafe { launch_plan(device, stream, &params.paged(), plan, &ptrs) }
+}
+
+/// Launches a validated plan (block table checked by the caller, or null for a BNSH cache).
+///
+/// # Safety
+/// As [`paged_attention_raw`].
+unsafe fn launch_plan(
+    device: &Device,
+    stream: CUstream,
+    params: &PagedAttentionParams,
+    plan: PagedAttentionPlan,
+    ptrs: &PagedAttentionPointers,
+) -> Result<PagedAttentionPlan> {
     for (name, ptr) in
         [("q", ptrs.q), ("key_cache", ptrs.key_cache), ("value_cache", ptrs.value_cache), ("out", ptrs.out)]
     {
         check_pointer(KERNEL, name, ptr, 16)?;
     }
-    for (name, ptr) in
-        [("block_tables", ptrs.block_tables), ("context_lens", ptrs.context_lens), ("status", ptrs.status)]
-    {
+    for (name, ptr) in [("context_lens", ptrs.context_lens), ("status", ptrs.status)] {
         check_pointer(KERNEL, name, ptr, 4)?;
     }
     if params.alibi {

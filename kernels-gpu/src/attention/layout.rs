@@ -86,49 +86,6 @@ pub enum Entry {
     FwdCache(Dtype, usize),
     /// `attention_rotary_{dtype}`: rotary embedding over strided heads (f32 too).
     Rotary(Dtype),
-    /// `attention_decode_{dtype}_d{head_dim}`: split-KV decode over a BNSH cache.
-    Decode(Dtype, usize),
-    /// `attention_decode_combine_{dtype}`: the merge of its slices.
-    DecodeCombine(Dtype),
-}
-
-/// Threads per block of `attention_decode_*` and `attention_decode_combine_*`.
-pub const DECODE_THREADS: u32 = 128;
-/// Most query heads per KV head `attention_decode_*` takes (more go to the prefill kernel).
-pub const MAX_GROUP: usize = 8;
-
-/// Lanes that share one key in `attention_decode_*`: 8 elements each, a power of two.
-pub const fn decode_lanes_per_key(d: usize) -> usize {
-    (d / 8).next_power_of_two()
-}
-
-/// Dynamic shared memory of `attention_decode_*` at head size `d`: per lane group of the block,
-/// the running max and sum and the accumulators of [`MAX_GROUP`] heads (f32).
-pub const fn decode_shared_bytes(d: usize) -> usize {
-    let slots = (DECODE_THREADS as usize / 32) * (32 / decode_lanes_per_key(d));
-    slots * MAX_GROUP * (2 + d) * 4
-}
-
-/// Scalar arguments of `attention_decode_*` and `attention_decode_combine_*` (strides in
-/// elements). The host launcher passes this very type.
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[repr(C)]
-pub struct DecodeArgs {
-    pub heads: u32,
-    /// Query heads per KV head (at most [`MAX_GROUP`]).
-    pub group: u32,
-    pub capacity: u32,
-    pub q_batch_stride: u32,
-    pub out_batch_stride: u32,
-    pub kv_head_stride: u32,
-    pub kv_batch_stride: u32,
-    pub split_len: u32,
-    pub num_splits: u32,
-    /// Keys at most this far left of the query, negative for none.
-    pub window_left: i32,
-    pub scale: f32,
-    /// Logit soft cap, 0 for none.
-    pub softcap: f32,
 }
 
 /// Threads per block of `attention_rotary_*`.
@@ -189,18 +146,6 @@ pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::Rotary(Dtype::F32), "attention_rotary_f32"),
     (Entry::Rotary(Dtype::F16), "attention_rotary_f16"),
     (Entry::Rotary(Dtype::Bf16), "attention_rotary_bf16"),
-    (Entry::Decode(Dtype::F16, 64), "attention_decode_f16_d64"),
-    (Entry::Decode(Dtype::F16, 80), "attention_decode_f16_d80"),
-    (Entry::Decode(Dtype::F16, 96), "attention_decode_f16_d96"),
-    (Entry::Decode(Dtype::F16, 128), "attention_decode_f16_d128"),
-    (Entry::Decode(Dtype::F16, 256), "attention_decode_f16_d256"),
-    (Entry::Decode(Dtype::Bf16, 64), "attention_decode_bf16_d64"),
-    (Entry::Decode(Dtype::Bf16, 80), "attention_decode_bf16_d80"),
-    (Entry::Decode(Dtype::Bf16, 96), "attention_decode_bf16_d96"),
-    (Entry::Decode(Dtype::Bf16, 128), "attention_decode_bf16_d128"),
-    (Entry::Decode(Dtype::Bf16, 256), "attention_decode_bf16_d256"),
-    (Entry::DecodeCombine(Dtype::F16), "attention_decode_combine_f16"),
-    (Entry::DecodeCombine(Dtype::Bf16), "attention_decode_combine_bf16"),
 ];
 
 /// The symbol of `entry`, if the family has it.

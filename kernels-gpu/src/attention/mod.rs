@@ -29,7 +29,6 @@
 //!   queries are rows `b * seqlen_q ..` of which the first `min(seqlen_q, T)` are written:
 //!   query `i` sits at key position `T - min(seqlen_q, T) + i` (bottom-right alignment).
 
-pub mod decode;
 pub mod layout;
 pub mod rotary;
 

@@ -4,8 +4,10 @@
 //! keys straight into the KV cache, and copies the new values there (`rotary_dim` 0).
 //!
 //! # Launch contract: `attention_rotary_{f32,f16,bf16}`
-//! - grid `(seq, batch, 1)`, block `(ROTARY_THREADS, 1, 1)`, no shared memory: block `(s, b)`
-//!   does token `s` of sequence `b`, all its heads.
+//! - grid `(seq, batch, heads)`, block `(ROTARY_THREADS, 1, 1)`, no shared memory: block
+//!   `(s, b, h)` does head `h` of token `s` of sequence `b` (one head per block: the loads of a
+//!   thread's pairs cannot move past its stores, which may alias them, so fewer pairs per
+//!   thread is what hides the latency).
 //! - `src` head `h` of token `(b, s)` starts at element `b * src_batch_stride + s * src_seq_stride
 //!   + h * src_head_stride`, and `dst` likewise with its own strides (row `dst_row` below
 //!   instead of `s`); `head_size` contiguous elements each. `dst` must not overlap `src` unless
@@ -69,12 +71,9 @@ unsafe fn rotary<T: Element>(
         let dst = dst.add((b * p.dst_batch_stride as u64 + dst_row * p.dst_seq_stride as u64) as usize);
         // Work items per head: the rotated pairs, then the pass-through tail.
         let per_head = half + p.head_size.saturating_sub(p.rotary_dim);
-        if per_head == 0 {
-            return; // empty heads (the host refuses them); also spares the division a zero check
-        }
-        let mut item = tid;
-        while item < p.heads * per_head {
-            let (h, w) = (item / per_head, item % per_head);
+        let h = index::block_idx_z();
+        let mut w = tid;
+        while w < per_head {
             let x = src.add((h * p.src_head_stride) as usize);
             let y = dst.add((h * p.dst_head_stride) as usize);
             if w < half {
@@ -93,7 +92,7 @@ unsafe fn rotary<T: Element>(
                 let v = x.add(i).read();
                 y.add(i).write(if valid { v } else { T::from_f32(f32::NAN) });
             }
-            item += ROTARY_THREADS;
+            w += ROTARY_THREADS;
         }
     }
 }

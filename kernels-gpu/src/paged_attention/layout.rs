@@ -64,6 +64,15 @@ pub struct Dims {
     /// Rows of the block table. With a row map (the op's per-token launch), a mapped row at or
     /// past this is treated as a bad context length instead of being read.
     pub table_rows: u32,
+    /// Elements between cache blocks, between a block's tokens, and between KV heads:
+    /// `block_size * kv_heads * D`, `kv_heads * D` and `D` in the paged layout; a BNSH cache
+    /// (`[batch, kv_heads, capacity, D]`, GroupQueryAttention's) is one block of `capacity`
+    /// tokens per sequence with `kv_heads * capacity * D`, `D` and `capacity * D`.
+    pub kv_block_stride: u32,
+    pub kv_token_stride: u32,
+    pub kv_head_stride: u32,
+    /// Added to every context length read (1 where the lengths are `seqlens_k`, count - 1).
+    pub context_bias: u32,
 }
 
 /// Scalar arguments of `paged_kv_write_rotary_*` (the op's prologue). Strides and offsets are in

@@ -101,7 +101,7 @@ fn pair_lo(x: u32, y: u32) -> u32 {
 #[inline(always)]
 unsafe fn context_len(context_lens: *const i32, b: usize, p: &Dims, status: *mut u32, flag: bool) -> Option<u32> {
     // SAFETY: the launch contract sizes context_lens as [batch].
-    let ctx = unsafe { context_lens.add(b).read() };
+    let ctx = unsafe { context_lens.add(b).read() }.saturating_add(p.context_bias as i32);
     let limit = (p.max_blocks * p.block_size).min(p.max_context);
     if ctx < p.q_len as i32 || ctx as u32 > limit {
         if flag {
@@ -170,7 +170,7 @@ unsafe fn attention_partition<
     let row0 = mt * M_TILE;
     let rows_here = rows.saturating_sub(row0).min(M_TILE);
     let hq_total = (p.kv_heads * p.group) as usize;
-    let kv_row = p.kv_heads as usize * D;
+    let kv_row = p.kv_token_stride as usize;
 
     let base = dynamic_shared_base();
     let q_s = base;
@@ -243,12 +243,17 @@ unsafe fn attention_partition<
         // Cache offset of token `pos` (< end) for this KV head, if its block id is valid.
         let slot_of = |pos: u32| -> Option<usize> {
             let (blk, off) = divmod(pos, p.block_size, p.block_magic, p.block_shift);
-            let entry = block_tables.add(row * p.max_blocks as usize + blk as usize).read();
+            // No table: sequence `row` is block `row` (a BNSH cache).
+            let entry = if block_tables.is_null() {
+                row as i32
+            } else {
+                block_tables.add(row * p.max_blocks as usize + blk as usize).read()
+            };
             if entry < 0 || entry as u32 >= p.num_blocks {
                 red_global_or_u32(status, STATUS_BAD_BLOCK);
                 return None;
             }
-            Some((entry as usize * p.block_size as usize + off as usize) * kv_row + h * D)
+            Some(entry as usize * p.kv_block_stride as usize + off as usize * kv_row + h * p.kv_head_stride as usize)
         };
         // With block sizes a multiple of 16 every step lies in one block: one table lookup per
         // step (`tile_slot`, the slot of its first token) instead of one per token.
