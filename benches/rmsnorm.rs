@@ -77,7 +77,7 @@ fn bench_skip<T: Element>(c: &mut Criterion, gpu: &common::Gpu) {
         let id = format!("dlkern_{dtype}/{rows}x{cols}");
         group.throughput(Throughput::Bytes(bytes));
         common::record(&common::Meta {
-            family: "rmsnorm",
+            family: "rmsnorm_skip",
             id: format!("rmsnorm_skip/{id}"),
             implementation: "dlkern",
             shape: format!("{rows}x{cols}"),

@@ -55,6 +55,42 @@ def fmt_rate(rec):
     return f"{rec['bytes'] / rec['time_us'] / 1e6:.2f} TB/s"
 
 
+def render_ort(records):
+    """The drop-in ops against onnxruntime-gpu's own nodes (`benches/compare_ort.py`)."""
+    if not records:
+        return []
+    lines = [
+        "## ORT drop-ins against onnxruntime-gpu's own nodes",
+        "",
+        "`benches/compare_ort.py`: each op as one node of an ORT session on the CUDA EP, dlkern's",
+        "(domain `dlkern`) and onnxruntime-gpu 1.31.1's own (`com.microsoft`) on the same inputs, caches",
+        "bound with IO binding as onnxruntime-genai binds them (present = past). Per call: the median",
+        "wall time of `run_with_iobinding` (host + device); GPU: the summed durations of the kernels",
+        "one run launches (CUPTI). GroupQueryAttention is the builder's node (packed QKV, rotary),",
+        "32 q / 8 kv heads of 128, f16; rates are KV-cache bytes read (decode), FLOPs (prompt) or",
+        "bytes moved (norm). Speedup = ORT time / dlkern time.",
+        "",
+        "| op | case | ORT per call | ORT GPU | dlkern per call | dlkern GPU | speedup (call) | speedup (GPU) | dlkern rate (GPU) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in records:
+        if "ort_device_us" not in r or "dlkern_device_us" not in r:
+            why = r.get("ort_error") or r.get("dlkern_error") or "not measured"
+            lines.append(f"| {r['op']} | {r['case']} | {why[:80]} | | | | | | |")
+            continue
+        us = r["dlkern_device_us"]
+        if "flops" in r and not r["case"].startswith("decode"):
+            rate = f"{r['flops'] / us / 1e6:.0f} TFLOP/s"
+        else:
+            rate = f"{r.get('kv_bytes', r.get('bytes', 0)) / us / 1e6:.2f} TB/s"
+        lines.append(
+            f"| {r['op']} | {r['case']} | {r['ort_sync_us']:.1f} us | {r['ort_device_us']:.1f} us | "
+            f"{r['dlkern_sync_us']:.1f} us | {us:.1f} us | {r['ort_sync_us'] / r['dlkern_sync_us']:.2f} | "
+            f"{r['ort_device_us'] / us:.2f} | {rate} |"
+        )
+    return lines + [""]
+
+
 def render(results, plots_dir=None, plots_rel=None):
     ceiling = ceiling_tbps(results)
     lines = [
@@ -128,6 +164,7 @@ def render(results, plots_dir=None, plots_rel=None):
             png = plot(family, plot_points, ceiling, plots_dir)
             if png:
                 lines += [f"![{family}]({os.path.join(plots_rel or plots_dir, os.path.basename(png))})", ""]
+    lines += render_ort(results.get("ort_comparison") or [])
     if os.path.exists(PRUNED):
         with open(PRUNED) as f:
             lines += [f.read().rstrip("\n"), ""]

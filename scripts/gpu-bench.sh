@@ -27,6 +27,14 @@ else
   echo "=== PyTorch comparison"
   python3 benches/compare_torch.py "$work/torch.json"
 fi
+# The ORT drop-ins against onnxruntime-gpu's own nodes, where it is staged (../shared/gpu).
+if python3 -c 'import onnxruntime, sys; sys.exit("CUDAExecutionProvider" not in onnxruntime.get_available_providers())' 2>/dev/null \
+  && [ "${DLKERN_BENCH_ORT:-1}" != 0 ]; then
+  echo "=== ORT drop-ins against onnxruntime-gpu"
+  python3 benches/compare_ort.py "$work/ort.json" 2>&1 | grep -v -e "plugin EP" -e "kernels:" -e "_warn_once" -e UserWarning
+else
+  echo '[]' > "$work/ort.json"
+fi
 python3 - "$work" "$out/results.json" "$warm" "$measure" <<'PY'
 import glob, json, os, subprocess, sys, datetime
 work, dest, warm, measure = sys.argv[1:5]
@@ -40,7 +48,8 @@ import torch
 json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].strip(), "driver": smi.split(",")[-1].strip(),
            "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; " + "".join(f"{k}='{os.environ[k]}' " for k in ("DLKERN_BENCHES", "DLKERN_BENCH_FILTER", "DLKERN_BENCH_TORCH") if k in os.environ) + f"DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
            "criterion": sorted(crit, key=lambda r: r["id"]), "meta": meta,
-           "comparison": json.load(open(os.path.join(work, "torch.json")))}, open(dest, "w"), indent=1)
+           "comparison": json.load(open(os.path.join(work, "torch.json"))),
+           "ort_comparison": json.load(open(os.path.join(work, "ort.json")))}, open(dest, "w"), indent=1)
 print("wrote", dest, len(crit), "criterion results")
 PY
 mkdir -p "$out/plots"

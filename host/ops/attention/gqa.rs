@@ -174,7 +174,10 @@ fn shape(name: &str, o: &Options, inputs: &[Option<&TensorView>], total: Option<
         (None, None) => (true, qd[2] / (o.heads + 2 * o.kv_heads)),
         (Some(k), Some(v)) => {
             if !qd[2].is_multiple_of(o.heads) {
-                return Err(fail(name, format!("query hidden size {} is not a multiple of num_heads {}", qd[2], o.heads)));
+                return Err(fail(
+                    name,
+                    format!("query hidden size {} is not a multiple of num_heads {}", qd[2], o.heads),
+                ));
             }
             let hs = qd[2] / o.heads;
             for (t, what) in [(k, "key"), (v, "value")] {
@@ -231,10 +234,19 @@ fn shape(name: &str, o: &Options, inputs: &[Option<&TensorView>], total: Option<
             if cd.len() != 2 || c.shape() != s.shape() {
                 return Err(fail(
                     name,
-                    format!("cos_cache {:?} and sin_cache {:?} must be one [positions, rotary_dim / 2] shape", c.shape(), s.shape()),
+                    format!(
+                        "cos_cache {:?} and sin_cache {:?} must be one [positions, rotary_dim / 2] shape",
+                        c.shape(),
+                        s.shape()
+                    ),
                 ));
             }
-            if o.do_rotary && (!head_size.is_multiple_of(16) || cd[1] > head_size / 16 * 8 || !cd[1].is_multiple_of(8) || cd[1] == 0) {
+            if o.do_rotary
+                && (!head_size.is_multiple_of(16)
+                    || cd[1] > head_size / 16 * 8
+                    || !cd[1].is_multiple_of(8)
+                    || cd[1] == 0)
+            {
                 return Err(fail(
                     name,
                     format!(
@@ -265,11 +277,22 @@ fn shape(name: &str, o: &Options, inputs: &[Option<&TensorView>], total: Option<
             ));
         }
     }
-    Ok(Shape { batch, seq, head_size, packed, past_len, present_len, max_keys: total.unwrap_or(present_len), rotary_dim, max_position })
+    Ok(Shape {
+        batch,
+        seq,
+        head_size,
+        packed,
+        past_len,
+        present_len,
+        max_keys: total.unwrap_or(present_len),
+        rotary_dim,
+        max_position,
+    })
 }
 
 fn output_specs(o: &Options, s: &Shape, dtype: DType, num_outputs: usize) -> Vec<TensorSpec> {
-    let mut specs = vec![TensorSpec { dtype, shape: vec![s.batch as i64, s.seq as i64, (o.heads * s.head_size) as i64] }];
+    let mut specs =
+        vec![TensorSpec { dtype, shape: vec![s.batch as i64, s.seq as i64, (o.heads * s.head_size) as i64] }];
     let cache = vec![s.batch as i64, o.kv_heads as i64, s.present_len as i64, s.head_size as i64];
     for _ in 1..num_outputs.min(3) {
         specs.push(TensorSpec { dtype, shape: cache.clone() });
@@ -316,8 +339,8 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
     args.expect_count_ranges(7..=16, 1..=4)?;
     let o = options(name, args.attrs)?;
     let mut inputs = Vec::with_capacity(16);
-    for i in 0..args.num_inputs() {
-        let t = args.input(i, INPUT_NAMES[i])?;
+    for (i, name) in INPUT_NAMES.iter().enumerate().take(args.num_inputs()) {
+        let t = args.input(i, name)?;
         inputs.push(if t.is_empty() { None } else { Some(t) });
     }
     inputs.resize(16, None);
@@ -334,7 +357,8 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
     }
     let refs: Vec<Option<&TensorView>> = inputs.iter().map(|t| t.as_ref()).collect();
     let seqlens = refs[SEQLENS_K].ok_or_else(|| fail(name, "missing input seqlens_k".into()))?;
-    let total_t = refs[TOTAL_SEQUENCE_LENGTH].ok_or_else(|| fail(name, "missing input total_sequence_length".into()))?;
+    let total_t =
+        refs[TOTAL_SEQUENCE_LENGTH].ok_or_else(|| fail(name, "missing input total_sequence_length".into()))?;
     let total = total_of(name, total_t)?.ok_or_else(|| fail(name, "total_sequence_length has no data".into()))?;
     let s = shape(name, &o, &refs, Some(total))?;
     let q = refs[QUERY].expect("checked by shape");
@@ -412,7 +436,10 @@ fn steps(name: &str, s: &Shape, seqlens: &[i32]) -> Result<Vec<(usize, usize)>> 
                 ));
             }
             if s.rotary_dim > 0 && total > s.max_position {
-                return Err(fail(name, format!("seqlens_k[{b}] = {k}: beyond cos_cache's {} positions", s.max_position)));
+                return Err(fail(
+                    name,
+                    format!("seqlens_k[{b}] = {k}: beyond cos_cache's {} positions", s.max_position),
+                ));
             }
             Ok((past, new))
         })
@@ -664,7 +691,12 @@ fn compute_cuda(
             &rotary(hkv, s.rotary_dim, kv_strides, cache, append),
             &pointers(k_src, present_k.data_address()),
         )?;
-        rotary_raw(&device, stream, &rotary(hkv, 0, kv_strides, cache, append), &pointers(v_src, present_v.data_address()))?;
+        rotary_raw(
+            &device,
+            stream,
+            &rotary(hkv, 0, kv_strides, cache, append),
+            &pointers(v_src, present_v.data_address()),
+        )?;
         let (q_ptr, q_row_stride) = if dense_q {
             let dense = HeadStrides { batch: s.seq * h * d, seq: h * d, head: d };
             let query = RotaryPositions::CacheQuery { capacity: s.present_len };

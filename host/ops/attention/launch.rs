@@ -314,7 +314,9 @@ impl CacheAttentionParams {
         }
         plan.kernel = layout::Dtype::from_name(p.dtype.name())
             .and_then(|t| layout::entry(layout::Entry::FwdCache(t, p.head_dim)))
-            .ok_or_else(|| Error::invalid(KERNEL, format!("no KV-cache kernel for {} at head dim {}", p.dtype, p.head_dim)))?;
+            .ok_or_else(|| {
+                Error::invalid(KERNEL, format!("no KV-cache kernel for {} at head dim {}", p.dtype, p.head_dim))
+            })?;
         let a = &mut plan.args;
         a.q_row_stride = p.q_row_stride as u32;
         a.k_row_stride = p.head_dim as u32;
@@ -407,14 +409,16 @@ impl RotaryParams {
         let kernel = layout::Dtype::from_name(p.dtype.name())
             .and_then(|t| layout::entry(layout::Entry::Rotary(t)))
             .ok_or_else(|| bad(format!("rotary: dtype {} not supported (f32, f16, bf16)", p.dtype)))?;
-        if p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_size || p.head_size == 0 {
+        if !p.rotary_dim.is_multiple_of(2) || p.rotary_dim > p.head_size || p.head_size == 0 {
             return Err(bad(format!("rotary dim {} must be even and <= head size {}", p.rotary_dim, p.head_size)));
         }
         if p.batch == 0 || p.batch > 65535 || p.heads > 65535 || p.seq > i32::MAX as usize {
             return Err(bad(format!("rotary: batch {} and heads {} must be 1..=65535", p.batch, p.heads)));
         }
         let span = |s: &HeadStrides| {
-            (p.batch.saturating_sub(1)) * s.batch + p.seq.saturating_sub(1) * s.seq + (p.heads.saturating_sub(1)) * s.head
+            (p.batch.saturating_sub(1)) * s.batch
+                + p.seq.saturating_sub(1) * s.seq
+                + (p.heads.saturating_sub(1)) * s.head
         };
         let rows = match p.positions {
             RotaryPositions::CacheAppend { capacity } => capacity.max(p.seq),
@@ -468,7 +472,12 @@ impl RotaryParams {
 /// the kernel has run on `stream`; `dst` distinct from `src` unless both use the same strides.
 /// Positions and lengths on the device need not be valid for memory safety (out-of-range
 /// positions write NaN heads, lengths are clamped to the capacity).
-pub unsafe fn rotary_raw(device: &Device, stream: CUstream, params: &RotaryParams, ptrs: &RotaryPointers) -> Result<()> {
+pub unsafe fn rotary_raw(
+    device: &Device,
+    stream: CUstream,
+    params: &RotaryParams,
+    ptrs: &RotaryPointers,
+) -> Result<()> {
     let (kernel, dims, args) = params.plan()?;
     if params.seq == 0 || params.heads == 0 {
         return Ok(());

@@ -74,7 +74,7 @@ const fn opt(name: &'static str, ty: TensorType, shape: &'static str) -> TensorD
 }
 const REFUSED: &str = "refused when given";
 
-/// ONNX Runtime 1.31's `com.microsoft` `GroupQueryAttention` (see [`super::gqa`]).
+/// ONNX Runtime 1.31's `com.microsoft` `GroupQueryAttention` (semantics: `host/ops/attention/gqa.rs`, `docs/ops.md`).
 pub static GROUP_QUERY_ATTENTION: OpDecl = OpDecl {
     name: "dlkern.group_query_attention",
     inputs: &[
@@ -127,7 +127,11 @@ pub static GROUP_QUERY_ATTENTION: OpDecl = OpDecl {
             doc: "a query sees this many keys left of its own",
         },
         AttrDecl { name: c"causal", kind: AttrKind::OptionalInt { default: "1" }, doc: "0: bidirectional" },
-        AttrDecl { name: c"do_rotary", kind: AttrKind::OptionalInt { default: "0" }, doc: "rotate new queries and keys" },
+        AttrDecl {
+            name: c"do_rotary",
+            kind: AttrKind::OptionalInt { default: "0" },
+            doc: "rotate new queries and keys",
+        },
         AttrDecl {
             name: c"rotary_interleaved",
             kind: AttrKind::OptionalInt { default: "0" },
@@ -155,7 +159,7 @@ pub static GROUP_QUERY_ATTENTION: OpDecl = OpDecl {
     }),
 };
 
-/// ONNX Runtime 1.31's `com.microsoft` `RotaryEmbedding` (see [`super::rotary_embedding`]).
+/// ONNX Runtime 1.31's `com.microsoft` `RotaryEmbedding` (semantics: `host/ops/attention/rotary_embedding.rs`).
 pub static ROTARY_EMBEDDING: OpDecl = OpDecl {
     name: "dlkern.rotary_embedding",
     inputs: &[
@@ -171,12 +175,7 @@ pub static ROTARY_EMBEDDING: OpDecl = OpDecl {
             optional: false,
             shape: "`[B, S]`, or one element `p` (positions `p + s`)",
         },
-        TensorDecl {
-            name: "cos_cache",
-            ty: TensorType::T,
-            optional: false,
-            shape: "`[max_position, rotary_dim / 2]`",
-        },
+        TensorDecl { name: "cos_cache", ty: TensorType::T, optional: false, shape: "`[max_position, rotary_dim / 2]`" },
         TensorDecl { name: "sin_cache", ty: TensorType::T, optional: false, shape: "as `cos_cache`" },
     ],
     outputs: &[TensorDecl { name: "output", ty: TensorType::T, optional: false, shape: "as `input`" }],

@@ -67,7 +67,7 @@ fn geometry(name: &str, attrs: &Attributes, x: &TensorView, pos: &TensorView, co
         _ => return Err(fail(name, format!("input has shape {:?}, expected 3 or 4 dimensions", x.shape()))),
     };
     let head_size = if rotary_attr == 0 { 2 * cd[1] } else { hidden / num_heads as usize };
-    let heads = if num_heads > 0 { num_heads as usize } else if head_size > 0 { hidden / head_size } else { 0 };
+    let heads = if num_heads > 0 { num_heads as usize } else { hidden.checked_div(head_size).unwrap_or(0) };
     let rotary_dim = if rotary_attr > 0 { rotary_attr as usize } else { head_size };
     if head_size == 0 || heads * head_size != hidden || (transposed && d[3] != head_size) {
         return Err(fail(name, format!("input {:?} does not split into heads of size {head_size}", x.shape())));
@@ -83,7 +83,10 @@ fn geometry(name: &str, attrs: &Attributes, x: &TensorView, pos: &TensorView, co
     }
     let from_first = pos.len() == 1 && pos.ndim() <= 1;
     if !from_first && pos.shape() != [batch as i64, seq as i64] {
-        return Err(fail(name, format!("position_ids has shape {:?}, expected [{batch}, {seq}] or one element", pos.shape())));
+        return Err(fail(
+            name,
+            format!("position_ids has shape {:?}, expected [{batch}, {seq}] or one element", pos.shape()),
+        ));
     }
     let strides = if transposed {
         HeadStrides { batch: heads * seq * head_size, seq: head_size, head: seq * head_size }
@@ -157,7 +160,10 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
                     if p < 0 || p as usize >= g.max_position {
                         return Err(fail(
                             name,
-                            format!("position {p} (batch {b}, token {s}) is outside cos_cache's {} rows", g.max_position),
+                            format!(
+                                "position {p} (batch {b}, token {s}) is outside cos_cache's {} rows",
+                                g.max_position
+                            ),
                         ));
                     }
                     let p = p as usize;

@@ -80,7 +80,10 @@ unsafe fn rotary<T: Element>(
                 let (i, j) = rotary_pair(w as usize, p.rotary_dim as usize, p.interleaved != 0);
                 let (a, bv) = (x.add(i).read().to_f32(), x.add(j).read().to_f32());
                 let (out_i, out_j) = if valid {
-                    let (c, sn) = (cos.add(cache_row + w as usize).read().to_f32(), sin.add(cache_row + w as usize).read().to_f32());
+                    let (c, sn) = (
+                        cos.add(cache_row + w as usize).read().to_f32(),
+                        sin.add(cache_row + w as usize).read().to_f32(),
+                    );
                     (a * c - bv * sn, bv * c + a * sn)
                 } else {
                     (f32::NAN, f32::NAN)
