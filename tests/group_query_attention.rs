@@ -1,0 +1,484 @@
+//! `dlkern.group_query_attention` and `dlkern.rotary_embedding` through the registry: on CPU
+//! tensors against a naive implementation of ONNX Runtime's semantics written here (the ORT
+//! kernels themselves are the oracle of `tests/python/test_ort_gqa.py`), and on CUDA tensors
+//! against the CPU op (`#[ignore = "needs a CUDA device"]`), including a guard region after the
+//! caches that no call may touch.
+
+mod common;
+
+use common::{Host, Rng};
+use dlkern::registry::{self, AttrValue, Attributes};
+use half::f16;
+
+const GQA: &str = "dlkern.group_query_attention";
+const ROTARY: &str = "dlkern.rotary_embedding";
+
+/// One GroupQueryAttention call: separate Q/K/V, a past in its own buffer (or none), rotary.
+#[derive(Clone, Debug)]
+struct Case {
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    kv_heads: usize,
+    head: usize,
+    /// Tokens of each sequence after the step (`seqlens_k + 1`).
+    lengths: Vec<usize>,
+    /// Positions of the past caches (`None`: no past inputs).
+    past: Option<usize>,
+    rotary_dim: usize,
+    interleaved: bool,
+    window: i64,
+    softcap: f64,
+}
+
+struct Inputs {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    past_k: Vec<f64>,
+    past_v: Vec<f64>,
+    cos: Vec<f64>,
+    sin: Vec<f64>,
+    total: usize,
+    positions: usize,
+}
+
+fn inputs(c: &Case, rng: &mut Rng) -> Inputs {
+    let round = |v: Vec<f16>| v.into_iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+    let total = *c.lengths.iter().max().unwrap();
+    let past_len = c.past.unwrap_or(0);
+    let positions = total.max(past_len) + 2;
+    let half = c.rotary_dim / 2;
+    let angles: Vec<f64> =
+        (0..positions * half).map(|i| (i / half.max(1)) as f64 * 0.01 * (1 + i % half.max(1)) as f64).collect();
+    Inputs {
+        q: round(rng.vec(c.batch * c.seq * c.heads * c.head, -1.0, 1.0)),
+        k: round(rng.vec(c.batch * c.seq * c.kv_heads * c.head, -1.0, 1.0)),
+        v: round(rng.vec(c.batch * c.seq * c.kv_heads * c.head, -1.0, 1.0)),
+        past_k: round(rng.vec(c.batch * c.kv_heads * past_len * c.head, -1.0, 1.0)),
+        past_v: round(rng.vec(c.batch * c.kv_heads * past_len * c.head, -1.0, 1.0)),
+        cos: angles.iter().map(|a| f16::from_f64(a.cos()).to_f64()).collect(),
+        sin: angles.iter().map(|a| f16::from_f64(a.sin()).to_f64()).collect(),
+        total,
+        positions,
+    }
+}
+
+/// ORT's GroupQueryAttention, naively: returns (output, present_k, present_v) with the present
+/// caches of `max(total, past)` positions (rows from each sequence's length on are zero).
+fn naive(c: &Case, x: &Inputs) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (h, hkv, d) = (c.heads, c.kv_heads, c.head);
+    let past_len = c.past.unwrap_or(0);
+    let cap = x.total.max(past_len);
+    let rope = |head: &[f64], pos: usize| -> Vec<f64> {
+        let mut out = head.to_vec();
+        let half = c.rotary_dim / 2;
+        for i in 0..c.rotary_dim {
+            // ORT's formulation, element by element (rotary_embedding.cc).
+            let (cache, sign, j) = if c.interleaved {
+                (i / 2, if i % 2 == 0 { -1.0 } else { 1.0 }, if i % 2 == 0 { i + 1 } else { i - 1 })
+            } else {
+                (i % half, if i < half { -1.0 } else { 1.0 }, (i + half) % c.rotary_dim)
+            };
+            let rotated = head[i] * x.cos[pos * half + cache] + sign * head[j] * x.sin[pos * half + cache];
+            out[i] = f16::from_f64(rotated).to_f64();
+        }
+        out
+    };
+    let mut pk = vec![0.0; c.batch * hkv * cap * d];
+    let mut pv = pk.clone();
+    let mut out = vec![0.0; c.batch * c.seq * h * d];
+    for b in 0..c.batch {
+        let t = c.lengths[b];
+        let new = c.seq.min(t);
+        let p = t - new;
+        for n in 0..hkv {
+            let at = |pos: usize| ((b * hkv + n) * cap + pos) * d;
+            for pos in 0..p {
+                let from = ((b * hkv + n) * past_len + pos) * d;
+                pk[at(pos)..at(pos) + d].copy_from_slice(&x.past_k[from..from + d]);
+                pv[at(pos)..at(pos) + d].copy_from_slice(&x.past_v[from..from + d]);
+            }
+            for s in 0..new {
+                let from = ((b * c.seq + s) * hkv + n) * d;
+                let k = &x.k[from..from + d];
+                let k = if c.rotary_dim > 0 { rope(k, p + s) } else { k.to_vec() };
+                pk[at(p + s)..at(p + s) + d].copy_from_slice(&k);
+                pv[at(p + s)..at(p + s) + d].copy_from_slice(&x.v[from..from + d]);
+            }
+        }
+        for s in 0..new {
+            let pos = p + s;
+            for n in 0..h {
+                let from = ((b * c.seq + s) * h + n) * d;
+                let q = &x.q[from..from + d];
+                let q = if c.rotary_dim > 0 { rope(q, pos) } else { q.to_vec() };
+                let kvh = n / (h / hkv);
+                let lo = if c.window > 0 { (pos + 1).saturating_sub(c.window as usize) } else { 0 };
+                let scores: Vec<f64> = (lo..=pos)
+                    .map(|j| {
+                        let k = &pk[((b * hkv + kvh) * cap + j) * d..][..d];
+                        let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (d as f64).sqrt();
+                        if c.softcap > 0.0 { c.softcap * (s / c.softcap).tanh() } else { s }
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = weights.iter().sum();
+                for e in 0..d {
+                    let acc: f64 =
+                        (lo..=pos).zip(&weights).map(|(j, w)| w * pv[((b * hkv + kvh) * cap + j) * d + e]).sum();
+                    out[from + e] = acc / sum;
+                }
+            }
+        }
+    }
+    (out, pk, pv)
+}
+
+fn attrs(c: &Case) -> Attributes {
+    Attributes::new()
+        .with("num_heads", AttrValue::Int(c.heads as i64))
+        .with("kv_num_heads", AttrValue::Int(c.kv_heads as i64))
+        .with("do_rotary", AttrValue::Int((c.rotary_dim > 0) as i64))
+        .with("rotary_interleaved", AttrValue::Int(c.interleaved as i64))
+        .with("local_window_size", AttrValue::Int(if c.window > 0 { c.window } else { -1 }))
+        .with("softcap", AttrValue::Float(c.softcap))
+}
+
+/// The op on CPU tensors (f16): (output, present_k, present_v).
+fn run_cpu(c: &Case, x: &Inputs, attrs: &Attributes) -> dlkern::Result<(Vec<f16>, Vec<f16>, Vec<f16>)> {
+    let f = |v: &[f64]| v.iter().map(|&y| f16::from_f64(y)).collect::<Vec<f16>>();
+    let (b, s, d) = (c.batch as i64, c.seq as i64, c.head as i64);
+    let past_len = c.past.unwrap_or(0);
+    let cap = x.total.max(past_len) as i64;
+    let none = || Host::<f16>::new(vec![], &[0]);
+    let mut q = Host::new(f(&x.q), &[b, s, c.heads as i64 * d]);
+    let mut k = Host::new(f(&x.k), &[b, s, c.kv_heads as i64 * d]);
+    let mut v = Host::new(f(&x.v), &[b, s, c.kv_heads as i64 * d]);
+    let past_shape = [b, c.kv_heads as i64, past_len as i64, d];
+    let (mut pk, mut pv) = match c.past {
+        Some(_) => (Host::new(f(&x.past_k), &past_shape), Host::new(f(&x.past_v), &past_shape)),
+        None => (none(), none()),
+    };
+    let lens: Vec<i32> = c.lengths.iter().map(|&t| t as i32 - 1).collect();
+    let mut seqlens = Host::new(lens, &[b]);
+    let mut total = Host::new(vec![x.total as i32], &[1]);
+    let cache = [x.positions as i64, (c.rotary_dim / 2) as i64];
+    let (mut cos, mut sin) =
+        if c.rotary_dim > 0 { (Host::new(f(&x.cos), &cache), Host::new(f(&x.sin), &cache)) } else { (none(), none()) };
+    let mut out = Host::new(vec![f16::ZERO; (b * s * c.heads as i64 * d) as usize], &[b, s, c.heads as i64 * d]);
+    let present = [b, c.kv_heads as i64, cap, d];
+    let mut ok = Host::new(vec![f16::ZERO; present.iter().product::<i64>() as usize], &present);
+    let mut ov = Host::new(vec![f16::ZERO; present.iter().product::<i64>() as usize], &present);
+    let mut tensors = [
+        q.dl(),
+        k.dl(),
+        v.dl(),
+        pk.dl(),
+        pv.dl(),
+        seqlens.dl(),
+        total.dl(),
+        cos.dl(),
+        sin.dl(),
+        out.dl(),
+        ok.dl(),
+        ov.dl(),
+    ];
+    // SAFETY: host tensors of the described extents, alive for the call.
+    unsafe { registry::call(GQA, &mut tensors, 9, std::ptr::null_mut(), attrs) }?;
+    Ok((out.data, ok.data, ov.data))
+}
+
+fn assert_near(what: &str, got: &[f16], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let g = g.to_f64();
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: {g} vs {w}");
+    }
+}
+
+/// Compares the new tokens' output rows and each sequence's first `T` cache rows.
+fn check(c: &Case, got: &(Vec<f16>, Vec<f16>, Vec<f16>), want: &(Vec<f64>, Vec<f64>, Vec<f64>), tol: f64) {
+    let (h, hkv, d) = (c.heads, c.kv_heads, c.head);
+    let cap = want.1.len() / (c.batch * hkv * d);
+    for (b, &t) in c.lengths.iter().enumerate() {
+        let rows = c.seq.min(t) * h * d;
+        let at = b * c.seq * h * d;
+        assert_near(&format!("{c:?} output {b}"), &got.0[at..at + rows], &want.0[at..at + rows], tol);
+        for n in 0..hkv {
+            let at = (b * hkv + n) * cap * d;
+            assert_near(&format!("{c:?} present_key {b}/{n}"), &got.1[at..at + t * d], &want.1[at..at + t * d], tol);
+            assert_near(&format!("{c:?} present_value {b}/{n}"), &got.2[at..at + t * d], &want.2[at..at + t * d], tol);
+        }
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let base = Case {
+        batch: 1,
+        seq: 1,
+        heads: 4,
+        kv_heads: 1,
+        head: 64,
+        lengths: vec![1],
+        past: None,
+        rotary_dim: 0,
+        interleaved: false,
+        window: -1,
+        softcap: 0.0,
+    };
+    vec![
+        // A right-padded prompt, no past; head size 80, group 4.
+        Case { batch: 2, seq: 7, heads: 8, kv_heads: 2, head: 80, lengths: vec![7, 3], ..base.clone() },
+        // Decode over ragged pasts in their own buffer, group 8, rotary.
+        Case {
+            batch: 3,
+            seq: 1,
+            heads: 8,
+            kv_heads: 1,
+            lengths: vec![1, 9, 97],
+            past: Some(96),
+            rotary_dim: 64,
+            ..base.clone()
+        },
+        // A continued prompt (chunked prefill) with partial interleaved rotary, window and cap.
+        Case {
+            seq: 7,
+            heads: 4,
+            kv_heads: 4,
+            head: 128,
+            lengths: vec![27],
+            past: Some(20),
+            rotary_dim: 32,
+            interleaved: true,
+            window: 9,
+            softcap: 3.0,
+            ..base.clone()
+        },
+        // A long prompt, MHA-sized group 1.
+        Case { seq: 97, heads: 2, kv_heads: 2, lengths: vec![97], past: Some(0), rotary_dim: 64, ..base },
+    ]
+}
+
+#[test]
+fn cpu_op_matches_ort_semantics() {
+    let mut rng = Rng::new(7);
+    for c in cases() {
+        let x = inputs(&c, &mut rng);
+        let got = run_cpu(&c, &x, &attrs(&c)).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+        check(&c, &got, &naive(&c, &x), 4e-3);
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors_that_name_them() {
+    let mut rng = Rng::new(8);
+    let c = Case {
+        batch: 1,
+        seq: 1,
+        heads: 4,
+        kv_heads: 2,
+        head: 64,
+        lengths: vec![5],
+        past: Some(8),
+        rotary_dim: 0,
+        interleaved: false,
+        window: -1,
+        softcap: 0.0,
+    };
+    let x = inputs(&c, &mut rng);
+    let err = |c: &Case, x: &Inputs, a: &Attributes| run_cpu(c, x, a).unwrap_err().to_string();
+    // A sequence longer than the cache.
+    let long = Case { lengths: vec![20], ..c.clone() };
+    let x_long = Inputs { total: 9, ..inputs(&long, &mut rng) };
+    assert!(err(&long, &x_long, &attrs(&long)).contains("seqlens_k[0] = 19"), "{}", err(&long, &x_long, &attrs(&long)));
+    // do_rotary = 1 without the caches.
+    let rotary = attrs(&c).with("do_rotary", AttrValue::Int(1));
+    assert!(err(&c, &x, &rotary).contains("needs cos_cache and sin_cache"));
+    // Head counts that do not divide.
+    let odd = attrs(&c).with("kv_num_heads", AttrValue::Int(3));
+    assert!(err(&c, &x, &odd).contains("kv_num_heads = 3"));
+    // What dlkern does not implement is refused by name.
+    for (key, value) in
+        [("smooth_softmax", 1), ("qk_output", 1), ("sliding_window_cache", 1), ("kv_cache_bit_width", 8)]
+    {
+        let refused = attrs(&c).with(key, AttrValue::Int(value));
+        assert!(err(&c, &x, &refused).contains(key), "{key}: {}", err(&c, &x, &refused));
+    }
+}
+
+#[test]
+fn rotary_embedding_cpu_op_follows_ort_formula() {
+    // [B, S, H * D] with per-token positions, partial rotary: the tail passes through.
+    let (b, s, h, d, rd) = (2usize, 7usize, 3usize, 64usize, 32usize);
+    let mut rng = Rng::new(9);
+    let x: Vec<f32> = rng.vec(b * s * h * d, -2.0, 2.0);
+    let positions = 20usize;
+    let angles: Vec<f64> = (0..positions * rd / 2).map(|i| i as f64 * 0.003).collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
+    let pos: Vec<i64> = (0..b * s).map(|i| ((i * 7) % positions) as i64).collect();
+    let mut hx = Host::new(x.clone(), &[b as i64, s as i64, (h * d) as i64]);
+    let mut hp = Host::new(pos.clone(), &[b as i64, s as i64]);
+    let mut hc = Host::new(cos.clone(), &[positions as i64, (rd / 2) as i64]);
+    let mut hs = Host::new(sin.clone(), &[positions as i64, (rd / 2) as i64]);
+    let mut hy = Host::new(vec![0f32; x.len()], &[b as i64, s as i64, (h * d) as i64]);
+    let mut tensors = [hx.dl(), hp.dl(), hc.dl(), hs.dl(), hy.dl()];
+    let a = Attributes::new()
+        .with("num_heads", AttrValue::Int(h as i64))
+        .with("rotary_embedding_dim", AttrValue::Int(rd as i64));
+    // SAFETY: host tensors of the described extents, alive for the call.
+    unsafe { registry::call(ROTARY, &mut tensors, 4, std::ptr::null_mut(), &a) }.unwrap();
+    for t in 0..b * s {
+        let p = pos[t] as usize;
+        for n in 0..h {
+            let head = &x[(t * h + n) * d..][..d];
+            for i in 0..d {
+                let want = if i < rd {
+                    let half = rd / 2;
+                    let (cache, sign, j) = (i % half, if i < half { -1.0 } else { 1.0 }, (i + half) % rd);
+                    head[i] as f64 * cos[p * half + cache] as f64 + sign * head[j] as f64 * sin[p * half + cache] as f64
+                } else {
+                    head[i] as f64
+                };
+                let got = hy.data[(t * h + n) * d + i] as f64;
+                assert!((got - want).abs() < 1e-5, "token {t} head {n} element {i}: {got} vs {want}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+    use common::gpu;
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+    /// Elements past each cache that no call may write.
+    const GUARD: usize = 4096;
+
+    /// The op on CUDA tensors (f16; `seqlens_k` as given); the caches carry a guard region.
+    fn run_gpu(c: &Case, x: &Inputs, seqlens: &[i32]) -> (Vec<f16>, Vec<f16>, Vec<f16>, bool) {
+        let (_device, stream) = gpu();
+        let f = |v: &[f64]| v.iter().map(|&y| f16::from_f64(y)).collect::<Vec<f16>>();
+        let (b, s, d) = (c.batch as i64, c.seq as i64, c.head as i64);
+        let past_len = c.past.unwrap_or(0);
+        let cap = x.total.max(past_len) as i64;
+        let up = |v: Vec<f16>| stream.clone_htod(&v).unwrap();
+        let q = up(f(&x.q));
+        let k = up(f(&x.k));
+        let v = up(f(&x.v));
+        let pk = up(f(&x.past_k).into_iter().chain(std::iter::repeat_n(f16::ONE, 8)).collect());
+        let pv = up(f(&x.past_v).into_iter().chain(std::iter::repeat_n(f16::ONE, 8)).collect());
+        let lens = stream.clone_htod(seqlens).unwrap();
+        let cos = up(f(&x.cos).into_iter().chain([f16::ZERO; 8]).collect());
+        let sin = up(f(&x.sin).into_iter().chain([f16::ZERO; 8]).collect());
+        let out_len = (b * s * c.heads as i64 * d) as usize;
+        let present_len = (b * c.kv_heads as i64 * cap * d) as usize;
+        let sentinel = f16::from_f32(7.25);
+        let mut out = up(vec![f16::ZERO; out_len]);
+        let mut ok = up(vec![sentinel; present_len + GUARD]);
+        let mut ov = up(vec![sentinel; present_len + GUARD]);
+        let mut holder: Vec<Host<f16>> = Vec::new();
+        let mut shape = |sh: &[i64]| {
+            holder.push(Host::new(vec![], sh));
+            holder.len() - 1
+        };
+        let ids = [
+            shape(&[b, s, c.heads as i64 * d]),
+            shape(&[b, s, c.kv_heads as i64 * d]),
+            shape(&[b, s, c.kv_heads as i64 * d]),
+            shape(&[b, c.kv_heads as i64, past_len as i64, d]),
+            shape(&[b, c.kv_heads as i64, past_len as i64, d]),
+            shape(&[x.positions as i64, (c.rotary_dim / 2) as i64]),
+            shape(&[x.positions as i64, (c.rotary_dim / 2) as i64]),
+            shape(&[b, s, c.heads as i64 * d]),
+            shape(&[b, c.kv_heads as i64, cap, d]),
+            shape(&[b, c.kv_heads as i64, cap, d]),
+            shape(&[0]),
+        ];
+        let mut lens_host = Host::<i32>::new(vec![], &[b]);
+        let mut total = Host::new(vec![x.total as i32], &[1]);
+        let addr = [
+            q.device_ptr(&stream).0,
+            k.device_ptr(&stream).0,
+            v.device_ptr(&stream).0,
+            pk.device_ptr(&stream).0,
+            pv.device_ptr(&stream).0,
+            cos.device_ptr(&stream).0,
+            sin.device_ptr(&stream).0,
+            out.device_ptr_mut(&stream).0,
+            ok.device_ptr_mut(&stream).0,
+            ov.device_ptr_mut(&stream).0,
+        ];
+        let dl = |i: usize, holder: &mut Vec<Host<f16>>| common::on_cuda(holder[ids[i]].dl(), addr[i]);
+        let hole = |holder: &mut Vec<Host<f16>>| common::on_cuda(holder[ids[10]].dl(), 0);
+        let with_past = c.past.is_some();
+        let with_rotary = c.rotary_dim > 0;
+        let mut tensors = [
+            dl(0, &mut holder),
+            dl(1, &mut holder),
+            dl(2, &mut holder),
+            if with_past { dl(3, &mut holder) } else { hole(&mut holder) },
+            if with_past { dl(4, &mut holder) } else { hole(&mut holder) },
+            common::on_cuda(lens_host.dl(), lens.device_ptr(&stream).0),
+            total.dl(),
+            if with_rotary { dl(5, &mut holder) } else { hole(&mut holder) },
+            if with_rotary { dl(6, &mut holder) } else { hole(&mut holder) },
+            dl(7, &mut holder),
+            dl(8, &mut holder),
+            dl(9, &mut holder),
+        ];
+        // SAFETY: device buffers of the described extents, alive for the call, on this stream.
+        unsafe { registry::call(GQA, &mut tensors, 9, stream.cu_stream().cast(), &attrs(c)) }.unwrap();
+        stream.synchronize().unwrap();
+        let (pk_all, pv_all) = (stream.clone_dtoh(&ok).unwrap(), stream.clone_dtoh(&ov).unwrap());
+        let guards_intact = pk_all[present_len..].iter().chain(&pv_all[present_len..]).all(|&g| g == sentinel);
+        (
+            stream.clone_dtoh(&out).unwrap(),
+            pk_all[..present_len].to_vec(),
+            pv_all[..present_len].to_vec(),
+            guards_intact,
+        )
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_op_matches_the_cpu_op() {
+        let mut rng = Rng::new(17);
+        for c in cases() {
+            let x = inputs(&c, &mut rng);
+            let lens: Vec<i32> = c.lengths.iter().map(|&t| t as i32 - 1).collect();
+            let (out, pk, pv, guards) = run_gpu(&c, &x, &lens);
+            assert!(guards, "{c:?}: a write past the caches");
+            let want = naive(&c, &x);
+            check(&c, &(out, pk, pv), &want, 8e-3);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_bad_lengths_stay_inside_the_caches() {
+        let mut rng = Rng::new(18);
+        let c = Case {
+            batch: 2,
+            seq: 1,
+            heads: 8,
+            kv_heads: 2,
+            head: 64,
+            lengths: vec![5, 9],
+            past: Some(16),
+            rotary_dim: 64,
+            interleaved: false,
+            window: -1,
+            softcap: 0.0,
+        };
+        let x = inputs(&c, &mut rng);
+        // Far beyond the cache, and negative: clamped on the device, never outside the buffers.
+        for lens in [[1 << 30, 3], [-5, i32::MAX], [i32::MIN, 15]] {
+            let (_, _, _, guards) = run_gpu(&c, &x, &lens);
+            assert!(guards, "seqlens_k {lens:?}: a write past the caches");
+        }
+    }
+}
