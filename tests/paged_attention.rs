@@ -395,7 +395,7 @@ fn gpu_kv_write_fills_slots_and_flags_bad_ones() {
 
 use common::{Host, on_cuda};
 use dlkern::dlpack::DLTensor;
-use dlkern::ops::common::rotary::rotate_head;
+use dlkern::ops::common::rotary::rotate_at;
 use dlkern::ops::paged_attention::reference::{PagedOpConfig, PagedOpInputs, paged_attention_op};
 use dlkern::registry::{self, AttrValue, Attributes};
 
@@ -537,9 +537,8 @@ impl OpCase {
         let mut out = vec![0.0; self.tokens() * nh * d];
         let rotate = |x: &mut [f64], pos: usize| {
             if let Some((rd, inter)) = c.rotary {
-                let half = rd / 2;
                 for head in x.chunks_mut(d) {
-                    rotate_head(head, &self.cos[pos * half..][..half], &self.sin[pos * half..][..half], rd, inter);
+                    rotate_at(head, &self.cos, &self.sin, pos, rd, inter);
                 }
             }
             x.iter_mut().for_each(|v| *v = round16(*v));

@@ -24,18 +24,16 @@
 //! `v_quant_type`), `q_norm_weight` / `k_norm_weight`, `smooth_softmax = 1`, `qk_output != 0`
 //! (and the `output_qk` output), `sliding_window_cache = 1`.
 
-use half::{bf16, f16};
-
 use super::launch::{
     CacheAttentionParams, HeadStrides, RotaryParams, RotaryPointers, RotaryPositions, attention_cache_raw, rotary_raw,
 };
 use super::reference::{AttentionOptions, attention_varlen};
 use crate::dlpack::{DeviceKind, TensorView};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::{Attributes, InferArgs, KernelArgs, TensorSpec};
-use crate::ops::common::rotary::rotate_head;
-use crate::ops::common::{floats, store};
+use crate::ops::common::rotary::rotate_at;
+use crate::ops::common::{dims, fail, floats, round_to, store};
 use crate::ops::paged_attention::launch::{BnshAttentionParams, PagedAttentionPointers, paged_attention_bnsh_raw};
 use crate::runtime::{Device, StreamScratch, copy_2d_async, memset_async};
 
@@ -59,10 +57,6 @@ const REFUSED_INPUTS: &[(usize, &str)] = &[
     (14, "q_norm_weight"),
     (15, "k_norm_weight"),
 ];
-
-fn fail(name: &str, message: String) -> Error {
-    Error::KernelFailed { name: name.to_string(), message }
-}
 
 /// The attributes, checked.
 #[derive(Clone, Copy, Debug)]
@@ -157,10 +151,6 @@ struct Shape {
     rotary_dim: usize,
     /// Rows of the cos / sin caches.
     max_position: usize,
-}
-
-fn dims(t: &TensorView) -> Vec<usize> {
-    t.shape().iter().map(|&d| d.max(0) as usize).collect()
 }
 
 fn shape(name: &str, o: &Options, inputs: &[Option<&TensorView>], total: Option<usize>) -> Result<Shape> {
@@ -446,16 +436,6 @@ fn steps(name: &str, s: &Shape, seqlens: &[i32]) -> Result<Vec<(usize, usize)>> 
         .collect()
 }
 
-/// `x` rounded to `dtype` (the precision ORT keeps rotated heads and caches in).
-fn round_to(dtype: DType, x: f64) -> f64 {
-    match dtype {
-        DType::F16 => f16::from_f64(x).to_f64(),
-        DType::BF16 => bf16::from_f64(x).to_f64(),
-        DType::F32 => x as f32 as f64,
-        _ => x,
-    }
-}
-
 /// # Safety
 /// CPU tensors valid for the call; outputs writable (the present caches may be the past ones).
 unsafe fn compute_cpu(
@@ -483,7 +463,10 @@ unsafe fn compute_cpu(
             _ => None,
         };
         let rotary = match (inputs[COS_CACHE], inputs[SIN_CACHE]) {
-            (Some(c), Some(sn)) if s.rotary_dim > 0 => Some((floats(c)?, floats(sn)?)),
+            (Some(c), Some(sn)) if s.rotary_dim > 0 => {
+                let wide = |v: Vec<f32>| v.into_iter().map(f64::from).collect::<Vec<f64>>();
+                Some((wide(floats(c)?), wide(floats(sn)?)))
+            }
             _ => None,
         };
         let row = if s.packed { (h + 2 * hkv) * d } else { h * d };
@@ -498,10 +481,7 @@ unsafe fn compute_cpu(
         };
         let rotate = |head: &mut Vec<f64>, position: usize| {
             if let Some((cos, sin)) = &rotary {
-                let half = s.rotary_dim / 2;
-                let c: Vec<f64> = cos[position * half..][..half].iter().map(|&x| x as f64).collect();
-                let sn: Vec<f64> = sin[position * half..][..half].iter().map(|&x| x as f64).collect();
-                rotate_head(head, &c, &sn, s.rotary_dim, o.interleaved);
+                rotate_at(head, cos, sin, position, s.rotary_dim, o.interleaved);
                 head.iter_mut().for_each(|x| *x = round_to(dtype, *x));
             }
         };

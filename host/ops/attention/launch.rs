@@ -58,19 +58,7 @@ pub struct AttentionPlan {
 }
 
 fn kernel_name(dtype: DType, d: usize) -> Option<&'static str> {
-    Some(match (dtype, d) {
-        (DType::F16, 64) => "attention_fwd_f16_d64",
-        (DType::F16, 80) => "attention_fwd_f16_d80",
-        (DType::F16, 96) => "attention_fwd_f16_d96",
-        (DType::F16, 128) => "attention_fwd_f16_d128",
-        (DType::F16, 256) => "attention_fwd_f16_d256",
-        (DType::BF16, 64) => "attention_fwd_bf16_d64",
-        (DType::BF16, 80) => "attention_fwd_bf16_d80",
-        (DType::BF16, 96) => "attention_fwd_bf16_d96",
-        (DType::BF16, 128) => "attention_fwd_bf16_d128",
-        (DType::BF16, 256) => "attention_fwd_bf16_d256",
-        _ => return None,
-    })
+    layout::Dtype::from_name(dtype.name()).and_then(|t| layout::entry(layout::Entry::Fwd(t, d)))
 }
 
 impl AttentionParams {

@@ -24,12 +24,12 @@
 
 use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::{
     AttrDecl, AttrKind, Attributes, InferArgs, KernelArgs, OpDecl, OrtDecl, TensorDecl, TensorSpec, TensorType,
 };
 use crate::ops::attention::reference::{AttentionOptions, attention_varlen};
-use crate::ops::common::{floats, optional, store};
+use crate::ops::common::{dims, fail, floats, optional, store};
 
 const INPUTS: &[TensorDecl] = &[
     TensorDecl { name: "q", ty: TensorType::T, optional: false, shape: "`[B, Sq, H, D]`, or packed `[total_q, H, D]`" },
@@ -238,10 +238,6 @@ pub static ATTENTION_LSE: OpDecl = OpDecl {
     ort: None,
 };
 
-fn fail(name: &str, message: String) -> Error {
-    Error::KernelFailed { name: name.to_string(), message }
-}
-
 /// Shapes of one call (from shapes alone, so inference can use it too).
 struct Layout {
     batch: usize,
@@ -252,10 +248,6 @@ struct Layout {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-}
-
-fn dims(t: &TensorView) -> Vec<usize> {
-    t.shape().iter().map(|&d| d.max(0) as usize).collect()
 }
 
 fn layout(

@@ -14,15 +14,11 @@
 use super::launch::{HeadStrides, RotaryParams, RotaryPointers, RotaryPositions, rotary_raw};
 use crate::dlpack::{DeviceKind, TensorView};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::{Attributes, KernelArgs};
-use crate::ops::common::rotary::rotate_head;
-use crate::ops::common::{floats, store};
+use crate::ops::common::rotary::rotate_at;
+use crate::ops::common::{fail, floats, store};
 use crate::runtime::Device;
-
-fn fail(name: &str, message: String) -> Error {
-    Error::KernelFailed { name: name.to_string(), message }
-}
 
 /// One call's geometry.
 #[derive(Clone, Copy, Debug)]
@@ -150,9 +146,9 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
         }
         // SAFETY: CPU tensors (checked above), valid for the call; inputs are copied out first.
         DeviceKind::Cpu => unsafe {
-            let (xs, cs, ss) = (floats(&x)?, floats(&cos)?, floats(&sin)?);
+            let wide = |v: Vec<f32>| v.into_iter().map(f64::from).collect::<Vec<f64>>();
+            let (xs, cs, ss) = (floats(&x)?, wide(floats(&cos)?), wide(floats(&sin)?));
             let positions = pos.host_slice::<i64>()?;
-            let half = g.rotary_dim / 2;
             let mut out: Vec<f64> = xs.iter().map(|&v| v as f64).collect();
             for b in 0..g.batch {
                 for s in 0..g.seq {
@@ -166,12 +162,10 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
                             ),
                         ));
                     }
-                    let p = p as usize;
-                    let c: Vec<f64> = cs[p * half..][..half].iter().map(|&v| v as f64).collect();
-                    let sn: Vec<f64> = ss[p * half..][..half].iter().map(|&v| v as f64).collect();
                     for n in 0..g.heads {
                         let at = b * g.strides.batch + s * g.strides.seq + n * g.strides.head;
-                        rotate_head(&mut out[at..at + g.head_size], &c, &sn, g.rotary_dim, g.interleaved);
+                        let head = &mut out[at..at + g.head_size];
+                        rotate_at(head, &cs, &ss, p as usize, g.rotary_dim, g.interleaved);
                     }
                 }
             }

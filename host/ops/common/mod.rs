@@ -11,6 +11,27 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernel::{InferArgs, KernelArgs, TensorSpec};
 
+/// A kernel's error about its call (a bad shape, attribute or value), named after the kernel.
+pub(crate) fn fail(name: &str, message: String) -> Error {
+    Error::KernelFailed { name: name.to_string(), message }
+}
+
+/// A tensor's dimensions as sizes (negative ones, which validation refuses, as 0).
+pub(crate) fn dims(t: &TensorView) -> Vec<usize> {
+    t.shape().iter().map(|&d| d.max(0) as usize).collect()
+}
+
+/// `x` rounded to what a tensor of `dtype` stores (f32, f16, bf16; other types pass `x` on):
+/// the precision ORT keeps rotated heads and caches in, for the references.
+pub(crate) fn round_to(dtype: DType, x: f64) -> f64 {
+    match dtype {
+        DType::F16 => f16::from_f64(x).to_f64(),
+        DType::BF16 => bf16::from_f64(x).to_f64(),
+        DType::F32 => x as f32 as f64,
+        _ => x,
+    }
+}
+
 /// An optional input: `None` when absent (missing or 0 elements).
 pub(crate) fn optional<'a>(args: &'a KernelArgs, i: usize, name: &'a str) -> Result<Option<TensorView<'a>>> {
     if i >= args.num_inputs() {

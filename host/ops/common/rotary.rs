@@ -19,6 +19,21 @@ pub fn rotate_head(head: &mut [f64], cos: &[f64], sin: &[f64], rotary_dim: usize
     }
 }
 
+/// [`rotate_head`] with position `position`'s rows of whole `[positions, rotary_dim / 2]` cos
+/// and sin caches.
+pub fn rotate_at(
+    head: &mut [f64],
+    cos_cache: &[f64],
+    sin_cache: &[f64],
+    position: usize,
+    rotary_dim: usize,
+    interleaved: bool,
+) {
+    let half = rotary_dim / 2;
+    let row = position * half..(position + 1) * half;
+    rotate_head(head, &cos_cache[row.clone()], &sin_cache[row], rotary_dim, interleaved);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernel::{AttrDecl, AttrKind, InferArgs, KernelArgs, OpDecl, OrtDecl, TensorDecl, TensorSpec, TensorType};
-use crate::ops::common::{floats, optional, store, with_last};
+use crate::ops::common::{fail, floats, optional, store, with_last};
 
 const FLOAT_TYPES: TensorType = TensorType::Any("`float`, `float16`, `bfloat16`");
 const I8: TensorType = TensorType::Fixed(DType::I8);
@@ -82,10 +82,6 @@ pub static MATMUL_INTEGER_TO_FLOAT: OpDecl = OpDecl {
     // No GPU kernel: its `B [K, N]` with zero points does not fit the int8 tensor-core kernels.
     ort: Some(OrtDecl { name: c"MatMulIntegerToFloat", cuda: &[], cpu: &[DType::F32, DType::F16] }),
 };
-
-fn fail(name: &str, message: String) -> Error {
-    Error::KernelFailed { name: name.to_string(), message }
-}
 
 /// Leading dimensions (rows) and last dimension of a rank >= 1 tensor shape.
 fn rows_cols(shape: &[i64]) -> (usize, usize) {

@@ -82,19 +82,8 @@ pub struct PagedAttentionPlan {
 }
 
 fn kernel_names(dtype: DType, head_size: usize) -> Option<(&'static str, &'static str)> {
-    Some(match (dtype, head_size) {
-        (DType::F16, 64) => ("paged_attention_f16_d64", "paged_attention_combine_f16_d64"),
-        (DType::F16, 80) => ("paged_attention_f16_d80", "paged_attention_combine_f16_d80"),
-        (DType::F16, 96) => ("paged_attention_f16_d96", "paged_attention_combine_f16_d96"),
-        (DType::F16, 128) => ("paged_attention_f16_d128", "paged_attention_combine_f16_d128"),
-        (DType::F16, 256) => ("paged_attention_f16_d256", "paged_attention_combine_f16_d256"),
-        (DType::BF16, 64) => ("paged_attention_bf16_d64", "paged_attention_combine_bf16_d64"),
-        (DType::BF16, 80) => ("paged_attention_bf16_d80", "paged_attention_combine_bf16_d80"),
-        (DType::BF16, 96) => ("paged_attention_bf16_d96", "paged_attention_combine_bf16_d96"),
-        (DType::BF16, 128) => ("paged_attention_bf16_d128", "paged_attention_combine_bf16_d128"),
-        (DType::BF16, 256) => ("paged_attention_bf16_d256", "paged_attention_combine_bf16_d256"),
-        _ => return None,
-    })
+    let t = layout::Dtype::from_name(dtype.name())?;
+    Some((layout::entry(layout::Entry::Partition(t, head_size))?, layout::entry(layout::Entry::Combine(t, head_size))?))
 }
 
 impl PagedAttentionParams {
@@ -308,8 +297,7 @@ impl BnshAttentionParams {
 
     /// Whether the decode kernels take these heads (rows of one KV head within [`MAX_ROWS`]).
     pub fn supported(&self) -> bool {
-        matches!(self.dtype, DType::F16 | DType::BF16)
-            && HEAD_SIZES.contains(&self.head_size)
+        kernel_names(self.dtype, self.head_size).is_some()
             && self.num_kv_heads > 0
             && self.num_q_heads.is_multiple_of(self.num_kv_heads)
             && self.paged().rows() <= MAX_ROWS

@@ -19,11 +19,11 @@
 
 use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernel::{
     AttrDecl, AttrKind, Attributes, InferArgs, KernelArgs, OpDecl, OrtDecl, TensorDecl, TensorSpec, TensorType,
 };
-use crate::ops::common::{floats, optional, store};
+use crate::ops::common::{dims, fail, floats, optional, round_to, store};
 
 use super::launch::{PagedOpParams, PagedOpPointers, paged_attention_op_raw};
 use super::reference::{PagedOpConfig, PagedOpInputs, paged_attention_op};
@@ -117,10 +117,6 @@ pub static PAGED_ATTENTION: OpDecl = OpDecl {
     ort: Some(OrtDecl { name: c"PagedAttention", cuda: &[DType::F16, DType::BF16], cpu: &[DType::F32, DType::F16] }),
 };
 
-fn fail(name: &str, message: String) -> Error {
-    Error::KernelFailed { name: name.to_string(), message }
-}
-
 /// The attributes, checked; everything ORT defines that dlkern does not implement is refused.
 struct Attrs {
     num_heads: usize,
@@ -197,10 +193,6 @@ struct Layout {
     block_size: usize,
     batch: usize,
     max_blocks: usize,
-}
-
-fn dims(t: &TensorView) -> Vec<usize> {
-    t.shape().iter().map(|&d| d.max(0) as usize).collect()
 }
 
 fn shape_of(t: &TensorView, rank: usize, what: &str, name: &str) -> Result<Vec<usize>> {
@@ -519,12 +511,8 @@ fn compute(args: &KernelArgs) -> Result<()> {
             cos: &cos,
             sin: &sin,
         };
-        let round = |v: f64| match dtype {
-            DType::F16 => half::f16::from_f64(v).to_f64(),
-            DType::BF16 => half::bf16::from_f64(v).to_f64(),
-            _ => v as f32 as f64,
-        };
-        let out = paged_attention_op(&config, &x, &mut kc, &mut vc, round).map_err(|m| fail(name, m))?;
+        let out =
+            paged_attention_op(&config, &x, &mut kc, &mut vc, |v| round_to(dtype, v)).map_err(|m| fail(name, m))?;
         store(&output, &out)?;
         store(k_target, &kc)?;
         store(v_target, &vc)

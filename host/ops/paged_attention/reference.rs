@@ -204,9 +204,8 @@ pub fn paged_attention_op(
         let qt = &mut q[t * nh * d..][..nh * d];
         qt.copy_from_slice(&src[..nh * d]);
         if let Some((rd, interleaved)) = c.rotary {
-            let (cos, sin) = (&x.cos[pos * half..][..half], &x.sin[pos * half..][..half]);
             for head in qt.chunks_mut(d).chain(k.chunks_mut(d)) {
-                crate::ops::common::rotary::rotate_head(head, cos, sin, rd, interleaved);
+                crate::ops::common::rotary::rotate_at(head, x.cos, x.sin, pos, rd, interleaved);
             }
         }
         qt.iter_mut().for_each(|e| *e = round(*e));
