@@ -23,21 +23,19 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import dlkern_onnx as dx  # noqa: E402
+
 LIB = os.path.abspath(os.environ["DLKERN_LIB"])
 SYNC_RUNS = int(os.environ.get("DLKERN_ORT_RUNS", "50"))
 
 
 def make_model(node, inputs, outputs):
-    graph = helper.make_graph([node], "g", inputs, outputs)
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1), helper.make_opsetid("dlkern", 1)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
+    return dx.model([node], inputs, outputs, opsets=dx.OPSET_WITH_MS)
 
 
 def session(model):
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(LIB)
-    so.log_severity_level = 3
-    return ort.InferenceSession(model, so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    return dx.session(LIB, model, "CUDAExecutionProvider")
 
 
 def timed(sess, bind):

@@ -10,15 +10,18 @@ from onnx import TensorProto, helper
 
 DOMAIN = "dlkern"
 OPSET = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+# With ONNX Runtime's contrib domain too: a model that holds an op in both its ORT and its dlkern
+# version (the drop-in comparisons).
+OPSET_WITH_MS = OPSET + [helper.make_opsetid("com.microsoft", 1)]
 
 
 def value(name, elem_type, shape):
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
-def model(nodes, inputs, outputs, initializers=()):
+def model(nodes, inputs, outputs, initializers=(), opsets=OPSET):
     graph = helper.make_graph(nodes, "dlkern", inputs, outputs, initializer=list(initializers))
-    m = helper.make_model(graph, opset_imports=OPSET)
+    m = helper.make_model(graph, opset_imports=opsets)
     m.ir_version = 9  # readable by onnxruntime >= 1.17
     return m.SerializeToString()
 

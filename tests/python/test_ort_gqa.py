@@ -5,11 +5,15 @@ rows of the new tokens, present caches up to each sequence's length). CPU EP in 
 DLKERN_LIB = path of libdlkern.so."""
 
 import os
+import sys
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+import dlkern_onnx as dx  # noqa: E402
 
 LIB_PATH = os.path.abspath(os.environ["DLKERN_LIB"])
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
@@ -18,17 +22,11 @@ ELEM = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 
 
 def make_model(nodes, inputs, outputs):
-    graph = helper.make_graph(nodes, "g", inputs, outputs)
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1), helper.make_opsetid("dlkern", 1)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
+    return dx.model(nodes, inputs, outputs, opsets=dx.OPSET_WITH_MS)
 
 
 def session(model, provider):
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(LIB_PATH)
-    so.log_severity_level = 3
-    providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
-    return ort.InferenceSession(model, so, providers=providers)
+    return dx.session(LIB_PATH, model, provider)
 
 
 def dtypes_for(provider):

@@ -36,11 +36,7 @@ def paged_model(elem, domain, attrs):
     # Ranked shapes (symbolic dims): ORT's own PagedAttention's shape inference needs them.
     inputs = [dx.value(n, TensorProto.INT32 if n in ints else elem, PAGED_SHAPES[n]) for n in PAGED_INPUTS]
     outputs = [dx.value(n, elem, None) for n in ["output", "key_cache_out", "value_cache_out"]]
-    graph = helper.make_graph([node], "paged", inputs, outputs)
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
-    m = helper.make_model(graph, opset_imports=opsets)
-    m.ir_version = 9
-    return m.SerializeToString()
+    return dx.model([node], inputs, outputs, opsets=dx.OPSET_WITH_MS)
 
 
 def gqa_model(elem, with_past, attrs):
@@ -51,10 +47,7 @@ def gqa_model(elem, with_past, attrs):
     ints = {"seqlens_k", "total_sequence_length"}
     inputs = [dx.value(n, TensorProto.INT32 if n in ints else elem, None) for n in names if n]
     outputs = [dx.value(n, elem, None) for n in ["output", "present_key", "present_value"]]
-    graph = helper.make_graph([node], "gqa", inputs, outputs)
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    m.ir_version = 9
-    return m.SerializeToString()
+    return dx.model([node], inputs, outputs, opsets=dx.OPSET_WITH_MS)
 
 
 def problem(rng, dtype, seqs, nh, kvh, d, bs, rotary_dim):
