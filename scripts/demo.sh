@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The main job: build libdlkern.so (kernels compiled from Rust to PTX on the way), then run the
-# demo decoder step through ONNX Runtime with it (CUDA EP when onnxruntime-gpu and a GPU are
-# present, else the CPU EP), check it against NumPy and print per-op timings.
-# Extra arguments go to demo/decoder_step.py (e.g. --provider cpu, --dim 4096).
+# The main job: build libdlkern.so (kernels compiled from Rust to PTX on the way), move the model
+# builder's tiny int4 Llama onto dlkern's ops (python -m dlkern.retarget) and generate with it
+# through onnxruntime-genai against the unmodified model (CUDA EP with onnxruntime-genai-cuda,
+# onnxruntime-gpu and a GPU, else the CPU EP, which it says).
+# Extra arguments go to demo/generate.py (e.g. --provider cpu, --model FOLDER, --tokens 64).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 bash scripts/setup.sh
 . scripts/env.sh
 $CARGO build --release
-"$PYTHON" demo/decoder_step.py --lib "$root/target/release/libdlkern.so" "$@"
+"$PYTHON" demo/generate.py --lib "$root/target/release/libdlkern.so" "$@"
