@@ -24,7 +24,9 @@ import torch
 from onnx import TensorProto, helper
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dlkern_onnx as dx  # noqa: E402
+from cupti import kernel_times  # noqa: E402
 
 LIB = os.path.abspath(os.environ["DLKERN_LIB"])
 SYNC_RUNS = int(os.environ.get("DLKERN_ORT_RUNS", "50"))
@@ -50,16 +52,7 @@ def timed(sess, bind):
         sess.run_with_iobinding(io)
         times.append(time.perf_counter() - t0)
     # Device time: every kernel the runs launched (CUPTI sees ORT's launches too), per run.
-    runs = 10
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            sess.run_with_iobinding(io)
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    device_us = sum(e.device_time for e in kernels) / runs
-    breakdown = {}
-    for e in kernels:
-        breakdown[e.name[:60]] = breakdown.get(e.name[:60], 0.0) + e.device_time / runs
+    device_us, breakdown = kernel_times(lambda: sess.run_with_iobinding(io), 10)
     return statistics.median(times) * 1e6, device_us, {k: round(v, 1) for k, v in sorted(breakdown.items())}
 
 

@@ -91,6 +91,72 @@ def render_ort(records):
     return lines + [""]
 
 
+def render_e2e(e2e):
+    """A Llama-3-8B-shaped int4 model through onnxruntime-genai (`benches/e2e_genai.py`)."""
+    rows = e2e.get("rows") if e2e else None
+    if not rows:
+        return []
+    batch = e2e["batch"]
+    lines = [
+        "## End to end through onnxruntime-genai",
+        "",
+        f"{e2e.get('date', '')}, {e2e.get('gpu', '')}: `{e2e.get('command', 'benches/e2e_genai.py')}`.",
+        f"The {e2e['preset']} shape ({e2e.get('shape', '')}),",
+        "int4, random weights from `dlkern.synth` (the model builder's graph), through onnxruntime-genai-cuda",
+        "0.18.0 on onnxruntime-gpu 1.31.1: the unmodified model (ORT's own CUDA kernels) and the same folder",
+        "after `python -m dlkern.retarget` (every MatMulNBits, GroupQueryAttention and norm on dlkern).",
+        f"First token: a {e2e['prompt']}-token prompt at batch 1 (median). Decode: {e2e['steps']} steps after",
+        f"{e2e['prompt']}-token prompts. GPU ms/token: CUPTI, every kernel of a batch-1 step; host us/token:",
+        "what ORT's profiler gives the nodes of a batch-1 step (on CUDA the host's share: launches,",
+        "argument checks). CUDA graph: ORT's `enable_cuda_graph` provider option.",
+        "",
+        f"| format | kernels | first token | decode b1 | b1 wall / GPU per token | host per token | decode b{batch} | b1 with CUDA graph |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    by = {(r["format"], r["kernels"], r["cuda_graph"]): r for r in rows}
+
+    def fmt(v, spec, unit):
+        return f"{v:{spec}} {unit}" if isinstance(v, (int, float)) else "-"
+
+    for (form, kernels, graph), r in by.items():
+        if graph:
+            continue
+        g = by.get((form, kernels, True), {})
+        if "error" in r:
+            lines.append(f"| {form} | {kernels} | {r['error'][:100]} | | | | | |")
+            continue
+        graph_cell = fmt(g.get("decode_b1_tok_s"), ".1f", "tok/s") if "error" not in g else g["error"][:60]
+        lines.append(
+            f"| {form} | {kernels} | {fmt(r.get('first_token_ms'), '.1f', 'ms')} | "
+            f"{fmt(r.get('decode_b1_tok_s'), '.1f', 'tok/s')} | {fmt(r.get('decode_b1_wall_ms'), '.2f', 'ms')} / "
+            f"{fmt(r.get('decode_b1_gpu_ms'), '.2f', 'ms')} | {fmt(r.get('decode_b1_host_us'), '.0f', 'us')} | "
+            f"{fmt(r.get(f'decode_b{batch}_tok_s'), '.1f', 'tok/s')} | {graph_cell} |")
+    speed = []
+    for form in dict.fromkeys(f for f, _, _ in by):
+        o, d = by.get((form, "ort", False), {}), by.get((form, "dlkern", False), {})
+        cells = []
+        for key, label, inverse in [("first_token_ms", "first token", True), ("decode_b1_tok_s", "decode b1", False),
+                                    (f"decode_b{batch}_tok_s", f"decode b{batch}", False)]:
+            if isinstance(o.get(key), (int, float)) and isinstance(d.get(key), (int, float)) and d[key] and o[key]:
+                cells.append(f"{label} {o[key] / d[key] if inverse else d[key] / o[key]:.2f}x")
+        if cells:
+            speed.append(f"- {form}: dlkern against ORT's kernels: " + ", ".join(cells))
+    lines += [""] + speed + [""]
+    for (form, kernels, graph), r in by.items():
+        if graph or not r.get("decode_b1_kernels"):
+            continue
+        lines += [f"Batch-1 decode, {form}, {kernels}: top kernels, us per token: "
+                  + "; ".join(f"`{k[:48]}` {v:.0f}" for k, v in list(r["decode_b1_kernels"].items())[:8]), ""]
+        if r.get("first_token_kernels"):
+            lines += [f"First token ({e2e['prompt']}-token prompt), {form}, {kernels}: top kernels, us: "
+                      + "; ".join(f"`{k[:48]}` {v:.0f}" for k, v in list(r["first_token_kernels"].items())[:6]), ""]
+        host = r.get("decode_b1_host_us_by_op") or {}
+        if host:
+            lines += [f"Host per token by op ({kernels}, {form}): "
+                      + ", ".join(f"{k} {v:.0f} us" for k, v in list(host.items())[:8]), ""]
+    return lines
+
+
 def render(results, plots_dir=None, plots_rel=None):
     ceiling = ceiling_tbps(results)
     lines = [
@@ -165,6 +231,7 @@ def render(results, plots_dir=None, plots_rel=None):
             if png:
                 lines += [f"![{family}]({os.path.join(plots_rel or plots_dir, os.path.basename(png))})", ""]
     lines += render_ort(results.get("ort_comparison") or [])
+    lines += render_e2e(results.get("e2e") or {})
     if os.path.exists(PRUNED):
         with open(PRUNED) as f:
             lines += [f.read().rstrip("\n"), ""]

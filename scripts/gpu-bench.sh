@@ -7,7 +7,10 @@
 # DLKERN_BENCH_SECONDS="warm-up measurement" shortens (or lengthens) every bench (default "1 2").
 # A partial run (one family with its baselines, same process environment):
 #   DLKERN_BENCHES="ceilings matmul_nbits" picks the bench executables by name,
-#   DLKERN_BENCH_FILTER='REGEX' passes criterion a filter, DLKERN_BENCH_TORCH=0 skips PyTorch.
+#   DLKERN_BENCH_FILTER='REGEX' passes criterion a filter, DLKERN_BENCH_TORCH=0 skips PyTorch,
+#   DLKERN_BENCH_ORT=0 the ORT drop-in comparison; "e2e" in DLKERN_BENCHES (or no DLKERN_BENCHES)
+#   runs the end-to-end generation through onnxruntime-genai-cuda when it is staged
+#   (benches/e2e_genai.py, a few minutes: e.g. DLKERN_BENCHES=e2e DLKERN_BENCH_TORCH=0 DLKERN_BENCH_ORT=0).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/.." && pwd); cd "$root"
 out=${OUT:-/tmp}; mkdir -p "$out"; work=$(mktemp -d)
@@ -35,6 +38,13 @@ if python3 -c 'import onnxruntime, sys; sys.exit("CUDAExecutionProvider" not in 
 else
   echo '[]' > "$work/ort.json"
 fi
+# A Llama-3-8B-shaped int4 model through onnxruntime-genai-cuda, on ORT's kernels and on dlkern's.
+echo '{}' > "$work/e2e.json"
+if { [ -z "${DLKERN_BENCHES:-}" ] || [[ " $DLKERN_BENCHES " == *" e2e "* ]]; } \
+  && python3 -c 'import onnxruntime_genai as og, sys; sys.exit(not og.is_cuda_available())' 2>/dev/null; then
+  echo "=== end to end through onnxruntime-genai"
+  python3 benches/e2e_genai.py "$work/e2e.json" 2>&1 | grep -v -e "plugin EP" -e "_warn_once" -e UserWarning
+fi
 python3 - "$work" "$out/results.json" "$warm" "$measure" <<'PY'
 import glob, json, os, subprocess, sys, datetime
 work, dest, warm, measure = sys.argv[1:5]
@@ -49,7 +59,8 @@ json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].s
            "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; " + "".join(f"{k}='{os.environ[k]}' " for k in ("DLKERN_BENCHES", "DLKERN_BENCH_FILTER", "DLKERN_BENCH_TORCH") if k in os.environ) + f"DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
            "criterion": sorted(crit, key=lambda r: r["id"]), "meta": meta,
            "comparison": json.load(open(os.path.join(work, "torch.json"))),
-           "ort_comparison": json.load(open(os.path.join(work, "ort.json")))}, open(dest, "w"), indent=1)
+           "ort_comparison": json.load(open(os.path.join(work, "ort.json"))),
+           "e2e": json.load(open(os.path.join(work, "e2e.json")))}, open(dest, "w"), indent=1)
 print("wrote", dest, len(crit), "criterion results")
 PY
 mkdir -p "$out/plots"

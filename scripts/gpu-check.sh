@@ -53,6 +53,13 @@ for tool in memcheck racecheck; do
     (timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" "${args[@]}" >"$log" 2>&1; echo "exit $?" >>"$log") &
   done
 done
+# The whole serving path once under memcheck: onnxruntime-genai-cuda generating a few tokens of a
+# builder-made model retargeted to dlkern (ORT's CUDA EP, dlkern's kernels, IO-bound caches).
+if python3 -c 'import onnxruntime_genai as og, sys; sys.exit(not og.is_cuda_available())' 2>/dev/null; then
+  log="$out/san-memcheck-genai.log"
+  (cd "$root" && timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 python3 demo/generate.py \
+    --lib "$here/lib/libdlkern.so" --provider cuda --tokens 4 --profile-steps 1 >"$log" 2>&1; echo "exit $?" >>"$log") &
+fi
 wait
 for log in "$out"/san-*.log; do
   echo "=== $(basename "$log" .log)"
