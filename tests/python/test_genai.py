@@ -8,7 +8,6 @@ onnxruntime-genai-cuda and onnxruntime-gpu the same comparisons run on the CUDA 
 (DLKERN_GENAI_PROVIDERS=cuda selects it alone). DLKERN_LIB = path of libdlkern.so."""
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -21,9 +20,8 @@ sys.path.insert(0, str(ROOT / "python"))
 from dlkern import genai, retarget  # noqa: E402
 
 og = pytest.importorskip("onnxruntime_genai")
+from genai_cases import FIXTURES, LIB_PATH, fixture_names, providers, retargeted_copies  # noqa: E402
 
-LIB_PATH = os.path.abspath(os.environ["DLKERN_LIB"])
-FIXTURES = ROOT / "tests" / "fixtures" / "llm"
 STEPS = 32
 PROMPT = [1, 17, 203, 5, 99, 311, 42]
 SAMPLING = {"top_k": 8, "temperature": 0.9}
@@ -37,38 +35,15 @@ SAMPLING = {"top_k": 8, "temperature": 0.9}
 SEEDS = (1, 2, 3, 4, 5)
 
 
-def fixture_names():
-    return sorted(p.name for p in FIXTURES.iterdir() if (p / "genai_config.json").exists()) if FIXTURES.exists() else []
-
-
-def providers():
-    wanted = os.environ.get("DLKERN_GENAI_PROVIDERS")
-    if wanted:
-        return wanted.split(",")
-    import onnxruntime as ort
-
-    cuda = og.is_cuda_available() and "CUDAExecutionProvider" in ort.get_available_providers()
-    return ["cpu", "cuda"] if cuda else ["cpu"]
-
-
 # Paged models take packed tokens and run through onnxruntime-genai's Engine, not its Generator:
 # test_genai_engine.py compares them.
-CASES = [(n, p) for p in providers() for n in fixture_names() if "paged" not in n]
+CASES = [(n, p) for p in providers() for n in fixture_names() if not genai.is_paged(FIXTURES / n)]
 
 
 @pytest.fixture(scope="module")
 def retargeted(tmp_path_factory):
     """One retargeted copy per (fixture, provider), shared by the tests of this module."""
-    made = {}
-
-    def get(name, provider):
-        if (name, provider) not in made:
-            out = tmp_path_factory.mktemp(f"{name}-{provider}")
-            report = retarget.retarget(FIXTURES / name, out, ep=provider, library=LIB_PATH)
-            made[(name, provider)] = (out, report)
-        return made[(name, provider)]
-
-    return get
+    return retargeted_copies(tmp_path_factory)
 
 
 def test_fixtures_are_there():

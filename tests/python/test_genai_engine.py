@@ -12,7 +12,6 @@ blocked KV cache; og.Generator refuses them):
 CPU EP in CI; the CUDA EP too on a GPU host with onnxruntime-genai-cuda and onnxruntime-gpu
 (DLKERN_GENAI_PROVIDERS=cuda selects it alone). DLKERN_LIB = path of libdlkern.so."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -21,14 +20,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
-from dlkern import genai, retarget  # noqa: E402
+from dlkern import genai  # noqa: E402
 
 og = pytest.importorskip("onnxruntime_genai")
 if not hasattr(og, "Engine"):
     pytest.skip("onnxruntime-genai without the Engine API (0.18+)", allow_module_level=True)
+from genai_cases import FIXTURES, fixture_names, providers, retargeted_copies  # noqa: E402
 
-LIB_PATH = os.path.abspath(os.environ["DLKERN_LIB"])
-FIXTURES = ROOT / "tests" / "fixtures" / "llm"
 STEPS = 32
 # Uneven lengths; the third one's greedy first token is eos (0) on llama-int4-cuda, so that the
 # masking of eos is exercised; the last is one token long.
@@ -46,20 +44,6 @@ PAGED = {"llama-fp16-cuda-paged": "llama-fp16-cuda", "llama-int4-cuda-paged": "l
 BLOCKS = 16  # KV cache blocks per layer for the paged models (block_size 256 = their whole context)
 
 
-def fixture_names():
-    return sorted(p.name for p in FIXTURES.iterdir() if (p / "genai_config.json").exists()) if FIXTURES.exists() else []
-
-
-def providers():
-    wanted = os.environ.get("DLKERN_GENAI_PROVIDERS")
-    if wanted:
-        return wanted.split(",")
-    import onnxruntime as ort
-
-    cuda = og.is_cuda_available() and "CUDAExecutionProvider" in ort.get_available_providers()
-    return ["cpu", "cuda"] if cuda else ["cpu"]
-
-
 PLAIN = [(n, p) for p in providers() for n in fixture_names() if not genai.is_paged(FIXTURES / n)]
 PAGED_CASES = [(n, p) for p in providers() for n in sorted(PAGED) if (FIXTURES / n).exists()]
 
@@ -67,15 +51,12 @@ PAGED_CASES = [(n, p) for p in providers() for n in sorted(PAGED) if (FIXTURES /
 @pytest.fixture(scope="module")
 def retargeted(tmp_path_factory):
     """One dlkern-retargeted copy per (fixture, provider), shared by the tests of this module."""
-    made = {}
+    copies = retargeted_copies(tmp_path_factory)
 
     def get(name, provider):
-        if (name, provider) not in made:
-            out = tmp_path_factory.mktemp(f"{name}-{provider}")
-            report = retarget.retarget(FIXTURES / name, out, ep=provider, library=LIB_PATH)
-            assert report.moved.get("PagedAttention", 0) == ("paged" in name) * 2, report.table()
-            made[(name, provider)] = out
-        return made[(name, provider)]
+        out, report = copies(name, provider)
+        assert report.moved.get("PagedAttention", 0) == ("paged" in name) * 2, report.table()
+        return out
 
     return get
 
