@@ -119,9 +119,11 @@ def test_matmulnbits_on_cuda_ep_matches_ort(block_size, symmetric, m):
     assert providers_of(sess)["MatMulNBits"] == {CUDA}
     # Both dequantize to f16 and accumulate in f32; they differ in summation order.
     np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64), rtol=4e-3, atol=4e-3)
-    # B, scales and zero points are initializers: where `decode` runs (M <= 16, blocks >= 128)
-    # the node repacked them once, one 2176-byte record per 32 columns and 128 of K...
-    repacked = (n + 31) // 32 * ((k + 127) // 128) * 2176 if m <= 16 and block_size >= 128 else 0
+    # B, scales and zero points are initializers: where `Packed` runs (M <= 16, blocks >= 32)
+    # the node repacked them once, one record per 32 columns and 128 of K (2176 bytes; 2432
+    # for blocks of 32 and 64, which carry a scale per 32 of K)...
+    record = 2176 if block_size >= 128 else 2432
+    repacked = (n + 31) // 32 * ((k + 127) // 128) * record if m <= 16 and block_size >= 32 else 0
     assert LIB.device_bytes_held() - held == repacked
     # ...reads its copy on the next run (same result) and frees it with the session.
     np.testing.assert_array_equal(run_bound(sess, {"A": a}, "cuda"), got)

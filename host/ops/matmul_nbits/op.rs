@@ -246,8 +246,8 @@ fn cuda(
     if let Some(site) = args.site.filter(|site| repacking_wanted(site, zero_points.is_some())) {
         let packed = MatMulNBitsParams { variant: Some(Variant::Packed), ..params };
         let rows = RowAlignment::of(&params, ptrs.a, ptrs.b);
-        // Only where the planner would run `decode` (M <= 16, integer zero points, blocks of
-        // at least 128, 16-byte rows), which `Packed` replaces.
+        // Only where `Packed` can run (M <= 16, integer zero points, blocks of at least 32,
+        // 16-byte rows): it replaces `decode` and, for blocks of 32 and 64, `small`.
         if packed.plan_for(device.multiprocessors(), device.has_wgmma(), rows).is_ok() {
             let mut cache = site.cache();
             // SAFETY: the tensors hold the extents the shape checks relate to the params, on

@@ -116,32 +116,64 @@ impl MatMulNBitsWeights {
     /// 16 bytes: `scale_bits` of columns `g`, `g + 8`, `g + 16`, `g + 24` (u16, little-endian),
     /// their zero points (u8) and 4 zero bytes. `scale_bits` are the scales in A's type,
     /// `[N, k_blocks]`, as the GPU gets them.
+    ///
+    /// Blocks of 32 and 64 get the fine records (`layout::PACKED_FINE_RECORD_BYTES`): the same
+    /// codes (words past the end of a row, past K, as zero-point codes 8), then per lane group
+    /// `g` 48 bytes: the scale bits of those 4 columns for each 32-K step `s` of the chunk at
+    /// bytes `8 s..8 s + 8`, then their zero points per step at `32 + 4 s` (a step past K takes
+    /// the row's last block's).
     pub fn pack_for_decode(&self, scale_bits: &[u16]) -> Result<Vec<u8>> {
-        use super::layout::{B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, PACKED_RECORD_BYTES, packed_code_word};
+        use super::layout::{
+            B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, FINE_GROUP_CONSTS_BYTES, FINE_STEP, FINE_STEPS, PACKED_MIN_BLOCK,
+            packed_code_word, packed_record_bytes,
+        };
         self.validate()?;
         let bad = |m: String| Error::invalid(KERNEL, m);
-        if self.block_size < CHUNK || matches!(self.zero_points, ZeroPoints::Unpacked(_)) {
-            return Err(bad("packing for decode needs block_size >= 128 and integer zero points".into()));
+        if self.block_size < PACKED_MIN_BLOCK || matches!(self.zero_points, ZeroPoints::Unpacked(_)) {
+            return Err(bad(format!(
+                "packing for decode needs block_size >= {PACKED_MIN_BLOCK} and integer zero points"
+            )));
         }
         if scale_bits.len() != self.scales.len() {
             return Err(bad(format!("{} scale bits, expected {}", scale_bits.len(), self.scales.len())));
         }
         let (chunks, tiles, row_bytes) =
             (self.k.div_ceil(CHUNK), self.n.div_ceil(DECODE_COLUMNS), self.k_blocks() * self.blob_size());
-        let mut out = vec![0u8; tiles * chunks * PACKED_RECORD_BYTES];
-        for (record, bytes) in out.chunks_exact_mut(PACKED_RECORD_BYTES).enumerate() {
+        let (record_bytes, fine) = (packed_record_bytes(self.block_size), self.block_size < CHUNK);
+        let mut out = vec![0u8; tiles * chunks * record_bytes];
+        for (record, bytes) in out.chunks_exact_mut(record_bytes).enumerate() {
             let (tile, chunk) = (record / chunks, record % chunks);
             let blk = chunk * CHUNK / self.block_size;
             let column = |local: usize| (tile * DECODE_COLUMNS + local).min(self.n - 1);
             for local in 0..DECODE_COLUMNS {
-                let src = column(local) * row_bytes + chunk * B_CHUNK_BYTES;
+                let row = column(local) * row_bytes;
                 // Word `i` of piece `q` is the chunk's word `4 i + q` (K `32 i + 8 q`).
                 for (word, dst) in bytes[local * B_CHUNK_BYTES..][..B_CHUNK_BYTES].chunks_exact_mut(4).enumerate() {
                     let (q, i) = (word / 4, word % 4);
-                    let from = src + 4 * (4 * i + q);
-                    let word = u32::from_le_bytes([self.b[from], self.b[from + 1], self.b[from + 2], self.b[from + 3]]);
-                    dst.copy_from_slice(&packed_code_word(word).to_le_bytes());
+                    let within = chunk * B_CHUNK_BYTES + 4 * (4 * i + q);
+                    let word = if within < row_bytes {
+                        let b = &self.b[row + within..][..4];
+                        packed_code_word(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    } else {
+                        0x8888_8888
+                    };
+                    dst.copy_from_slice(&word.to_le_bytes());
                 }
+            }
+            if fine {
+                let step_blk = |s: usize| ((chunk * CHUNK + s * FINE_STEP) / self.block_size).min(self.k_blocks() - 1);
+                for g in 0..8 {
+                    let consts = &mut bytes[DECODE_COLUMNS * B_CHUNK_BYTES + FINE_GROUP_CONSTS_BYTES * g..][..48];
+                    for s in 0..FINE_STEPS {
+                        for u in 0..4 {
+                            let n = column(g + 8 * u);
+                            let bits = scale_bits[n * self.k_blocks() + step_blk(s)];
+                            consts[8 * s + 2 * u..][..2].copy_from_slice(&bits.to_le_bytes());
+                            consts[32 + 4 * s + u] = self.zero_point(n, step_blk(s)) as u8;
+                        }
+                    }
+                }
+                continue;
             }
             for g in 0..8 {
                 let consts = &mut bytes[DECODE_COLUMNS * B_CHUNK_BYTES + 16 * g..][..16];

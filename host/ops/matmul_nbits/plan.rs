@@ -23,12 +23,12 @@
 //! ([`Variant::WgmmaStreamK`]).
 
 use super::layout::{
-    self, CHUNK, DECODE, DECODE_COLUMNS, DECODE_PACKED_SHARED_BYTES, DECODE_SHARED_BYTES, DECODE_WIDE,
-    DECODE_WIDE_PACKED_SHARED_BYTES, DECODE8_ROWS, DECODE16_WIDE, DECODE16_WIDE_PACKED_SHARED_BYTES, Dims, ElementType,
-    Entry, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES,
-    PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS, REDUCE_THREADS, SMALL,
-    TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES,
-    WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
+    self, CHUNK, DECODE, DECODE_COLUMNS, DECODE_SHARED_BYTES, DECODE_WARPS, DECODE_WIDE, DECODE8_ROWS, DECODE16_WIDE,
+    Dims, ElementType, Entry, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
+    LARGE_SHARED_BYTES, PACKED_MIN_BLOCK, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS,
+    PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM,
+    WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, decode_packed_shared_bytes,
+    packed_record_bytes, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
 use super::pack::valid_block_size;
 use crate::dtype::DType;
@@ -79,10 +79,10 @@ pub enum Variant {
     Tiled,
     /// B repacked by [`crate::ops::matmul_nbits::pack::MatMulNBitsWeights::pack_for_decode`] (then passed as `b`; the
     /// scales and zero points are read from it): M <= 16, integer zero points, blocks of at
-    /// least 128, 16-byte aligned A and B. The planner runs [`Variant::PackedWgmma`] where the
-    /// GPU has `wgmma`, M > 8, `ceil(N / 128)` is at least the SM count (measured faster
-    /// there) and K is not split by force, else [`Variant::PackedMma`]; the plan names the one
-    /// it runs.
+    /// least 32 (below 128 the fine records, a scale per 32 K), 16-byte aligned A and B. The
+    /// planner runs [`Variant::PackedWgmma`] where the GPU has `wgmma`, blocks are of at least
+    /// 128, M > 8, `ceil(N / 128)` is at least the SM count (measured faster there) and K is
+    /// not split by force, else [`Variant::PackedMma`]; the plan names the one it runs.
     Packed,
     /// [`Variant::Packed`] on the `mma.sync` decode kernels (`decode*_packed`: 4 warps per
     /// 32 columns splitting K), on any GPU.
@@ -199,7 +199,12 @@ impl MatMulNBitsParams {
     /// Bytes of B repacked for [`Variant::Packed`]
     /// ([`crate::ops::matmul_nbits::pack::MatMulNBitsWeights::pack_for_decode`]).
     pub fn packed_bytes(&self) -> usize {
-        self.n.div_ceil(DECODE_COLUMNS) * self.k.div_ceil(CHUNK) * layout::PACKED_RECORD_BYTES
+        self.n.div_ceil(DECODE_COLUMNS) * self.k.div_ceil(CHUNK) * packed_record_bytes(self.block_size)
+    }
+
+    /// Whether the repacked B has the fine records (a scale per 32 K: blocks of 32 and 64).
+    pub fn packed_fine(&self) -> bool {
+        self.block_size < CHUNK
     }
 
     /// Validates the shapes and picks the variant and split for a device with
@@ -239,16 +244,25 @@ impl MatMulNBitsParams {
         }
         let tiled_ok = !typed && p.block_size >= TILED_MIN_BLOCK;
         let wgmma_ok = wgmma && tiled_ok && rows.b_vec16;
+        let fine = p.packed_fine();
         let variant = match p.variant {
             Some(Variant::PackedWgmma) if !wgmma => {
                 return Err(bad(format!("variant PackedWgmma needs a Hopper GPU (sm_90a module: {wgmma})")));
+            }
+            // `packed_wgmma16` scales each chunk's sums once: its build takes the coarse records.
+            Some(Variant::PackedWgmma) if fine => {
+                return Err(bad(format!("variant PackedWgmma needs block_size >= {CHUNK}, got {}", p.block_size)));
             }
             // Measured on the H200 (2026-12-01, docs/perf-notes/matmul_nbits.md, v19):
             // `PackedWgmma` wins where M > 8 and N alone fills the GPU without a K split (M = 16,
             // N = 28672: 55.3 against 69.2 us); with fewer columns, where it needs clusters of
             // K splits, and for M <= 8 the `mma.sync` kernels stay faster.
             Some(Variant::Packed)
-                if wgmma && p.m > DECODE8_ROWS && p.n.div_ceil(PACKED_WGMMA_COLUMNS) >= sms && p.splits <= 1 =>
+                if wgmma
+                    && !fine
+                    && p.m > DECODE8_ROWS
+                    && p.n.div_ceil(PACKED_WGMMA_COLUMNS) >= sms
+                    && p.splits <= 1 =>
             {
                 Variant::PackedWgmma
             }
@@ -278,11 +292,14 @@ impl MatMulNBitsParams {
         // 16-byte rows.
         let decode_ok = !typed && p.block_size >= CHUNK && rows.a_vec16 && rows.b_vec16;
         let decode = variant == Variant::Small && decode_ok;
-        // The packed kernels are `decode` over another layout of B: the same needs, and M <= 16.
+        // The packed kernels are `decode` over another layout of B: the same needs, and M <= 16,
+        // but blocks of 32 and 64 too (the fine records).
         let packed = variant.reads_packed_b();
-        if packed && !(decode_ok && p.m <= SMALL_MAX_M) {
+        let packed_ok = !typed && p.block_size >= PACKED_MIN_BLOCK && rows.a_vec16 && rows.b_vec16;
+        if packed && !(packed_ok && p.m <= SMALL_MAX_M) {
             return Err(bad(format!(
-                "variant {variant:?} needs M <= 16, integer zero points, block_size >= 128 and 16-byte aligned A and B"
+                "variant {variant:?} needs M <= 16, integer zero points, block_size >= {PACKED_MIN_BLOCK} and \
+                 16-byte aligned A and B"
             )));
         }
         // `packed_wgmma16` alone is built: 16 rows, K not split (what the planner chooses it for).
@@ -309,9 +326,15 @@ impl MatMulNBitsParams {
             Variant::Large => (if typed { name(Entry::LargeZf) } else { name(Entry::Large) }, LARGE),
             Variant::Tiled => (tiled_kernel, tiled),
             // (`Packed` was resolved to one of the two above.)
-            Variant::Packed | Variant::PackedMma => {
-                (if rows8 { name(Entry::Decode8Packed) } else { name(Entry::Decode16Packed) }, DECODE)
-            }
+            Variant::Packed | Variant::PackedMma => (
+                name(match (rows8, fine) {
+                    (true, false) => Entry::Decode8Packed,
+                    (false, false) => Entry::Decode16Packed,
+                    (true, true) => Entry::Decode8PackedFine,
+                    (false, true) => Entry::Decode16PackedFine,
+                }),
+                DECODE,
+            ),
             Variant::PackedWgmma => (name(Entry::PackedWgmma16), PACKED_WGMMA),
             // The same block tile and threads as `tiled128x128` (two warpgroups of 64 x 128).
             // (Stream-K's entry is named below, once the planner may have chosen it.)
@@ -392,11 +415,14 @@ impl MatMulNBitsParams {
         // M = 16; 896 blocks (N = 28672) 3% slower.
         // The wide build's name, threads and shared bytes, where it runs.
         let wide = (variant == Variant::PackedMma && tiles_m * tiles_n * splits <= 2 * sms).then(|| {
-            if rows8 {
-                (name(Entry::Decode8PackedWide), DECODE_WIDE.threads(), DECODE_WIDE_PACKED_SHARED_BYTES)
-            } else {
-                (name(Entry::Decode16PackedWide), DECODE16_WIDE.threads(), DECODE16_WIDE_PACKED_SHARED_BYTES)
-            }
+            let entry = match (rows8, fine) {
+                (true, false) => Entry::Decode8PackedWide,
+                (false, false) => Entry::Decode16PackedWide,
+                (true, true) => Entry::Decode8PackedWideFine,
+                (false, true) => Entry::Decode16PackedWideFine,
+            };
+            let tiling = if rows8 { DECODE_WIDE } else { DECODE16_WIDE };
+            (name(entry), tiling.threads(), decode_packed_shared_bytes(tiling.wk, fine))
         });
         let (kernel, threads) = wide.map_or((kernel, threads), |(name, threads, _)| (name, threads));
         // Two splits of `wgmma` run as clusters of the pair, which sum through distributed
@@ -455,7 +481,7 @@ impl MatMulNBitsParams {
                 Variant::Large => LARGE_SHARED_BYTES as u32,
                 Variant::Tiled => tiled_shared_bytes(tiling) as u32,
                 Variant::Packed | Variant::PackedMma => {
-                    wide.map_or(DECODE_PACKED_SHARED_BYTES, |(_, _, bytes)| bytes) as u32
+                    wide.map_or(decode_packed_shared_bytes(DECODE_WARPS, fine), |(_, _, bytes)| bytes) as u32
                 }
                 Variant::PackedWgmma => PACKED_WGMMA_SHARED_BYTES as u32,
                 Variant::Wgmma | Variant::WgmmaStreamK => WGMMA_SHARED_BYTES as u32,
@@ -513,7 +539,7 @@ pub(super) fn early_dependents(blocks: u64, blocks_per_sm: u32, sms: u32) -> boo
 }
 
 /// Launch dimensions and scalar arguments of `matmul_nbits_pack_decode` for `params`' B, after
-/// checking that [`Variant::Packed`] can take it (integer zero points, blocks of at least 128).
+/// checking that [`Variant::Packed`] can take it (integer zero points, blocks of at least 32).
 /// `params.m`, `bias`, `variant` and `splits` play no part.
 pub fn pack_for_decode_plan(params: &MatMulNBitsParams) -> Result<(LaunchDims, Dims)> {
     let p = params;
@@ -526,9 +552,9 @@ pub fn pack_for_decode_plan(params: &MatMulNBitsParams) -> Result<(LaunchDims, D
             return Err(bad(format!("{name} = {v} (must be 1..=2^31-1)")));
         }
     }
-    if !valid_block_size(p.block_size) || p.block_size < CHUNK || p.block_size > 1 << 16 {
+    if !valid_block_size(p.block_size) || p.block_size < PACKED_MIN_BLOCK || p.block_size > 1 << 16 {
         return Err(bad(format!(
-            "packing for decode needs a power-of-two block_size >= {CHUNK}, got {}",
+            "packing for decode needs a power-of-two block_size >= {PACKED_MIN_BLOCK}, got {}",
             p.block_size
         )));
     }

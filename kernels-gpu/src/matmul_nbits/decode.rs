@@ -16,6 +16,9 @@
 //!   records of `MatMulNBitsWeights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column tile and K
 //!   chunk, tile-major; the scales and zero points are read from them), and the dynamic shared
 //!   memory is `DECODE_PACKED_SHARED_BYTES`.
+//! - `decode*_packed*_fine`: the same over the fine records (`PACKED_FINE_RECORD_BYTES` per tile
+//!   and chunk: blocks of 32 or 64) and `decode_packed_shared_bytes(warps, true)` of dynamic
+//!   shared memory.
 //! - `decode8_packed_wide`: `decode8_packed` with `DECODE_WIDE_WARPS` = 8 warps splitting K,
 //!   block `(256, 1, 1)`, `DECODE_WIDE_PACKED_SHARED_BYTES` of dynamic shared memory;
 //!   `decode16_packed_wide`: `decode16_packed` with `DECODE16_WIDE_WARPS` = 6, block
@@ -164,11 +167,18 @@ unsafe fn reduce_warps_and_store<T: TensorElement, const NT: usize, const WK: us
 }
 
 /// The dequantization constants of one K chunk of one lane of `decode`: those of weight
-/// columns `16t + g` and `16t + g + 8` of tile `t` (the rows of its accumulator tiles).
+/// columns `16t + g` and `16t + g + 8` of tile `t` (the rows of its accumulator tiles), per
+/// [`FINE_STEP`] of the chunk in the fine records, else in step 0 only (the others are never
+/// read, so they cost no registers).
 #[derive(Clone, Copy)]
 struct DecodeConsts {
-    scales: [[u16; 2]; DECODE_TILES],
-    zeros: [[u32; 2]; DECODE_TILES],
+    scales: [[[u16; 2]; DECODE_TILES]; FINE_STEPS],
+    zeros: [[[u32; 2]; DECODE_TILES]; FINE_STEPS],
+}
+
+impl DecodeConsts {
+    const EMPTY: Self =
+        DecodeConsts { scales: [[[0; 2]; DECODE_TILES]; FINE_STEPS], zeros: [[[8; 2]; DECODE_TILES]; FINE_STEPS] };
 }
 
 /// `decode` (M <= 16, the common case: integer zero points, blocks of at least 128 so one block
@@ -191,7 +201,9 @@ struct DecodeConsts {
 /// point comes off exactly in packed 16-bit arithmetic; at `R` = 1 the codes go in plus fixed
 /// offsets, and the offsets' and zero point's share comes off the f32 sums (see `compute`).
 /// The scale multiplies each chunk's f32 sums. The warps' partial tiles meet in shared memory
-/// at the end.
+/// at the end. `FINE` (over the fine records, blocks of 32 or 64): each 32-K step of a chunk
+/// has its own constants, so the sums (and at `R` = 1 the offsets' sums) are kept and scaled
+/// per step, four times the f32 work of a chunk for the same `mma`s.
 ///
 /// # Safety
 /// The launch contract (`decode*` in the module docs).
@@ -203,6 +215,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
     const A_AHEAD: usize,
     const PACKED: bool,
     const WARPS: usize,
+    const FINE: bool,
 >(
     a: *const T,
     b: *const u8,
@@ -223,6 +236,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
         // Activations 1 chunk ahead (2 slots), or 3 (4 slots: 64 more registers at R = 2).
         assert!(A_AHEAD == 1 || (A_AHEAD == 3 && R == 1));
         assert!(TILES * R * 32 * 16 <= DECODE_RING_BYTES);
+        assert!(PACKED || !FINE);
     };
     let tid = index::thread_idx_x();
     let (warp, lane) = (tid / 32, index::lane_id());
@@ -240,7 +254,9 @@ pub(crate) unsafe fn matmul_nbits_decode<
     // Column `u` of this lane is `g + 8u` of the block: tile `u / 2`, row `g + 8 (u % 2)` of
     // its `mma`. Columns past N read column N - 1 (never stored): no predicates in the loop.
     let col = |u: usize| (n0 + g + 8 * u as u32).min(n - 1) as usize;
-    let stage_bytes = if PACKED { DECODE_PACKED_STAGE_BYTES } else { DECODE_STAGE_BYTES } as u32;
+    // A stage of the packed kernels is a record as it is in memory.
+    let record_bytes = if FINE { PACKED_FINE_RECORD_BYTES } else { PACKED_RECORD_BYTES };
+    let stage_bytes = if PACKED { record_bytes } else { DECODE_STAGE_BYTES } as u32;
     let ring = dynamic_shared_base().offset(warp * DECODE_STAGES as u32 * stage_bytes);
     // This lane's 16 bytes of column `u` in a stage: conflict-free for both the copy and the
     // read (a quarter warp covers 128 contiguous bytes).
@@ -248,19 +264,23 @@ pub(crate) unsafe fn matmul_nbits_decode<
         ring.offset(stage * stage_bytes + ((g as usize + 8 * u) * B_CHUNK_BYTES) as u32 + 16 * q)
     };
     // `PACKED`: lane group `g`'s 16 bytes of constants in a stage (the record's own), which lane
-    // `4g` copies and the group reads after a warp barrier. (Every lane copying its group's 16
+    // `4g` copies and the group reads after a warp barrier (`FINE`: its 48 bytes, piece `q` of
+    // which lane `4g + q` copies for `q < 3`). (Every lane copying its group's 16
     // bytes into a place of its own took 8 times the shared-memory wavefronts of distinct
     // pieces: docs/perf-notes/matmul_nbits.md v25.)
-    let consts_piece = |stage: u32| ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + 16 * g);
-    // `PACKED`: this block's first record; a chunk's record is `PACKED_RECORD_BYTES` further.
+    let group_consts_bytes = if FINE { FINE_GROUP_CONSTS_BYTES } else { 16 } as u32;
+    let consts_piece = |stage: u32, piece: u32| {
+        ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + group_consts_bytes * g + 16 * piece)
+    };
+    // `PACKED`: this block's first record; a chunk's record is `record_bytes` further.
     let chunks_total = k.div_ceil(CHUNK as u32) as usize;
-    let block_records = b.wrapping_add(index::block_idx_x() as usize * chunks_total * PACKED_RECORD_BYTES);
-    let chunk_stride = if PACKED { PACKED_RECORD_BYTES } else { B_CHUNK_BYTES };
+    let block_records = b.wrapping_add(index::block_idx_x() as usize * chunks_total * record_bytes);
+    let chunk_stride = if PACKED { record_bytes } else { B_CHUNK_BYTES };
 
     // SAFETY (whole body): every pointer formed below stays inside its tensor (columns
     // clamped to N - 1, rows to M - 1, K offsets checked against K; every chunk lies in the
     // rows of `b` because they hold whole blocks of at least 128 codes, and its block is below
-    // k_blocks); `mma` and the barrier are reached uniformly (loop bounds depend only on the
+    // k_blocks; `PACKED`: in the records, which hold every chunk of every tile); `mma` and the barrier are reached uniformly (loop bounds depend only on the
     // block and the warp index); each lane reads only ring bytes its own copies wrote, after
     // waiting for them, and (`PACKED`) its group's constants, after a warp barrier that follows
     // the copying lane's wait; a stage is refilled only after a warp barrier that follows
@@ -290,9 +310,16 @@ pub(crate) unsafe fn matmul_nbits_decode<
                 cp_async_16(piece(stage, U), w_rows[U].add(chunk as usize * chunk_stride));
             });
             if PACKED {
-                let record = block_records.add(chunk as usize * PACKED_RECORD_BYTES);
-                if q == 0 {
-                    cp_async_16(consts_piece(stage), record.add(DECODE_STAGE_BYTES + 16 * g as usize));
+                let record = block_records.add(chunk as usize * record_bytes + DECODE_STAGE_BYTES);
+                if FINE {
+                    if q < 3 {
+                        cp_async_16(
+                            consts_piece(stage, q),
+                            record.add((FINE_GROUP_CONSTS_BYTES * g as usize) + 16 * q as usize),
+                        );
+                    }
+                } else if q == 0 {
+                    cp_async_16(consts_piece(stage, 0), record.add(16 * g as usize));
                 }
             }
         };
@@ -315,23 +342,36 @@ pub(crate) unsafe fn matmul_nbits_decode<
             });
             x
         };
-        // `PACKED`: the constants from the stage (scale bits in words 0-1, zero points in 2).
+        // `PACKED`: the constants from the stage (scale bits in words 0-1, zero points in 2;
+        // `FINE`: step `s`'s scale bits in words `2 (s % 2)` and `2 (s % 2) + 1` of piece `s / 2`,
+        // its zero points in word `s` of piece 2).
         let packed_consts = |stage: u32| -> DecodeConsts {
-            let w = ld_shared_v4(consts_piece(stage));
-            let mut c = DecodeConsts { scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] };
-            unroll!(U in [0, 1, 2, 3] {
-                c.scales[U / 2][U % 2] = (w[U / 2] >> (16 * (U % 2))) as u16;
-                c.zeros[U / 2][U % 2] = (w[2] >> (8 * U)) & 0xff;
-            });
+            let mut c = DecodeConsts::EMPTY;
+            if FINE {
+                let w = [ld_shared_v4(consts_piece(stage, 0)), ld_shared_v4(consts_piece(stage, 1))];
+                let zeros = ld_shared_v4(consts_piece(stage, 2));
+                unroll!(S in [0, 1, 2, 3] {
+                    unroll!(U in [0, 1, 2, 3] {
+                        c.scales[S][U / 2][U % 2] = (w[S / 2][2 * (S % 2) + U / 2] >> (16 * (U % 2))) as u16;
+                        c.zeros[S][U / 2][U % 2] = (zeros[S] >> (8 * U)) & 0xff;
+                    });
+                });
+            } else {
+                let w = ld_shared_v4(consts_piece(stage, 0));
+                unroll!(U in [0, 1, 2, 3] {
+                    c.scales[0][U / 2][U % 2] = (w[U / 2] >> (16 * (U % 2))) as u16;
+                    c.zeros[0][U / 2][U % 2] = (w[2] >> (8 * U)) & 0xff;
+                });
+            }
             c
         };
         let consts = |chunk: u32| -> DecodeConsts {
             let blk = ((chunk * CHUNK as u32) >> p.block_shift) as usize;
-            let mut c = DecodeConsts { scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] };
+            let mut c = DecodeConsts::EMPTY;
             unroll!(U in [0, 1, 2, 3] {
-                c.scales[U / 2][U % 2] = ld_global_nc_u16(scale_rows[U].add(blk).cast());
+                c.scales[0][U / 2][U % 2] = ld_global_nc_u16(scale_rows[U].add(blk).cast());
                 if zero_u8 {
-                    c.zeros[U / 2][U % 2] = zero_of_block(zero_rows[U], blk);
+                    c.zeros[0][U / 2][U % 2] = zero_of_block(zero_rows[U], blk);
                 }
             });
             c
@@ -363,13 +403,15 @@ pub(crate) unsafe fn matmul_nbits_decode<
         // local: a captured flag is no constant in the closure's body, and the dead path then
         // kept its arrays on the stack.)
         // Those sums of a chunk (`R` = 1; none at `R` = 2): rows 0-7 the offsets' sums of tokens
-        // 2q and 2q + 1, rows 8-15 their plain sums.
-        let offset_sums = |a: &[[[[u32; 2]; 2]; 4]; R]| -> [f32; 4] {
-            let mut sums = [0.0f32; 4];
+        // 2q and 2q + 1, rows 8-15 their plain sums; `FINE`: of each step (word `I`), else all
+        // in step 0.
+        let offset_sums = |a: &[[[[u32; 2]; 2]; 4]; R]| -> [[f32; 4]; FINE_STEPS] {
+            let mut sums = [[0.0f32; 4]; FINE_STEPS];
             if R == 1 {
                 unroll!(I in [0, 1, 2, 3] {
                     unroll!(H in [0, 1] {
-                        sums = T::mma(sums, T::OFFSET_SUMS, a[0][I][H]);
+                        let s = if FINE { I } else { 0 };
+                        sums[s] = T::mma(sums[s], T::OFFSET_SUMS, a[0][I][H]);
                     });
                 });
             }
@@ -380,7 +422,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
         let compute = |stage: u32,
                        a: &[[[[u32; 2]; 2]; 4]; R],
                        c: &DecodeConsts,
-                       sums: &[f32; 4],
+                       sums: &[[f32; 4]; FINE_STEPS],
                        from: usize,
                        to: usize,
                        acc: &mut [[[f32; 4]; R]; TILES]| {
@@ -389,10 +431,12 @@ pub(crate) unsafe fn matmul_nbits_decode<
                     let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
                     let mut part = [[0.0f32; 4]; R];
                     unroll!(I in [0, 1, 2, 3] {
+                        // The constants' step: word `I`'s (`FINE`), else the chunk's.
+                        let st = if FINE { I } else { 0 };
                         let (d0, d1) = if R == 1 {
                             (T::codes_plus_offset(codes[0][I]), T::codes_plus_offset(codes[1][I]))
                         } else {
-                            let bias = [T::code_bias(c.zeros[TT][0]), T::code_bias(c.zeros[TT][1])];
+                            let bias = [T::code_bias(c.zeros[st][TT][0]), T::code_bias(c.zeros[st][TT][1])];
                             (
                                 T::codes_minus_bias::<true>(codes[0][I], bias[0]),
                                 T::codes_minus_bias::<true>(codes[1][I], bias[1]),
@@ -406,20 +450,26 @@ pub(crate) unsafe fn matmul_nbits_decode<
                                 }
                             });
                         });
-                    });
-                    // Rows g (c0, c1) and g + 8 (c2, c3) of the tile are weight columns 16t + g and
-                    // 16t + g + 8; c0 and c2 are token 2q, c1 and c3 token 2q + 1.
-                    let s = [T::from_bits(c.scales[TT][0]).to_f32(), T::from_bits(c.scales[TT][1]).to_f32()];
-                    let neg_zero = [-(c.zeros[TT][0] as f32), -(c.zeros[TT][1] as f32)];
-                    unroll!(RR in [0, 1] {
-                        if RR < R {
-                            unroll!(C in [0, 1, 2, 3] {
-                                let exact = if R == 1 {
-                                    fma(neg_zero[C / 2], sums[2 + C % 2], part[RR][C] - sums[C % 2])
-                                } else {
-                                    part[RR][C]
-                                };
-                                acc[TT][RR][C] = fma(s[C / 2], exact, acc[TT][RR][C]);
+                        // The step's sums scaled into the accumulators: after each word
+                        // (`FINE`), else after the chunk's last.
+                        if FINE || I == 3 {
+                            // Rows g (c0, c1) and g + 8 (c2, c3) of the tile are weight columns
+                            // 16t + g and 16t + g + 8; c0 and c2 are token 2q, c1 and c3 token
+                            // 2q + 1.
+                            let s = [T::from_bits(c.scales[st][TT][0]).to_f32(), T::from_bits(c.scales[st][TT][1]).to_f32()];
+                            let neg_zero = [-(c.zeros[st][TT][0] as f32), -(c.zeros[st][TT][1] as f32)];
+                            unroll!(RR in [0, 1] {
+                                if RR < R {
+                                    unroll!(C in [0, 1, 2, 3] {
+                                        let exact = if R == 1 {
+                                            fma(neg_zero[C / 2], sums[st][2 + C % 2], part[RR][C] - sums[st][C % 2])
+                                        } else {
+                                            part[RR][C]
+                                        };
+                                        acc[TT][RR][C] = fma(s[C / 2], exact, acc[TT][RR][C]);
+                                    });
+                                    part[RR] = [0.0; 4];
+                                }
                             });
                         }
                     });
@@ -430,7 +480,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
         // The scales and zero points come from DRAM like the codes, so they load as far ahead,
         // into a register ring beside the shared one: the loop is unrolled by the ring's
         // length so that every slot has a fixed register.
-        let mut ring_consts = [DecodeConsts { scales: [[0; 2]; TILES], zeros: [[8; 2]; TILES] }; DECODE_STAGES];
+        let mut ring_consts = [DecodeConsts::EMPTY; DECODE_STAGES];
         before_weight_copies(p.flags);
         unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
             if S + 1 < DECODE_STAGES {
@@ -515,9 +565,13 @@ pub(crate) unsafe fn matmul_nbits_decode<
                                     }
                                 });
                             } else {
-                                let mut bits = sums.map(f32::to_bits);
-                                sync::order_point(&mut bits);
-                                sums = bits.map(f32::from_bits);
+                                unroll!(ST in [0, 1, 2, 3] {
+                                    if FINE || ST == 0 {
+                                        let mut bits = sums[ST].map(f32::to_bits);
+                                        sync::order_point(&mut bits);
+                                        sums[ST] = bits.map(f32::from_bits);
+                                    }
+                                });
                             }
                         }
                         if j + ((S + A_AHEAD) as u32) < count {

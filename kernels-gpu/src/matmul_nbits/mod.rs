@@ -124,24 +124,26 @@ macro_rules! matmul_nbits_tiled_entry {
 
 macro_rules! matmul_nbits_entries {
     (
-        $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $decode8_packed:ident, $decode8_packed_wide:ident, $decode16_packed:ident, $decode16_packed_wide:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
+        $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $decode8_packed:ident, $decode8_packed_wide:ident, $decode16_packed:ident, $decode16_packed_wide:ident,
+        $decode8_packed_fine:ident, $decode8_packed_wide_fine:ident, $decode16_packed_fine:ident,
+        $decode16_packed_wide_fine:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
         $tiled32x128:ident, $tiled64x128:ident, $tiled128x128:ident, $permute:ident,
         $reduce:ident
     ) => {
         matmul_nbits_entry!($decode8, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 1, false, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 1, false, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_ahead3, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 3, false, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 3, false, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 2, 1, false, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 2, 1, false, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_packed_wide, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WIDE_WARPS>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WIDE_WARPS, false>(a, b, s, z, bias, y, ws, d)
         });
         // 2 blocks of 256 threads per SM for the wide build, 4 of 128 for the other: both
         // spill-free under ptxas 13.5 since the records' nibble order (`decode8_packed` takes 132
@@ -151,11 +153,33 @@ macro_rules! matmul_nbits_entries {
         crate::entry_directive!($decode8_packed_wide, ".maxnreg 128");
         crate::entry_directive!($decode8_packed, ".maxnreg 128");
         matmul_nbits_entry!($decode16_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode16_packed_wide, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE16_WIDE_WARPS>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE16_WIDE_WARPS, false>(a, b, s, z, bias, y, ws, d)
         });
+        // The fine builds at M <= 8 load the activations 1 chunk ahead, not 3: the per-step
+        // constants and sums take the registers the deeper ring used (3 ahead spilled 80-156
+        // bytes under the 128-register cap, ptxas 13.5).
+        matmul_nbits_entry!($decode8_packed_fine, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            decode::matmul_nbits_decode::<$ty, 1, 1, true, DECODE_WARPS, true>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($decode8_packed_wide_fine, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            decode::matmul_nbits_decode::<$ty, 1, 1, true, DECODE_WIDE_WARPS, true>(a, b, s, z, bias, y, ws, d)
+        });
+        // The same caps as the coarse builds, for the same occupancy.
+        crate::entry_directive!($decode8_packed_wide_fine, ".maxnreg 128");
+        crate::entry_directive!($decode8_packed_fine, ".maxnreg 128");
+        matmul_nbits_entry!($decode16_packed_fine, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS, true>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($decode16_packed_wide_fine, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE16_WIDE_WARPS, true>(a, b, s, z, bias, y, ws, d)
+        });
+        // Uncapped they take 173-178 registers: one block of the wide build per SM, two of the
+        // other. At 168 the coarse builds' occupancy holds (2 of 192 threads, 3 of 128).
+        crate::entry_directive!($decode16_packed_wide_fine, ".maxnreg 168");
+        crate::entry_directive!($decode16_packed_fine, ".maxnreg 168");
         matmul_nbits_entry!($small, $ty, decode::matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, false>);
         matmul_nbits_entry!($small_zf, $ty, decode::matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, true>);
         matmul_nbits_entry!(
@@ -215,6 +239,10 @@ matmul_nbits_entries!(
     matmul_nbits_decode8_packed_wide_f16,
     matmul_nbits_decode16_packed_f16,
     matmul_nbits_decode16_packed_wide_f16,
+    matmul_nbits_decode8_packed_fine_f16,
+    matmul_nbits_decode8_packed_wide_fine_f16,
+    matmul_nbits_decode16_packed_fine_f16,
+    matmul_nbits_decode16_packed_wide_fine_f16,
     matmul_nbits_small_f16,
     matmul_nbits_small_zf_f16,
     matmul_nbits_large_f16,
@@ -234,6 +262,10 @@ matmul_nbits_entries!(
     matmul_nbits_decode8_packed_wide_bf16,
     matmul_nbits_decode16_packed_bf16,
     matmul_nbits_decode16_packed_wide_bf16,
+    matmul_nbits_decode8_packed_fine_bf16,
+    matmul_nbits_decode8_packed_wide_fine_bf16,
+    matmul_nbits_decode16_packed_fine_bf16,
+    matmul_nbits_decode16_packed_wide_fine_bf16,
     matmul_nbits_small_bf16,
     matmul_nbits_small_zf_bf16,
     matmul_nbits_large_bf16,

@@ -33,7 +33,8 @@
 //! - M <= 16 (`m64n16k16`; the planner runs it for M > 8).
 //! - `b` holds the records of `MatMulNBitsWeights::pack_for_decode` (`PACKED_RECORD_BYTES` per 32-column
 //!   tile and K chunk, tile-major), 16-byte aligned; `scales`, `zeros_u8`, `zeros_t` and
-//!   `workspace` are not read. `a` 16-byte aligned with `K % 8 == 0`; `block_size >= 128`.
+//!   `workspace` are not read. `a` 16-byte aligned with `K % 8 == 0`; `block_size >= 128` (the coarse records: the fine ones
+//!   have a scale per 32 K, which this kernel's once-per-chunk scaling cannot apply).
 //! - grid `(ceil(N / 128), 1, 1)`, block `(256, 1, 1)`, dynamic shared memory
 //!   [`PACKED_WGMMA_SHARED_BYTES`]. Writes `y` (+ bias).
 
