@@ -194,12 +194,61 @@ def skip_norm_case(tokens, hidden=4096):
     return models, bind, 4 * tokens * hidden * 2 + hidden * 2
 
 
-def compare(op, label, models, bind, rate):
+# Llama-3-8B's MatMulNBits shapes (N, K): fused QKV, attention output, MLP up (gate and up alike),
+# MLP down, LM head; the builder's format (block 32, symmetric) and block 128 with zero points.
+NBITS_SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("up", 14336, 4096), ("down", 4096, 14336),
+                ("lm_head", 128256, 4096)]
+NBITS_FORMATS = [(32, False), (128, True)]
+NBITS_M = (1, 4, 16, 64, 256, 2048)
+# Nodes per session: each has weights of its own, so that the next node's are not in L2 (50 MB on
+# the H200), up to this many bytes of weights in all (a model over 2 GB cannot be serialized).
+NBITS_NODES, NBITS_WEIGHT_BYTES = 8, 600 << 20
+
+
+def matmul_nbits_case(m, n, k, block, zero_points, seed=0):
+    """`nodes` MatMulNBits nodes side by side, each [M, K] x its own int4 weights [N, K] (random
+    codes, scales ~0.01, random zero points) -> [M, N], all reading one A: times per node are
+    the session's divided by `nodes`."""
+    from onnx import numpy_helper
+
+    e = TensorProto.FLOAT16
+    rng = np.random.default_rng(seed)
+    k_blocks = -(-k // block)
+    weight_bytes = n * k_blocks * block // 2
+    nodes = max(1, min(NBITS_NODES, NBITS_WEIGHT_BYTES // weight_bytes))
+    inits, made = [], {"com.microsoft": [], "dlkern": []}
+    for i in range(nodes):
+        names = [f"B{i}", f"scales{i}"] + ([f"zp{i}"] if zero_points else [])
+        inits.append(numpy_helper.from_array(rng.integers(0, 256, (n, k_blocks, block // 2), dtype=np.uint8), names[0]))
+        inits.append(numpy_helper.from_array((0.01 + 0.005 * rng.random((n, k_blocks))).astype(np.float16), names[1]))
+        if zero_points:
+            inits.append(numpy_helper.from_array(rng.integers(0, 256, (n, -(-k_blocks // 2)), dtype=np.uint8), names[2]))
+        for domain in made:
+            made[domain].append(helper.make_node("MatMulNBits", ["A"] + names, [f"Y{i}"], domain=domain,
+                                                 K=k, N=n, bits=4, block_size=block))
+    ins = [helper.make_tensor_value_info("A", e, [m, k])]
+    outs = [helper.make_tensor_value_info(f"Y{i}", e, [m, n]) for i in range(nodes)]
+    models = {d: dx.model(made[d], ins, outs, inits, opsets=dx.OPSET_WITH_MS) for d in made}
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.5
+    ys = [torch.empty(m, n, device="cuda", dtype=torch.float16) for _ in range(nodes)]
+
+    def bind(io):
+        bind_tensor(io, "A", a)
+        for i, y in enumerate(ys):
+            bind_out(io, f"Y{i}", y)
+
+    return models, bind, nodes, weight_bytes + n * k_blocks * 2
+
+
+def compare(op, label, models, bind, rate, nodes=1):
+    """Both sessions' times; with `nodes` > 1 (side-by-side nodes of one op), per node."""
     rec = {"op": op, "case": label}
     for domain, model in models.items():
         key = "ort" if domain == "com.microsoft" else "dlkern"
         try:
-            rec[f"{key}_sync_us"], rec[f"{key}_device_us"], rec[f"{key}_kernels"] = timed(session(model), bind)
+            sync_us, device_us, kernels = timed(session(model), bind)
+            rec[f"{key}_sync_us"], rec[f"{key}_device_us"] = sync_us / nodes, device_us / nodes
+            rec[f"{key}_kernels"] = {name: round(us / nodes, 1) for name, us in kernels.items()}
         except Exception as err:  # noqa: BLE001 - a baseline ORT refuses is reported, not fatal
             rec[f"{key}_error"] = str(err)[:300]
             print(f"{op} {label}: {key} failed: {rec[f'{key}_error']}", flush=True)
@@ -215,22 +264,35 @@ def compare(op, label, models, bind, rate):
 
 def main():
     dest = sys.argv[1] if len(sys.argv) > 1 else None
+    # DLKERN_ORT_OPS="MatMulNBits,...": those ops' rows alone.
+    only = os.environ.get("DLKERN_ORT_OPS")
+    wanted = (lambda op: op in only.split(",")) if only else (lambda op: True)
     records = []
-    for label, batch, seq, context in GQA_CASES:
+    for label, batch, seq, context in GQA_CASES if wanted("GroupQueryAttention") else ():
         models, bind, kv_bytes, flops = gqa_case(batch, seq, context)
         rate = (lambda us, b=kv_bytes: f"{b / us / 1e6:.2f} TB/s") if seq == 1 else \
             (lambda us, f=flops: f"{f / us / 1e6:.0f} TFLOP/s")
         records.append(compare("GroupQueryAttention", label, models, bind, rate) | {"kv_bytes": kv_bytes, "flops": flops})
-    for batch in (16, 64):
+    for batch in (16, 64) if wanted("PagedAttention") else ():
         models, bind, kv_bytes = paged_case(batch, 4096)
         rec = compare("PagedAttention", f"decode B{batch} ctx4k block32", models, bind,
                       lambda us, b=kv_bytes: f"{b / us / 1e6:.2f} TB/s")
         records.append(rec | {"kv_bytes": kv_bytes})
-    for tokens in (1, 16, 2048, 16384):
+    for tokens in (1, 16, 2048, 16384) if wanted("SkipSimplifiedLayerNormalization") else ():
         models, bind, nbytes = skip_norm_case(tokens)
         rec = compare("SkipSimplifiedLayerNormalization", f"{tokens} x 4096", models, bind,
                       lambda us, b=nbytes: f"{b / us / 1e6:.2f} TB/s")
         records.append(rec | {"bytes": nbytes})
+    for block, zero_points in NBITS_FORMATS if wanted("MatMulNBits") else ():
+        for name, n, k in NBITS_SHAPES:
+            for m in NBITS_M:
+                models, bind, nodes, nbytes = matmul_nbits_case(m, n, k, block, zero_points)
+                fmt = f"block {block}" + (" zp" if zero_points else " sym")
+                rec = compare("MatMulNBits", f"M {m}, {name} {n} x {k}, {fmt}", models, bind,
+                              lambda us, b=nbytes: f"{b / us / 1e6:.2f} TB/s", nodes)
+                records.append(rec | {"bytes": nbytes, "nodes": nodes})
+                if dest:  # as it goes: a run cut short keeps what it measured
+                    open(dest, "w").write(json.dumps(records, indent=1))
     text = json.dumps(records, indent=1)
     if dest:
         open(dest, "w").write(text)
