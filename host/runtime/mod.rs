@@ -46,6 +46,9 @@ pub struct Device {
     module: OnceLock<Arc<CudaModule>>,
     module_init: Mutex<()>,
     functions: Mutex<HashMap<&'static str, Arc<CudaFunction>>>,
+    /// Per kernel, the dynamic shared memory limit raised so far (`cuFuncSetAttribute`): raised
+    /// once, not before every launch (a driver call on each launch of every kernel above 48 KiB).
+    shared_limits: Mutex<HashMap<&'static str, u32>>,
     /// [`Device::resident_blocks_per_sm`] by kernel, threads per block and dynamic shared bytes.
     occupancy: Mutex<HashMap<(&'static str, u32, u32), u32>>,
     max_shared_optin: u32,
@@ -136,6 +139,7 @@ impl Device {
             module: OnceLock::new(),
             module_init: Mutex::new(()),
             functions: Mutex::new(HashMap::new()),
+            shared_limits: Mutex::new(HashMap::new()),
             occupancy: Mutex::new(HashMap::new()),
             max_shared_optin,
         }
@@ -275,12 +279,16 @@ impl Device {
             });
         }
         if dims.shared_bytes > 48 * 1024 {
-            function
-                .set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    dims.shared_bytes as i32,
-                )
-                .during("cuFuncSetAttribute")?;
+            let mut limits = self.shared_limits.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if limits.get(kernel).is_none_or(|&raised| raised < dims.shared_bytes) {
+                function
+                    .set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        dims.shared_bytes as i32,
+                    )
+                    .during("cuFuncSetAttribute")?;
+                limits.insert(kernel, dims.shared_bytes);
+            }
         }
         Ok(())
     }
