@@ -32,6 +32,21 @@ const N: usize = 4096;
 const K: usize = 4096;
 const BLOCK: usize = 32;
 
+/// The report's line for row `name` (BENCHMARKS.md, "Host time per call"); returns `name`.
+fn row(name: &'static str) -> &'static str {
+    common::record(&common::Meta {
+        family: "host_cost",
+        id: format!("host_cost/{name}"),
+        implementation: "dlkern",
+        shape: String::new(),
+        dtype: "",
+        bytes: 0,
+        flops: 0,
+        workspace_bytes: 0,
+    });
+    name
+}
+
 /// Host time of `iters` calls of `call`, synchronizing `stream` every [`BATCH`] calls untimed.
 fn host_time(stream: &cudarc::driver::CudaStream, iters: u64, mut call: impl FnMut()) -> Duration {
     let mut total = Duration::ZERO;
@@ -69,17 +84,17 @@ fn benches(c: &mut Criterion) {
     let mut group = c.benchmark_group("host_cost");
     group.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(10);
 
-    group.bench_function("cuCtxGetCurrent", |b| {
+    group.bench_function(row("cuCtxGetCurrent"), |b| {
         b.iter_custom(|iters| {
             host_time(s, iters, || {
                 std::hint::black_box(cudarc::driver::result::ctx::get_current().expect("ctx"));
             })
         })
     });
-    group.bench_function("Device::get", |b| {
+    group.bench_function(row("Device::get"), |b| {
         b.iter_custom(|iters| host_time(s, iters, || drop(std::hint::black_box(Device::get(0).expect("device")))))
     });
-    group.bench_function("StreamScratch 64 KiB", |b| {
+    group.bench_function(row("StreamScratch 64 KiB"), |b| {
         b.iter_custom(|iters| {
             host_time(s, iters, || {
                 // SAFETY: the bench stream, alive for the whole bench.
@@ -123,7 +138,7 @@ fn benches(c: &mut Criterion) {
         // SAFETY: as in the loop below.
         unsafe { matmul_nbits_raw_with(device, raw_stream, &params, &ptrs, WeightsWritten::Before) }.expect("launch");
         s.synchronize().expect("synchronize");
-        group.bench_function("matmul_nbits_raw_with M1 4096x4096 b32", |bch| {
+        group.bench_function(row("matmul_nbits_raw_with M1 4096x4096 b32"), |bch| {
             bch.iter_custom(|iters| {
                 host_time(s, iters, || {
                     // SAFETY: buffers of the shapes the params describe (B repacked, zeros:
@@ -159,7 +174,7 @@ fn benches(c: &mut Criterion) {
             cuda_tensor(sp, DType::F16, ss),
             cuda_tensor(yp, DType::F16, sy),
         ];
-        group.bench_function("registry call_at matmul_nbits M1 4096x4096 b32", |bch| {
+        group.bench_function(row("registry call_at matmul_nbits M1 4096x4096 b32"), |bch| {
             bch.iter_custom(|iters| {
                 host_time(s, iters, || {
                     // SAFETY: device tensors of the shapes described, alive for the bench; the
@@ -187,7 +202,7 @@ fn benches(c: &mut Criterion) {
             [cuda_tensor(xp, DType::F16, sx), cuda_tensor(gp, DType::F16, sg), cuda_tensor(op, DType::F16, so)];
         // One plain launch with its checks: the floor under every registry call.
         let params = RmsNormParams { dtype: DType::F16, rows, cols: d, x_row_stride: d, y_row_stride: d, eps: 1e-5 };
-        group.bench_function("rmsnorm_raw 16x4096", |bch| {
+        group.bench_function(row("rmsnorm_raw 16x4096"), |bch| {
             bch.iter_custom(|iters| {
                 host_time(s, iters, || {
                     // SAFETY: device buffers of `rows x d` and `d` halves, the bench stream.
@@ -196,7 +211,7 @@ fn benches(c: &mut Criterion) {
             })
         });
         let attrs = Attributes::new().with("epsilon", AttrValue::Float(1e-5));
-        group.bench_function("registry call rmsnorm 16x4096", |bch| {
+        group.bench_function(row("registry call rmsnorm 16x4096"), |bch| {
             bch.iter_custom(|iters| {
                 host_time(s, iters, || {
                     // SAFETY: device tensors of the shapes described, alive for the bench.

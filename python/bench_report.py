@@ -29,7 +29,7 @@ def rows_by_family(results):
     table = collections.defaultdict(dict)
     for c in results["criterion"]:
         m = meta.get(c["id"])
-        if not m or m["family"] == "ceilings":
+        if not m or m["family"] in ("ceilings", "host_cost"):
             continue
         key = (m["family"], m["dtype"], m["shape"])
         table[key][m["implementation"] + " (criterion)"] = dict(m, time_us=c["median_ns"] / 1e3)
@@ -53,6 +53,26 @@ def fmt_rate(rec):
     if rec["flops"] and rec.get("family") not in MEMORY_BOUND:
         return f"{rec['flops'] / rec['time_us'] / 1e6:.1f} TFLOP/s"
     return f"{rec['bytes'] / rec['time_us'] / 1e6:.2f} TB/s"
+
+
+def render_host_cost(results):
+    """Host time per call of the launch path (`benches/host_cost.rs`), when the run has it."""
+    meta = {m["id"]: m for m in results["meta"]}
+    rows = [c for c in results["criterion"] if meta.get(c["id"], {}).get("family") == "host_cost"]
+    if not rows:
+        return []
+    lines = [
+        "## Host time per call",
+        "",
+        "`benches/host_cost.rs`: what one call costs the calling thread (host clock, the stream",
+        "synchronized outside the timed calls so that the launch queue never blocks a call).",
+        "",
+        "| what | host time per call |",
+        "| --- | --- |",
+    ]
+    for c in rows:
+        lines.append(f"| {c['id'].removeprefix('host_cost/')} | {c['median_ns'] / 1e3:.2f} us |")
+    return lines + [""]
 
 
 def render_ort(records):
@@ -190,6 +210,7 @@ def render(results, plots_dir=None, plots_rel=None):
             rate = fmt_rate(rec) if not m["flops"] else f"{m['flops'] / rec['time_us'] / 1e6:.1f} TFLOP/s"
             lines.append(f"| {m['dtype']} {m['shape']} | {m['implementation']} | {rec['time_us']:.2f} us | {rate} |")
     lines.append("")
+    lines += render_host_cost(results)
     table = rows_by_family(results)
     families = sorted({k[0] for k in table})
     for family in families:

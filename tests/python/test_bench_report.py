@@ -18,7 +18,7 @@ def test_report_reproduces_benchmarks_md(tmp_path):
     with open(os.path.join(ROOT, "BENCHMARKS.md")) as f:
         committed = f.read()
     assert text == committed, "BENCHMARKS.md differs from the generator's output: regenerate it with python/bench_report.py"
-    families = {m["family"] for m in results["meta"]} - {"ceilings"}
+    families = {m["family"] for m in results["meta"]} - {"ceilings", "host_cost"}
     for family in families:
         assert f"## {family}" in text
         assert (tmp_path / f"{family}.png").stat().st_size > 1000
@@ -76,3 +76,17 @@ def test_matmul_nbits_ratio_is_against_its_issue_baseline():
     }
     row = [l for l in bench_report.render(results).splitlines() if l.startswith("| f16 | M1 |")][0]
     assert "| cuBLAS f16 (criterion) | 3.00 us | 3.00 |" in row and "| int4 kernel 2.00 us |" in row, row
+
+
+def test_host_cost_rows_get_their_own_table():
+    results = {
+        "date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c",
+        "criterion": [{"id": "host_cost/registry call x", "median_ns": 5230.0}],
+        "meta": [{"family": "host_cost", "id": "host_cost/registry call x", "implementation": "dlkern", "shape": "",
+                  "dtype": "", "bytes": 0, "flops": 0, "workspace_bytes": 0}],
+        "comparison": [],
+    }
+    lines = bench_report.render_host_cost(results)
+    assert "| registry call x | 5.23 us |" in lines
+    text = bench_report.render(results, None, None)
+    assert "| registry call x | 5.23 us |" in text and "## host_cost" not in text
