@@ -125,7 +125,7 @@ impl MatMulNBitsWeights {
     pub fn pack_for_decode(&self, scale_bits: &[u16]) -> Result<Vec<u8>> {
         use super::layout::{
             B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, FINE_GROUP_CONSTS_BYTES, FINE_STEP, FINE_STEPS, PACKED_MIN_BLOCK,
-            packed_code_word, packed_record_bytes,
+            packed_code_word, packed_fine, packed_record_bytes,
         };
         self.validate()?;
         let bad = |m: String| Error::invalid(KERNEL, m);
@@ -139,11 +139,10 @@ impl MatMulNBitsWeights {
         }
         let (chunks, tiles, row_bytes) =
             (self.k.div_ceil(CHUNK), self.n.div_ceil(DECODE_COLUMNS), self.k_blocks() * self.blob_size());
-        let (record_bytes, fine) = (packed_record_bytes(self.block_size), self.block_size < CHUNK);
+        let (record_bytes, fine) = (packed_record_bytes(self.block_size), packed_fine(self.block_size));
         let mut out = vec![0u8; tiles * chunks * record_bytes];
         for (record, bytes) in out.chunks_exact_mut(record_bytes).enumerate() {
             let (tile, chunk) = (record / chunks, record % chunks);
-            let blk = chunk * CHUNK / self.block_size;
             let column = |local: usize| (tile * DECODE_COLUMNS + local).min(self.n - 1);
             for local in 0..DECODE_COLUMNS {
                 let row = column(local) * row_bytes;
@@ -163,7 +162,8 @@ impl MatMulNBitsWeights {
             if fine {
                 let step_blk = |s: usize| ((chunk * CHUNK + s * FINE_STEP) / self.block_size).min(self.k_blocks() - 1);
                 for g in 0..8 {
-                    let consts = &mut bytes[DECODE_COLUMNS * B_CHUNK_BYTES + FINE_GROUP_CONSTS_BYTES * g..][..48];
+                    let consts = &mut bytes[DECODE_COLUMNS * B_CHUNK_BYTES + FINE_GROUP_CONSTS_BYTES * g..]
+                        [..FINE_GROUP_CONSTS_BYTES];
                     for s in 0..FINE_STEPS {
                         for u in 0..4 {
                             let n = column(g + 8 * u);
@@ -175,6 +175,7 @@ impl MatMulNBitsWeights {
                 }
                 continue;
             }
+            let blk = chunk * CHUNK / self.block_size;
             for g in 0..8 {
                 let consts = &mut bytes[DECODE_COLUMNS * B_CHUNK_BYTES + 16 * g..][..16];
                 for u in 0..4 {

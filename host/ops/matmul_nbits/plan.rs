@@ -204,7 +204,7 @@ impl MatMulNBitsParams {
 
     /// Whether the repacked B has the fine records (a scale per 32 K: blocks of 32 and 64).
     pub fn packed_fine(&self) -> bool {
-        self.block_size < CHUNK
+        layout::packed_fine(self.block_size)
     }
 
     /// Validates the shapes and picks the variant and split for a device with

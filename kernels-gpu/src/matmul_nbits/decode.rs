@@ -255,7 +255,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
     // its `mma`. Columns past N read column N - 1 (never stored): no predicates in the loop.
     let col = |u: usize| (n0 + g + 8 * u as u32).min(n - 1) as usize;
     // A stage of the packed kernels is a record as it is in memory.
-    let record_bytes = if FINE { PACKED_FINE_RECORD_BYTES } else { PACKED_RECORD_BYTES };
+    let record_bytes = record_bytes(FINE);
     let stage_bytes = if PACKED { record_bytes } else { DECODE_STAGE_BYTES } as u32;
     let ring = dynamic_shared_base().offset(warp * DECODE_STAGES as u32 * stage_bytes);
     // This lane's 16 bytes of column `u` in a stage: conflict-free for both the copy and the

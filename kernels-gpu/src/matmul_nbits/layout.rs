@@ -78,8 +78,6 @@ pub const fn packed_code_word(word: u32) -> u32 {
 }
 const _: () = assert!(packed_code_word(0x7654_3210) == 0x7531_6420);
 pub const PACKED_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_CONSTS_BYTES;
-/// A `decode*_packed` stage: the record as it is in memory.
-pub const DECODE_PACKED_STAGE_BYTES: usize = PACKED_RECORD_BYTES;
 pub const DECODE_PACKED_SHARED_BYTES: usize = decode_packed_shared_bytes(DECODE_WARPS, false);
 /// Blocks of 32 or 64 (the builder's 32, symmetric): a chunk spans several blocks, so the
 /// `decode*_packed_fine` records carry the constants of each [`FINE_STEP`] of K. Word `i` of a
@@ -96,14 +94,22 @@ pub const PACKED_FINE_CONSTS_BYTES: usize = 8 * FINE_GROUP_CONSTS_BYTES;
 pub const PACKED_FINE_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_FINE_CONSTS_BYTES;
 /// Smallest block the packed records take (below [`CHUNK`]: the fine records).
 pub const PACKED_MIN_BLOCK: usize = FINE_STEP;
-/// Bytes of one record for blocks of `block_size`: fine below a chunk.
+/// Whether B repacked for blocks of `block_size` has the fine records: blocks below a chunk.
+pub const fn packed_fine(block_size: usize) -> bool {
+    block_size < CHUNK
+}
+/// Bytes of one record, fine or not. (A `decode*_packed` stage is a record as it is in memory.)
+pub const fn record_bytes(fine: bool) -> usize {
+    if fine { PACKED_FINE_RECORD_BYTES } else { PACKED_RECORD_BYTES }
+}
+/// Bytes of one record for blocks of `block_size`.
 pub const fn packed_record_bytes(block_size: usize) -> usize {
-    if block_size < CHUNK { PACKED_FINE_RECORD_BYTES } else { PACKED_RECORD_BYTES }
+    record_bytes(packed_fine(block_size))
 }
 /// Dynamic shared memory of a `decode*_packed[_fine]` build of `warps` warps: a ring of
 /// [`DECODE_STAGES`] records per warp.
 pub const fn decode_packed_shared_bytes(warps: usize, fine: bool) -> usize {
-    warps * DECODE_STAGES * if fine { PACKED_FINE_RECORD_BYTES } else { PACKED_RECORD_BYTES }
+    warps * DECODE_STAGES * record_bytes(fine)
 }
 /// `decode8_packed_wide`: twice [`DECODE_WARPS`] on the same 32-column block tile, so that a
 /// grid of as many tiles runs twice the warps (both entries are capped at 128 registers: 2

@@ -36,12 +36,13 @@ pub(crate) unsafe fn pack_decode(b: *const u8, scales: *const u16, zeros_u8: *co
     let (n, row_bytes, k_blocks) = (p.n as usize, p.row_bytes as usize, p.k_blocks as usize);
     // Columns past N repeat column N - 1 (never stored: the kernels mask them).
     let column = |local: usize| (tile * DECODE_COLUMNS + local).min(n - 1);
+    // `layout::packed_fine` on the shift (no shift of 1 in the kernel).
     let fine = (p.block_shift as usize) < CHUNK.trailing_zeros() as usize;
     // SAFETY: the launch contract: the record lies in `packed`; a word is read only where it
     // lies in its row (a row of blocks smaller than a chunk may end inside the last chunk; its
     // missing words, past K, are written as zero-point codes, which meet zero activations).
     unsafe {
-        let dst = packed.add(record * if fine { PACKED_FINE_RECORD_BYTES } else { PACKED_RECORD_BYTES });
+        let dst = packed.add(record * record_bytes(fine));
         // Word `i` of piece `q` is word `4 i + q` of the column's chunk, its codes in the
         // records' nibble order (the layout's docs).
         let (local, q) = (t / 4, t % 4);
