@@ -30,7 +30,8 @@ grep -qE "[0-9]+ passed" "$out/python-tests.log" && ! grep -qE "[0-9]+ (failed|e
 filter=${1:-gpu_}
 for tool in memcheck racecheck; do
   for t in "$here"/tests/rmsnorm-* "$here"/tests/probe-* "$here"/tests/paged_attention-* "$here"/tests/matmul_nbits-* \
-    "$here"/tests/attention-* "$here"/tests/matmul_w8a8-* "$here"/tests/group_query_attention-*; do
+    "$here"/tests/attention-* "$here"/tests/matmul_w8a8-* "$here"/tests/group_query_attention-* \
+    "$here"/tests/capture-*; do
     [ -x "$t" ] || continue
     args=(--include-ignored --test-threads=1)
     case "$(basename "$t")" in

@@ -481,4 +481,47 @@ mod gpu_tests {
             assert!(guards, "seqlens_k {lens:?}: a write past the caches");
         }
     }
+
+    /// The fused rotary launch (GroupQueryAttention's queries, keys and values in one) refuses
+    /// what it cannot hold as one launch, naming it, before it launches anything.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_rotary_jobs_refuse_jobs_one_launch_cannot_hold() {
+        use dlkern::DType;
+        use dlkern::ops::attention::launch::{
+            HeadStrides, RotaryParams, RotaryPointers, RotaryPositions, rotary_jobs_raw,
+        };
+        let (device, stream) = gpu();
+        let strides = HeadStrides { batch: 4 * 64, seq: 4 * 64, head: 64 };
+        let params = RotaryParams {
+            dtype: DType::F16,
+            batch: 1,
+            seq: 1,
+            heads: 4,
+            head_size: 64,
+            rotary_dim: 0,
+            interleaved: false,
+            src: strides,
+            dst: strides,
+            positions: RotaryPositions::FromFirst,
+            max_position: 16,
+        };
+        let ptrs = RotaryPointers { src: 0x1000, dst: 0x2000, cos: 0, sin: 0, position_ids: 0, seqlens_k: 0 };
+        let raw = stream.cu_stream();
+        // SAFETY: each call is refused before any launch (the addresses are never read).
+        let err = |jobs: &[(RotaryParams, RotaryPointers)]| {
+            unsafe { rotary_jobs_raw(&device, raw, jobs, 0) }.unwrap_err().to_string()
+        };
+        assert!(err(&[]).contains("no jobs"), "{}", err(&[]));
+        assert!(
+            err(&[(params, ptrs); 4]).contains("4 jobs in one launch (at most 3)"),
+            "{}",
+            err(&[(params, ptrs); 4])
+        );
+        let longer = RotaryParams { seq: 2, ..params };
+        let e = err(&[(params, ptrs), (longer, ptrs)]);
+        assert!(e.contains("rotary job 1: other tokens"), "{e}");
+        let e = err(&[(params, ptrs), (params, RotaryPointers { seqlens_k: 0x3000, ..ptrs })]);
+        assert!(e.contains("rotary job 1: other tokens, caches or positions"), "{e}");
+    }
 }

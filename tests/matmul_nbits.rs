@@ -351,19 +351,28 @@ mod gpu {
     /// The `decode` builds (integer zero points, blocks >= 128, 16-byte rows): both row builds,
     /// N not a multiple of the 32-column tile, K ending inside a chunk and inside a block,
     /// forced K splits, both types.
-    /// Runs `base` (f16) with each integer zero-point kind and with the chosen and 3 K splits,
-    /// bias on every other case, then each case again in bf16 (seed + 1000); `kernel_ok` must
-    /// accept every kernel launched. `seed` advances once per case.
+    /// Runs `base` (f16) with each integer zero-point kind and with the chosen, 3 and 11 K
+    /// splits, bias on every other case, then each case again in bf16 (seed + 1000);
+    /// `kernel_ok` must accept every kernel launched. `seed` advances once per case. On Hopper
+    /// 2 to 8 splits of the `decode` kernels must sum in clusters (3 here), more through the
+    /// reduction kernel (11, where K has 9 chunks or more).
     fn check_zero_points_and_splits(base: MatMulNBitsParams, seed: &mut u64, kernel_ok: impl Fn(&str) -> bool) {
+        let (device, _) = gpu();
+        let check_plan = |p: &MatMulNBitsParams, plan: MatMulNBitsPlan| {
+            assert!(kernel_ok(plan.kernel), "{p:?}: {}", plan.kernel);
+            // (The `decode` kernels: `tiled` and `wgmma` share this helper.)
+            let decode = plan.kernel.contains("decode");
+            let clustered = decode && device.has_wgmma() && (2..=8).contains(&plan.splits);
+            let expect = clustered.then_some((1, 1, plan.splits as u32));
+            assert_eq!((plan.cluster, plan.reduce.is_some()), (expect, plan.splits > 1 && !clustered), "{p:?}");
+        };
         for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
-            for splits in [0, 3] {
+            for splits in [0, 3, 11] {
                 *seed += 1;
                 let p = MatMulNBitsParams { zero_points, splits, bias: seed.is_multiple_of(2), ..base };
-                let kernel = problem::<f16>(p, *seed).check().kernel;
-                assert!(kernel_ok(kernel), "{p:?}: {kernel}");
+                check_plan(&p, problem::<f16>(p, *seed).check());
                 let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
-                let kernel = problem::<bf16>(p, *seed + 1000).check().kernel;
-                assert!(kernel_ok(kernel), "{p:?}: {kernel}");
+                check_plan(&p, problem::<bf16>(p, *seed + 1000).check());
             }
         }
     }
@@ -1221,6 +1230,33 @@ fn gpu_plan_validates_and_splits() {
     // Forced splits never exceed the K chunks.
     let one_chunk = MatMulNBitsParams { k: 100, splits: 9, ..ok }.plan(132, false).unwrap();
     assert_eq!((one_chunk.splits, one_chunk.reduce), (1, None));
+    // Hopper: the `decode` kernels' K splits (up to 8) run as clusters of the splits, one
+    // launch, no workspace; elsewhere (and beyond 8 splits, and for `small`) the reduction.
+    assert_eq!(MatMulNBitsParams { n: 1024, ..ok }.plan(132, false).unwrap().cluster, None);
+    let few_columns = hopper(MatMulNBitsParams { n: 1024, ..ok });
+    assert_eq!(
+        (few_columns.kernel, few_columns.splits, few_columns.cluster, few_columns.reduce, few_columns.workspace_bytes),
+        ("matmul_nbits_decode8_ahead3_f16", 5, Some((1, 1, 5)), None, 0)
+    );
+    let builder_o = MatMulNBitsParams { n: 4096, k: 4096, block_size: 32, variant: Some(Variant::Packed), ..ok };
+    let plan = hopper(builder_o);
+    assert_eq!(
+        (plan.kernel, plan.dims.grid, plan.cluster, plan.reduce, plan.workspace_bytes),
+        ("matmul_nbits_decode8_packed_wide_fine_f16", (128, 1, 2), Some((1, 1, 2)), None, 0)
+    );
+    let plan = hopper(MatMulNBitsParams { m: 16, splits: 8, ..builder_o });
+    assert_eq!(
+        (plan.kernel, plan.cluster, plan.reduce),
+        ("matmul_nbits_decode16_packed_fine_f16", Some((1, 1, 8)), None)
+    );
+    let plan = hopper(MatMulNBitsParams { splits: 12, ..builder_o });
+    assert_eq!(
+        (plan.splits, plan.cluster, plan.reduce.map(|(name, _)| name)),
+        (11, None, Some("matmul_nbits_reduce_f16"))
+    );
+    let plan = hopper(MatMulNBitsParams { n: 1024, block_size: 64, ..ok });
+    assert_eq!((plan.kernel, plan.cluster, plan.reduce.is_some()), ("matmul_nbits_small_f16", None, true));
+    assert_eq!(hopper(ok).cluster, None);
 }
 
 /// An f16 `dlkern.matmul_nbits` problem for the registry (asymmetric, so with packed zero

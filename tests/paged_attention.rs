@@ -823,6 +823,20 @@ fn run_gpu_op<T: Element + dlkern::dtype::Scalar + cudarc::driver::DeviceRepr + 
     case: &OpCase,
     attrs: &Attributes,
 ) -> dlkern::Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    run_gpu_op_capturing(case, attrs, false)
+}
+
+/// [`run_gpu_op`], the call made while the stream is captured into a CUDA graph when
+/// `capture` (the capture must end with no error: the op leaves it valid).
+#[allow(clippy::type_complexity)]
+fn run_gpu_op_capturing<
+    T: Element + dlkern::dtype::Scalar + cudarc::driver::DeviceRepr + PartialEq + std::fmt::Debug,
+>(
+    case: &OpCase,
+    attrs: &Attributes,
+    capture: bool,
+) -> dlkern::Result<(Vec<T>, Vec<T>, Vec<T>)> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     use cudarc::driver::{DevicePtr, DevicePtrMut};
     let (_device, stream) = gpu();
     let mut x = case.tensors::<T>();
@@ -852,8 +866,15 @@ fn run_gpu_op<T: Element + dlkern::dtype::Scalar + cudarc::driver::DeviceRepr + 
         ];
         let mut tensors: Vec<DLTensor> = x.dl().into_iter().zip(addrs).map(|(t, a)| on_cuda(t, a)).collect();
         tensors.push(on_cuda(x.out.dl(), out.device_ptr_mut(s).0));
+        if capture {
+            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        }
         // SAFETY: device buffers of the tensors' extents, alive for the call; ORT-like stream.
-        unsafe { registry::call("dlkern.paged_attention", &mut tensors, 10, s.cu_stream().cast(), attrs) }
+        let result = unsafe { registry::call("dlkern.paged_attention", &mut tensors, 10, s.cu_stream().cast(), attrs) };
+        if capture {
+            s.end_capture(CUgraphInstantiate_flags(0)).expect("the capture is still valid after the call");
+        }
+        result
     };
     stream.synchronize().unwrap();
     let (out, kc, vc) =
@@ -893,6 +914,18 @@ fn gpu_op_matches_reference_on_ragged_batches() {
     check_gpu_op(&op_case(&[(1, 4000), (1, 17), (1, 0)], 32, 4, 128, 32, None, 0.0, Some((128, false)), false, 40));
     check_gpu_op(&op_case(&[(97, 0)], 8, 8, 64, 16, Some(31), 0.0, None, false, 41));
     check_gpu_op(&op_case(&[(7, 1025), (97, 1)], 8, 1, 80, 16, None, 20.0, Some((40, true)), true, 42));
+}
+
+/// Each call reads its status back to the host, which a CUDA graph cannot hold: captured, the
+/// op refuses with an error that says so, before it queues anything (the capture stays valid);
+/// outside the capture the same call runs.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_op_refuses_a_cuda_graph_capture_clearly() {
+    let case = &op_cases()[0];
+    let e = run_gpu_op_capturing::<f16>(case, &case.attrs(), true).unwrap_err().to_string();
+    assert!(e.contains("cannot be captured into a CUDA graph") && e.contains("status"), "{e}");
+    check_gpu_op(case);
 }
 
 #[test]

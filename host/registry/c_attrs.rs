@@ -88,6 +88,27 @@ pub struct CAttr {
     pub count: i64,
 }
 
+impl CAttr {
+    /// An integer attribute, as a Rust caller of `dlkern_call` writes one.
+    pub const fn int(name: &'static std::ffi::CStr, value: i64) -> Self {
+        CAttr {
+            name: name.as_ptr(),
+            kind: ATTR_INT,
+            i: value,
+            f: 0.0,
+            s: std::ptr::null(),
+            ints: std::ptr::null(),
+            floats: std::ptr::null(),
+            count: 0,
+        }
+    }
+
+    /// A float attribute, as a Rust caller of `dlkern_call` writes one.
+    pub const fn float(name: &'static std::ffi::CStr, value: f64) -> Self {
+        CAttr { kind: ATTR_FLOAT, i: 0, f: value, ..Self::int(name, 0) }
+    }
+}
+
 /// Attributes laid out for a C kernel: the `CAttr` array and the storage it points into.
 pub(crate) struct CAttrs<'a> {
     _source: std::marker::PhantomData<&'a Attributes>,

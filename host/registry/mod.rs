@@ -317,7 +317,7 @@ unsafe fn call_with(
         return Err(fail(format!("called with {num_outputs} outputs, the kernel has {n}")));
     }
     for (i, t) in tensors.iter().enumerate() {
-        let label = if i < num_inputs { format!("input {i}") } else { format!("output {}", i - num_inputs) };
+        let label = tensor_label(i, num_inputs);
         // SAFETY: the caller guarantees valid DLTensors.
         let view = unsafe { TensorView::metadata_only(&label, t) }?;
         if def.device_mask & view.device().mask_bit() == 0 {
@@ -357,6 +357,23 @@ unsafe fn call_with(
     }
 }
 
+/// "input i" or "output j" for tensor `i` of a call, for its error messages: the common ones
+/// borrowed, so a call's success path formats nothing.
+fn tensor_label(i: usize, num_inputs: usize) -> std::borrow::Cow<'static, str> {
+    const INPUTS: [&str; 16] = [
+        "input 0", "input 1", "input 2", "input 3", "input 4", "input 5", "input 6", "input 7", "input 8", "input 9",
+        "input 10", "input 11", "input 12", "input 13", "input 14", "input 15",
+    ];
+    const OUTPUTS: [&str; 8] =
+        ["output 0", "output 1", "output 2", "output 3", "output 4", "output 5", "output 6", "output 7"];
+    let known = if i < num_inputs { INPUTS.get(i) } else { OUTPUTS.get(i - num_inputs) };
+    match known {
+        Some(&label) => label.into(),
+        None if i < num_inputs => format!("input {i}").into(),
+        None => format!("output {}", i - num_inputs).into(),
+    }
+}
+
 /// Infers the dtype and shape of `num_outputs` outputs of kernel `name` from its inputs'
 /// metadata.
 ///
@@ -375,7 +392,7 @@ pub unsafe fn infer(
     {
         return Err(fail(format!("asked to infer {num_outputs} outputs, the kernel has {n}")));
     }
-    let labels: Vec<String> = (0..inputs.len()).map(|i| format!("input {i}")).collect();
+    let labels: Vec<_> = (0..inputs.len()).map(|i| tensor_label(i, inputs.len())).collect();
     let views = inputs
         .iter()
         .zip(&labels)
@@ -450,4 +467,18 @@ pub unsafe fn infer(
         return Err(fail(format!("inference gave output {i} the invalid shape {:?}", s.shape)));
     }
     Ok(specs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tensor_label;
+
+    #[test]
+    fn tensor_labels_count_inputs_then_outputs_past_the_borrowed_ones() {
+        assert_eq!(tensor_label(0, 3), "input 0");
+        assert_eq!(tensor_label(2, 3), "input 2");
+        assert_eq!(tensor_label(3, 3), "output 0");
+        assert_eq!(tensor_label(17, 20), "input 17");
+        assert_eq!(tensor_label(30, 20), "output 10");
+    }
 }

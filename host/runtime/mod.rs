@@ -308,7 +308,7 @@ impl Device {
         params: KernelParams,
     ) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { self.launch_with(name, dims, stream, params, false) }
+        unsafe { self.launch_with(name, dims, None, stream, params, false) }
     }
 
     /// [`Device::launch`] as a programmatic dependent launch where the device runs the sm_90a
@@ -330,15 +330,51 @@ impl Device {
     ) -> Result<()> {
         let overlap = self.overlaps_launches();
         // SAFETY: forwarded contract.
-        unsafe { self.launch_with(name, dims, stream, params, overlap) }
+        unsafe { self.launch_with(name, dims, None, stream, params, overlap) }
+    }
+
+    /// [`Device::launch`] (or, with `overlap`, [`Device::launch_overlapping`]) in thread-block
+    /// clusters of `cluster` blocks (compute capability 9.0 and later): each cluster's blocks
+    /// run at once and may read each other's shared memory. At most 8 blocks per cluster (the
+    /// portable size), and the grid must be a whole number of clusters.
+    ///
+    /// # Safety
+    /// As [`Device::launch_overlapping`] when `overlap`, else as [`Device::launch`]; the kernel
+    /// must take clusters of this shape.
+    pub unsafe fn launch_clustered(
+        &self,
+        name: &'static str,
+        dims: LaunchDims,
+        cluster: (u32, u32, u32),
+        stream: CUstream,
+        params: KernelParams,
+        overlap: bool,
+    ) -> Result<()> {
+        let (cx, cy, cz) = cluster;
+        let blocks = cx as u64 * cy as u64 * cz as u64;
+        let (gx, gy, gz) = dims.grid;
+        if !(1..=8).contains(&blocks) || [(gx, cx), (gy, cy), (gz, cz)].iter().any(|&(g, c)| c == 0 || g % c != 0) {
+            let message = format!("cluster {cluster:?} for grid {:?} (1 to 8 blocks dividing the grid)", dims.grid);
+            return Err(Error::LaunchLimit { kernel: name, message });
+        }
+        if self.compute_capability.0 < 9 {
+            let message =
+                format!("clusters need compute capability 9.0, {} has {:?}", self.name, self.compute_capability);
+            return Err(Error::LaunchLimit { kernel: name, message });
+        }
+        let overlap = overlap && self.overlaps_launches();
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_with(name, dims, Some(cluster), stream, params, overlap) }
     }
 
     /// # Safety
-    /// As [`Device::launch_overlapping`] when `overlap`, else as [`Device::launch`].
+    /// As [`Device::launch_clustered`] when `cluster` is given, else as
+    /// [`Device::launch_overlapping`] when `overlap`, else as [`Device::launch`].
     unsafe fn launch_with(
         &self,
         name: &'static str,
         dims: LaunchDims,
+        cluster: Option<(u32, u32, u32)>,
         stream: CUstream,
         mut params: KernelParams,
         overlap: bool,
@@ -352,29 +388,29 @@ impl Device {
         let mut pointers = params.raw();
         guarded("launch", || {
             self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-            if !overlap {
-                // SAFETY: the caller guarantees the parameters and the stream; dims were
-                // checked. `pointers` points into `params`, which lives until this returns.
-                return unsafe {
-                    cudarc::driver::result::launch_kernel(
-                        raw,
-                        dims.grid,
-                        dims.block,
-                        dims.shared_bytes,
-                        stream,
-                        &mut pointers[..params.len()],
-                    )
-                }
-                .during("cuLaunchKernel");
-            }
+            // Every launch is a `cuLaunchKernelEx`, with no attributes where it needs none:
+            // measured on the H200 (benches/host_cost.rs) cheaper on the host than
+            // `cuLaunchKernel` for the same kernel.
             use cudarc::driver::sys::{
-                CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig, cuLaunchKernelEx,
+                CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue,
+                CUlaunchAttributeValue_union__bindgen_ty_1, CUlaunchConfig, cuLaunchKernelEx,
             };
-            let mut attribute = CUlaunchAttribute {
+            let mut attributes = [CUlaunchAttribute {
                 id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                 pad: [0; 4],
                 value: CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
-            };
+            }; 2];
+            let mut count = usize::from(overlap);
+            if let Some((x, y, z)) = cluster {
+                attributes[count] = CUlaunchAttribute {
+                    id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                    pad: [0; 4],
+                    value: CUlaunchAttributeValue {
+                        clusterDim: CUlaunchAttributeValue_union__bindgen_ty_1 { x, y, z },
+                    },
+                };
+                count += 1;
+            }
             let config = CUlaunchConfig {
                 gridDimX: dims.grid.0,
                 gridDimY: dims.grid.1,
@@ -384,10 +420,12 @@ impl Device {
                 blockDimZ: dims.block.2,
                 sharedMemBytes: dims.shared_bytes,
                 hStream: stream,
-                attrs: &mut attribute,
-                numAttrs: 1,
+                attrs: attributes.as_mut_ptr(),
+                numAttrs: count as u32,
             };
-            // SAFETY: as above; `config` and `attribute` live until the call returns.
+            // SAFETY: the caller guarantees the parameters and the stream; dims were checked.
+            // `pointers` points into `params`, and `config` and `attributes` live until the
+            // call returns.
             unsafe { cuLaunchKernelEx(&config, raw, pointers.as_mut_ptr(), std::ptr::null_mut()) }
                 .result()
                 .during("cuLaunchKernelEx")
@@ -529,6 +567,23 @@ pub unsafe fn synchronize_stream(device: &Device, stream: CUstream) -> Result<()
         device.context().bind_to_thread().during("cuCtxSetCurrent")?;
         // SAFETY: the caller's contract.
         unsafe { cudarc::driver::result::stream::synchronize(stream) }.during("cuStreamSynchronize")
+    })
+}
+
+/// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`): what an op
+/// that must read results back to the host during a call checks first, so that it refuses the
+/// capture with a clear error instead of invalidating it.
+///
+/// # Safety
+/// `stream` as in [`synchronize_stream`].
+pub unsafe fn stream_is_capturing(device: &Device, stream: CUstream) -> Result<bool> {
+    use cudarc::driver::sys::{CUstreamCaptureStatus, cuStreamIsCapturing};
+    guarded("query stream capture", || {
+        device.context().bind_to_thread().during("cuCtxSetCurrent")?;
+        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the caller's contract; `status` outlives the call.
+        unsafe { cuStreamIsCapturing(stream, &mut status) }.result().during("cuStreamIsCapturing")?;
+        Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     })
 }
 

@@ -2,8 +2,9 @@
 
 use std::ffi::c_void;
 
-/// Words of parameter storage: the longest list today is 9 pointers and a 32-byte `Dims`.
-const WORDS: usize = 32;
+/// Words of parameter storage: the longest list today is the fused rotary launch's 232-byte
+/// `RotaryJobs` and 5 pointers (34 words).
+const WORDS: usize = 48;
 /// Parameters per list.
 const MAX_PARAMS: usize = 16;
 

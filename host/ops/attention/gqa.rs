@@ -25,7 +25,8 @@
 //! (and the `output_qk` output), `sliding_window_cache = 1`.
 
 use super::launch::{
-    CacheAttentionParams, HeadStrides, RotaryParams, RotaryPointers, RotaryPositions, attention_cache_raw, rotary_raw,
+    CacheAttentionParams, HeadStrides, RotaryParams, RotaryPointers, RotaryPositions, attention_cache_raw,
+    rotary_jobs_raw,
 };
 use super::reference::{AttentionOptions, attention_varlen};
 use crate::dlpack::{DeviceKind, TensorView};
@@ -35,7 +36,7 @@ use crate::kernel::{Attributes, InferArgs, KernelArgs, TensorSpec};
 use crate::ops::common::rotary::rotate_at;
 use crate::ops::common::{dims, fail, floats, round_to, store};
 use crate::ops::paged_attention::launch::{BnshAttentionParams, PagedAttentionPointers, paged_attention_bnsh_raw};
-use crate::runtime::{Device, StreamScratch, copy_2d_async, memset_async};
+use crate::runtime::{Device, StreamScratch, copy_2d_async};
 
 /// Inputs by position (ORT's order).
 const QUERY: usize = 0;
@@ -664,37 +665,30 @@ fn compute_cuda(
                 }
             }
         }
+        // The new keys (rotated) and values appended to the caches, and the queries rotated
+        // into the dense workspace layout where the kernels need it: one launch, which also
+        // clears the decode kernels' status word.
         let append = RotaryPositions::CacheAppend { capacity: s.present_len };
-        rotary_raw(
-            &device,
-            stream,
-            &rotary(hkv, s.rotary_dim, kv_strides, cache, append),
-            &pointers(k_src, present_k.data_address()),
-        )?;
-        rotary_raw(
-            &device,
-            stream,
-            &rotary(hkv, 0, kv_strides, cache, append),
-            &pointers(v_src, present_v.data_address()),
-        )?;
+        let mut jobs = vec![
+            (rotary(hkv, s.rotary_dim, kv_strides, cache, append), pointers(k_src, present_k.data_address())),
+            (rotary(hkv, 0, kv_strides, cache, append), pointers(v_src, present_v.data_address())),
+        ];
         let (q_ptr, q_row_stride) = if dense_q {
             let dense = HeadStrides { batch: s.seq * h * d, seq: h * d, head: d };
             let query = RotaryPositions::CacheQuery { capacity: s.present_len };
-            rotary_raw(
-                &device,
-                stream,
-                // (rotary_dim 0: a plain copy into the dense layout)
-                &rotary(h, s.rotary_dim, q_strides, dense, query),
-                &pointers(q.data_address(), workspace.address()),
-            )?;
+            // (rotary_dim 0: a plain copy into the dense layout)
+            jobs.push((
+                rotary(h, s.rotary_dim, q_strides, dense, query),
+                pointers(q.data_address(), workspace.address()),
+            ));
             (workspace.address(), h * d)
         } else {
             (q.data_address(), row)
         };
+        let status = decode.is_some().then(|| workspace.address() + (q_bytes + partials) as u64);
+        rotary_jobs_raw(&device, stream, &jobs, status.unwrap_or(0))?;
         let tensors = [q_ptr, present_k.data_address(), present_v.data_address(), out.data_address(), seqlens];
-        if let Some(params) = &decode {
-            let status = workspace.address() + (q_bytes + partials) as u64;
-            memset_async(&device, stream, status, 0, 4)?;
+        if let (Some(params), Some(status)) = (&decode, status) {
             let ptrs = PagedAttentionPointers {
                 q: q_ptr,
                 key_cache: present_k.data_address(),

@@ -470,6 +470,15 @@ pub unsafe fn rotary_raw(
     if params.seq == 0 || params.heads == 0 {
         return Ok(());
     }
+    check_rotary_pointers(params, ptrs)?;
+    let kp = KernelParams::new()
+        .pointers(&[ptrs.src, ptrs.dst, ptrs.cos, ptrs.sin, ptrs.position_ids, ptrs.seqlens_k])
+        .value(args);
+    // SAFETY: six pointers and the RotaryArgs struct, as the kernel declares; validity by contract.
+    unsafe { device.launch(kernel, dims, stream, kp) }
+}
+
+fn check_rotary_pointers(params: &RotaryParams, ptrs: &RotaryPointers) -> Result<()> {
     let size = params.dtype.size_bytes() as u64;
     check_pointer(KERNEL, "src", ptrs.src, size)?;
     check_pointer(KERNEL, "dst", ptrs.dst, size)?;
@@ -479,16 +488,70 @@ pub unsafe fn rotary_raw(
     }
     match params.positions {
         RotaryPositions::PerToken | RotaryPositions::FromFirst if params.rotary_dim > 0 => {
-            check_pointer(KERNEL, "position_ids", ptrs.position_ids, 8)?
+            check_pointer(KERNEL, "position_ids", ptrs.position_ids, 8)
         }
         RotaryPositions::CacheAppend { .. } | RotaryPositions::CacheQuery { .. } => {
-            check_pointer(KERNEL, "seqlens_k", ptrs.seqlens_k, 4)?
+            check_pointer(KERNEL, "seqlens_k", ptrs.seqlens_k, 4)
         }
-        _ => {}
+        _ => Ok(()),
     }
-    let kp = KernelParams::new()
-        .pointers(&[ptrs.src, ptrs.dst, ptrs.cos, ptrs.sin, ptrs.position_ids, ptrs.seqlens_k])
-        .value(args);
-    // SAFETY: six pointers and the RotaryArgs struct, as the kernel declares; validity by contract.
+}
+
+/// Up to `ROTARY_JOBS` [`rotary_raw`] calls over the same tokens (dtype, batch and sequence
+/// length alike; the same cos / sin caches, positions and lengths) in one launch, which first
+/// sets the u32 at `status` to 0 where `status` is not 0 (GroupQueryAttention's queries, keys
+/// and values, and the flag word of its decode kernels: one launch instead of three and a
+/// memset). Nothing is launched for an empty call.
+///
+/// # Safety
+/// As [`rotary_raw`] for each job; no job's destination overlaps another job's source or
+/// destination; `status` 0 or a 4-byte aligned device address of `device` written by nothing
+/// else until the launch has run.
+pub unsafe fn rotary_jobs_raw(
+    device: &Device,
+    stream: CUstream,
+    jobs: &[(RotaryParams, RotaryPointers)],
+    status: u64,
+) -> Result<()> {
+    let bad = |m: String| Error::invalid(KERNEL, m);
+    let Some((first, first_ptrs)) = jobs.first() else { return Err(bad("rotary: no jobs".into())) };
+    if jobs.len() > layout::ROTARY_JOBS {
+        return Err(bad(format!("rotary: {} jobs in one launch (at most {})", jobs.len(), layout::ROTARY_JOBS)));
+    }
+    let mut packed = layout::RotaryJobs { count: jobs.len() as u32, ..Default::default() };
+    let mut heads = 0usize;
+    for (j, (params, ptrs)) in jobs.iter().enumerate() {
+        let same_tokens = (params.dtype, params.batch, params.seq) == (first.dtype, first.batch, first.seq);
+        let same_tables = (ptrs.cos, ptrs.sin, ptrs.position_ids, ptrs.seqlens_k)
+            == (first_ptrs.cos, first_ptrs.sin, first_ptrs.position_ids, first_ptrs.seqlens_k);
+        if !same_tokens || !same_tables {
+            return Err(bad(format!("rotary job {j}: other tokens, caches or positions than job 0's")));
+        }
+        let (_, _, args) = params.plan()?;
+        check_rotary_pointers(params, ptrs)?;
+        (packed.src[j], packed.dst[j], packed.args[j]) = (ptrs.src, ptrs.dst, args);
+        heads += params.heads;
+    }
+    if first.seq == 0 || heads == 0 {
+        return Ok(());
+    }
+    if heads > 65535 {
+        return Err(bad(format!("rotary: {heads} heads over the jobs (at most 65535 in one launch)")));
+    }
+    if status != 0 {
+        check_pointer(KERNEL, "status", status, 4)?;
+    }
+    let kernel = layout::Dtype::from_name(first.dtype.name())
+        .and_then(|t| layout::entry(layout::Entry::RotaryJobs(t)))
+        .ok_or_else(|| bad(format!("rotary: dtype {} not supported (f32, f16, bf16)", first.dtype)))?;
+    let dims = LaunchDims {
+        grid: (first.seq as u32, first.batch as u32, heads as u32),
+        block: (layout::ROTARY_THREADS, 1, 1),
+        shared_bytes: 0,
+    };
+    let p = first_ptrs;
+    let kp = KernelParams::new().value(packed).pointers(&[p.cos, p.sin, p.position_ids, p.seqlens_k, status]);
+    // SAFETY: the RotaryJobs struct and five pointers, as the kernel declares; each job checked
+    // as `rotary_raw` checks its call; validity and disjointness by contract.
     unsafe { device.launch(kernel, dims, stream, kp) }
 }

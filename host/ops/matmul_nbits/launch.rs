@@ -81,6 +81,25 @@ pub unsafe fn matmul_nbits_raw_with(
 ) -> Result<MatMulNBitsPlan> {
     let rows = RowAlignment::of(params, ptrs.a, ptrs.b);
     let plan = params.plan_for(device.multiprocessors(), device.has_wgmma(), rows)?;
+    // SAFETY: forwarded contract; the plan is the one for these params and pointers.
+    unsafe { matmul_nbits_raw_planned(device, stream, &plan, params, ptrs, weights)? };
+    Ok(plan)
+}
+
+/// [`matmul_nbits_raw_with`] for a plan the caller made already (the registry's path, which
+/// plans once per call).
+///
+/// # Safety
+/// As [`matmul_nbits_raw_with`]; `plan` is `params.plan_for(device.multiprocessors(),
+/// device.has_wgmma(), RowAlignment::of(params, ptrs.a, ptrs.b))`.
+pub(crate) unsafe fn matmul_nbits_raw_planned(
+    device: &Device,
+    stream: CUstream,
+    plan: &MatMulNBitsPlan,
+    params: &MatMulNBitsParams,
+    ptrs: &MatMulNBitsPointers,
+    weights: WeightsWritten,
+) -> Result<()> {
     let elem = 2;
     for (name, ptr) in [("A", ptrs.a), ("scales", ptrs.scales), ("Y", ptrs.y)] {
         check_pointer(KERNEL, name, ptr, elem)?;
@@ -138,7 +157,11 @@ pub unsafe fn matmul_nbits_raw_with(
     // Kernels that overlap wait for the grid before them (`griddepcontrol.wait`) before they
     // read anything it may write (the decode kernels copy weights before it only when the
     // caller says the weights were written earlier) and before they write anything.
-    if plan.overlaps_previous() {
+    if let Some(cluster) = plan.cluster {
+        // SAFETY: as below; the kernel sums its K splits in clusters of this shape (the flag
+        // the plan set).
+        unsafe { device.launch_clustered(plan.kernel, plan.dims, cluster, stream, args, plan.overlaps_previous())? };
+    } else if plan.overlaps_previous() {
         unsafe { device.launch_overlapping(plan.kernel, plan.dims, stream, args)? };
     } else {
         unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
@@ -148,7 +171,7 @@ pub unsafe fn matmul_nbits_raw_with(
         // SAFETY: three pointers, Dims and a u32, as the reduction kernel declares.
         unsafe { device.launch(reduce, reduce_dims, stream, args)? };
     }
-    Ok(plan)
+    Ok(())
 }
 
 /// Zero points of a [`matmul_nbits`] call.

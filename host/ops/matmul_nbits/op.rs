@@ -7,7 +7,7 @@ use std::any::Any;
 
 use cudarc::driver::sys::{CUresult, CUstream};
 
-use super::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_with, pack_for_decode_raw};
+use super::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_planned, pack_for_decode_raw};
 use super::plan::{MatMulNBitsParams, RowAlignment, Variant, ZeroPointKind};
 use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::DType;
@@ -243,24 +243,31 @@ fn cuda(
     // Held through the launch: the repacked copy cannot be replaced while a launch reads it.
     let mut slot = None;
     let mut params = params;
+    let (sms, wgmma) = (device.multiprocessors(), device.has_wgmma());
+    let rows = RowAlignment::of(&params, ptrs.a, ptrs.b);
+    let mut plan = None;
     if let Some(site) = args.site.filter(|site| repacking_wanted(site, zero_points.is_some())) {
         let packed = MatMulNBitsParams { variant: Some(Variant::Packed), ..params };
-        let rows = RowAlignment::of(&params, ptrs.a, ptrs.b);
         // Only where `Packed` can run (M <= 16, integer zero points, blocks of at least 32,
-        // 16-byte rows): it replaces `decode` and, for blocks of 32 and 64, `small`.
-        if packed.plan_for(device.multiprocessors(), device.has_wgmma(), rows).is_ok() {
+        // 16-byte rows): it replaces `decode` and, for blocks of 32 and 64, `small`. (The
+        // repacked copy's rows are 16-byte aligned as the original's were, which this plan
+        // needs: the plan holds for it.)
+        if let Ok(packed_plan) = packed.plan_for(sms, wgmma, rows) {
             let mut cache = site.cache();
             // SAFETY: the tensors hold the extents the shape checks relate to the params, on
             // `stream`, a live stream of their device (the registry's contract).
             if let Some(address) = unsafe { repacked_b(&mut cache, &device, stream, &params, &ptrs)? } {
                 ptrs.b = address;
                 params = packed;
+                plan = Some(packed_plan);
                 slot = Some(cache);
             }
         }
     }
-    let rows = RowAlignment::of(&params, ptrs.a, ptrs.b);
-    let plan = params.plan_for(device.multiprocessors(), device.has_wgmma(), rows)?;
+    let plan = match plan {
+        Some(plan) => plan,
+        None => params.plan_for(sms, wgmma, rows)?,
+    };
     // SAFETY: the registry's caller hands over a live stream of the tensors' device for the
     // duration of the call; the scratch is freed on it before the call returns.
     let workspace = unsafe { crate::runtime::StreamScratch::new(&device, stream, plan.workspace_bytes)? };
@@ -276,7 +283,7 @@ fn cuda(
     } else {
         WeightsWritten::ByPreviousKernel
     };
-    let launched = unsafe { matmul_nbits_raw_with(&device, stream, &params, &ptrs, weights) }.map(|_| ());
+    let launched = unsafe { matmul_nbits_raw_planned(&device, stream, &plan, &params, &ptrs, weights) };
     drop(slot);
     launched
 }
@@ -290,9 +297,12 @@ fn weights_constant(site: &CallSite, has_zero_points: bool) -> bool {
     site.is_constant(1) && site.is_constant(2) && (!has_zero_points || site.is_constant(3))
 }
 
-/// Whether this site's weights are constant and repacking is on.
+/// Whether this site's weights are constant and repacking is on (the environment read once per
+/// process: not an environment lookup on every call).
 fn repacking_wanted(site: &CallSite, has_zero_points: bool) -> bool {
-    weights_constant(site, has_zero_points) && std::env::var_os(REPACK_ENV).is_none_or(|v| v != "0")
+    static REPACKING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    weights_constant(site, has_zero_points)
+        && *REPACKING.get_or_init(|| std::env::var_os(REPACK_ENV).is_none_or(|v| v != "0"))
 }
 
 /// The inputs a repacked copy was made from: a copy serves a call only if all of them match.
@@ -341,6 +351,16 @@ unsafe fn repacked_b(
     let cached = slot.as_ref().and_then(|c| c.downcast_ref::<RepackedB>()).filter(|c| c.source == source);
     if let Some(cached) = cached {
         return Ok(cached.buffer.as_ref().map(DeviceBuffer::address));
+    }
+    // The repacking synchronizes the stream once: refused during a capture before anything is
+    // queued (the capture stays valid), as ORT's warm-up run before its capture avoids it.
+    // SAFETY: the caller's stream.
+    if unsafe { crate::runtime::stream_is_capturing(device, stream)? } {
+        return Err(Error::invalid(
+            "dlkern.matmul_nbits",
+            "the first call at a call site with constant weights repacks them and waits for the \
+             stream, which a CUDA graph capture cannot hold: run it once before capturing (docs/ops.md)",
+        ));
     }
     // A copy made from other inputs goes first (its memory may be what the new one needs).
     *slot = None;

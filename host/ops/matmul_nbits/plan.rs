@@ -17,18 +17,18 @@
 //! activations staged once per block as the tensor cores' shared-memory operand). Any of them
 //! but `packed_wgmma16` may split K over several blocks when the output tiles alone cannot fill
 //! the GPU; the partial sums then go through an f32 workspace and a reduction
-//! kernel, except for two splits of `wgmma`, which run as a cluster of two blocks that sum
-//! through distributed shared memory. Where `wgmma`'s whole tiles would leave much of the
+//! kernel, except on Hopper for two splits of `wgmma` and up to eight of the `decode*` kernels,
+//! which run as a cluster of the splits that sum through distributed shared memory. Where `wgmma`'s whole tiles would leave much of the
 //! last wave idle, `wgmma_streamk` gives each SM an equal share of all tiles' K chunks instead
 //! ([`Variant::WgmmaStreamK`]).
 
 use super::layout::{
     self, CHUNK, DECODE, DECODE_COLUMNS, DECODE_SHARED_BYTES, DECODE_WARPS, DECODE_WIDE, DECODE8_ROWS, DECODE16_WIDE,
     Dims, ElementType, Entry, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
-    LARGE_SHARED_BYTES, PACKED_MIN_BLOCK, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS,
-    PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM,
-    WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, decode_packed_shared_bytes,
-    packed_record_bytes, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
+    LARGE_SHARED_BYTES, MAX_CLUSTER_SPLITS, PACKED_MIN_BLOCK, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES,
+    PACKED_WGMMA_THREADS, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128,
+    TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS,
+    decode_packed_shared_bytes, packed_record_bytes, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
 use super::pack::valid_block_size;
 use crate::dtype::DType;
@@ -139,8 +139,11 @@ pub struct MatMulNBitsPlan {
     pub splits: usize,
     /// The activation permutation `tiled` reads, into the start of the workspace.
     pub permute: Option<(&'static str, LaunchDims)>,
-    /// The reduction kernel, when K is split.
+    /// The reduction kernel, when K is split and the splits do not sum in clusters.
     pub reduce: Option<(&'static str, LaunchDims)>,
+    /// The cluster shape the main kernel is launched with, where its K splits sum in clusters
+    /// (the `decode` kernels on Hopper; `wgmma_pair`'s cluster is in its entry instead).
+    pub cluster: Option<(u32, u32, u32)>,
     /// Device memory needed beyond inputs and outputs (permuted activations, f32 partial sums),
     /// in bytes.
     pub workspace_bytes: usize,
@@ -429,8 +432,12 @@ impl MatMulNBitsParams {
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
         let kernel = if pair { name(Entry::WgmmaPair) } else { kernel };
+        // So do the `decode` kernels' splits on Hopper, launched in clusters of the splits up to
+        // the portable cluster size: one launch instead of two, no partial sums through memory.
+        let decode_kernel = decode || variant == Variant::PackedMma;
+        let clustered = wgmma && decode_kernel && (2..=MAX_CLUSTER_SPLITS).contains(&splits);
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
-        let reduced = splits > 1 && !pair;
+        let reduced = splits > 1 && !pair && !clustered;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
         let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma | Variant::WgmmaStreamK);
         let permuted_bytes = if permuted { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
@@ -516,6 +523,7 @@ impl MatMulNBitsParams {
             splits,
             permute,
             reduce,
+            cluster: clustered.then_some((1, 1, splits as u32)),
             workspace_bytes,
             partials_offset: permuted_bytes,
             zeroed,

@@ -726,6 +726,16 @@ pub unsafe fn paged_attention_op_raw(
         check_pointer(KERNEL, "sin_cache", ptrs.sin, elem)?;
     }
     check_pointer(KERNEL, "workspace", ptrs.workspace, 256)?;
+    // The status read at the end waits for the stream: refused before anything is queued, so
+    // that the caller's capture stays valid.
+    // SAFETY: the caller's stream.
+    if unsafe { crate::runtime::stream_is_capturing(device, stream)? } {
+        return Err(Error::invalid(
+            KERNEL,
+            "cannot be captured into a CUDA graph: each call reads the device's status of its block \
+             table and lengths back to the host (docs/ops.md, CUDA graphs)",
+        ));
+    }
     let ws = ptrs.workspace;
     let [q_out, token_seq, token_ctx, partials] = plan.offsets.map(|o| ws + o as u64);
     let status = ws;

@@ -86,7 +86,13 @@ pub enum Entry {
     FwdCache(Dtype, usize),
     /// `attention_rotary_{dtype}`: rotary embedding over strided heads (f32 too).
     Rotary(Dtype),
+    /// `attention_rotary_jobs_{dtype}`: up to [`ROTARY_JOBS`] rotary calls over the same tokens
+    /// in one launch (GroupQueryAttention's queries, keys and values).
+    RotaryJobs(Dtype),
 }
+
+/// Most rotary calls one `attention_rotary_jobs_*` launch makes.
+pub const ROTARY_JOBS: usize = 3;
 
 /// Threads per block of `attention_rotary_*`.
 pub const ROTARY_THREADS: u32 = 128;
@@ -98,7 +104,7 @@ pub const POSITIONS_CACHE_APPEND: u32 = 2;
 pub const POSITIONS_CACHE_QUERY: u32 = 3;
 
 /// Scalar arguments of `attention_rotary_*`. Strides in elements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct RotaryArgs {
     pub seq: u32,
@@ -119,6 +125,18 @@ pub struct RotaryArgs {
     pub max_position: u32,
     /// Positions per sequence in the KV cache (the cache modes clamp lengths to it).
     pub capacity: u32,
+}
+
+/// The calls of one `attention_rotary_jobs_*` launch: job `j` (of `count`) rotates (or copies)
+/// from `src[j]` into `dst[j]` as `args[j]` says; every job has the launch's `seq` tokens of
+/// its batch. Unused jobs are zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RotaryJobs {
+    pub src: [u64; ROTARY_JOBS],
+    pub dst: [u64; ROTARY_JOBS],
+    pub args: [RotaryArgs; ROTARY_JOBS],
+    pub count: u32,
 }
 
 /// Every entry point of the family, with its symbol.
@@ -146,6 +164,9 @@ pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::Rotary(Dtype::F32), "attention_rotary_f32"),
     (Entry::Rotary(Dtype::F16), "attention_rotary_f16"),
     (Entry::Rotary(Dtype::Bf16), "attention_rotary_bf16"),
+    (Entry::RotaryJobs(Dtype::F32), "attention_rotary_jobs_f32"),
+    (Entry::RotaryJobs(Dtype::F16), "attention_rotary_jobs_f16"),
+    (Entry::RotaryJobs(Dtype::Bf16), "attention_rotary_jobs_bf16"),
 ];
 
 /// The symbol of `entry`, if the family has it.

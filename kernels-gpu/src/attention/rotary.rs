@@ -23,14 +23,22 @@
 //!   be null.
 //! - A position outside `[0, max_position)` writes NaN over the whole head: the host cannot see
 //!   device-side positions before the launch, and NaN is visible where a clamp would not be.
+//!
+//! # Launch contract: `attention_rotary_jobs_{f32,f16,bf16}`
+//! - Up to [`ROTARY_JOBS`] such calls in one launch ([`RotaryJobs`]), over the same `seq` tokens
+//!   of the same batch: grid `(seq, batch, sum of the jobs' heads)`, block and memory as
+//!   above; block `(s, b, z)` does head `z - (heads of the jobs before)` of the job `z` falls
+//!   in. The jobs' destinations must not overlap each other or another job's source.
+//! - `status`, when not null, is set to 0 by the launch's first block before any job runs
+//!   (the flag word of the attention kernels that follow it in the stream).
 
 use crate::device::index;
 use crate::element::{Bf16, Element, F16};
 use crate::rotary::rotary_pair;
 
 pub use super::layout::{
-    POSITIONS_CACHE_APPEND, POSITIONS_CACHE_QUERY, POSITIONS_FROM_FIRST, POSITIONS_PER_TOKEN, ROTARY_THREADS,
-    RotaryArgs,
+    POSITIONS_CACHE_APPEND, POSITIONS_CACHE_QUERY, POSITIONS_FROM_FIRST, POSITIONS_PER_TOKEN, ROTARY_JOBS,
+    ROTARY_THREADS, RotaryArgs, RotaryJobs,
 };
 
 #[inline(always)]
@@ -42,6 +50,7 @@ unsafe fn rotary<T: Element>(
     position_ids: *const i64,
     seqlens_k: *const i32,
     p: RotaryArgs,
+    h: u32,
 ) {
     let s = index::block_idx_x() as u64;
     let b = index::block_idx_y() as u64;
@@ -71,7 +80,6 @@ unsafe fn rotary<T: Element>(
         let dst = dst.add((b * p.dst_batch_stride as u64 + dst_row * p.dst_seq_stride as u64) as usize);
         // Work items per head: the rotated pairs, then the pass-through tail.
         let per_head = half + p.head_size.saturating_sub(p.rotary_dim);
-        let h = index::block_idx_z();
         let mut w = tid;
         while w < per_head {
             let x = src.add((h * p.src_head_stride) as usize);
@@ -112,7 +120,7 @@ macro_rules! rotary_entries {
             position_ids: *const i64, seqlens_k: *const i32, args: RotaryArgs,
         ) {
             // SAFETY: forwarded launch contract.
-            unsafe { rotary::<$ty>(src, dst, cos, sin, position_ids, seqlens_k, args) }
+            unsafe { rotary::<$ty>(src, dst, cos, sin, position_ids, seqlens_k, args, index::block_idx_z()) }
         }
     )+};
 }
@@ -121,4 +129,52 @@ rotary_entries!(
     attention_rotary_f32: f32;
     attention_rotary_f16: F16;
     attention_rotary_bf16: Bf16;
+);
+
+/// The job grid index `z` falls in (the jobs' heads in order): its source, destination,
+/// arguments and head. Chosen field by field with constant indices: an index into the
+/// parameter struct would copy it to local memory first.
+#[inline(always)]
+fn job_of(jobs: &RotaryJobs, z: u32) -> (u64, u64, RotaryArgs, u32) {
+    const { assert!(ROTARY_JOBS == 3) };
+    let (h0, h1) = (jobs.args[0].heads, jobs.args[1].heads);
+    if jobs.count <= 1 || z < h0 {
+        (jobs.src[0], jobs.dst[0], jobs.args[0], z)
+    } else if jobs.count == 2 || z < h0 + h1 {
+        (jobs.src[1], jobs.dst[1], jobs.args[1], z - h0)
+    } else {
+        (jobs.src[2], jobs.dst[2], jobs.args[2], z - h0 - h1)
+    }
+}
+
+macro_rules! rotary_jobs_entries {
+    ($($name:ident: $ty:ty);+ $(;)?) => {$(
+        /// Several rotary calls over the same tokens in one launch; see the module docs for the
+        /// launch contract.
+        ///
+        /// # Safety
+        /// The launch contract in the module docs.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            jobs: RotaryJobs, cos: *const $ty, sin: *const $ty, position_ids: *const i64,
+            seqlens_k: *const i32, status: *mut u32,
+        ) {
+            let first_block = index::block_idx_x() == 0 && index::block_idx_y() == 0 && index::block_idx_z() == 0;
+            // SAFETY: forwarded launch contract: `status` null or the flag word, and each job's
+            // buffers sized for its arguments.
+            unsafe {
+                if first_block && index::thread_idx_x() == 0 && !status.is_null() {
+                    status.write(0);
+                }
+                let (src, dst, args, h) = job_of(&jobs, index::block_idx_z());
+                rotary::<$ty>(src as *const $ty, dst as *mut $ty, cos, sin, position_ids, seqlens_k, args, h)
+            }
+        }
+    )+};
+}
+
+rotary_jobs_entries!(
+    attention_rotary_jobs_f32: f32;
+    attention_rotary_jobs_f16: F16;
+    attention_rotary_jobs_bf16: Bf16;
 );

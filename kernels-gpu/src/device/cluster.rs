@@ -20,6 +20,16 @@ pub fn cta_rank() -> u32 {
     rank
 }
 
+/// `%cluster_nctarank` (PTX ISA §10.25): the number of blocks in this block's cluster (1 when
+/// the grid was launched without clusters).
+#[inline(always)]
+pub fn cta_count() -> u32 {
+    let count: u32;
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { asm!("mov.u32 {}, %cluster_nctarank;", out(reg32) count, options(pure, nomem, nostack)) };
+    count
+}
+
 /// `barrier.cluster.arrive.release.aligned` then `barrier.cluster.wait.acquire.aligned` (PTX
 /// ISA §9.7.13.4): every thread of every block of the cluster arrives; the shared-memory
 /// writes before it are visible to every block's reads after it.

@@ -596,6 +596,20 @@ pub(crate) unsafe fn matmul_nbits_decode<
             dynamic_shared_base()
                 .offset(w * DECODE_STAGES as u32 * stage_bytes + (((tt * R + rr) * 32) as u32 + lane) * 16)
         };
+        // Launched in clusters (sm_90a module), the K splits of a tile are one cluster: each warp
+        // of split 0 first adds the same warp's tiles of the other splits, and split 0 alone
+        // stores y. (Told by the cluster's size, a special register, not a flag, which would
+        // stay live through the main loop.)
+        #[cfg(dlkern_arch_specific)]
+        let in_clusters_not_first = {
+            let clusters = crate::device::cluster::cta_count() > 1;
+            if clusters {
+                cluster_sum(&mut acc, |tt, rr| slot(warp, tt, rr));
+            }
+            clusters && crate::device::cluster::cta_rank() != 0
+        };
+        #[cfg(not(dlkern_arch_specific))]
+        let in_clusters_not_first = false;
         if warp != 0 {
             unroll!(TT in [0, 1] {
                 unroll!(RR in [0, 1] {
@@ -619,9 +633,14 @@ pub(crate) unsafe fn matmul_nbits_decode<
                     });
                 });
             }
+        }
+        let stores = warp == 0 && !in_clusters_not_first;
+        if stores {
             // Accumulator element C of tile t, row set r: weight column 16t + g + 8 (C / 2),
             // token 8r + 2q + C % 2.
             let (split, splits) = (index::block_idx_z() as usize, index::grid_dim_z() as usize);
+            #[cfg(dlkern_arch_specific)]
+            let splits = if crate::device::cluster::cta_count() > 1 { 1 } else { splits };
             unroll!(TT in [0, 1] {
                 unroll!(RR in [0, 1] {
                     unroll!(C in [0, 1, 2, 3] {
@@ -640,6 +659,54 @@ pub(crate) unsafe fn matmul_nbits_decode<
                 });
             });
         }
+    }
+}
+
+/// A warp's tiles summed over the K splits of a cluster (the grid's z extent is the
+/// cluster's): every block but the first stores its tiles at `slot(t, r)` of its own shared
+/// memory, the first adds them in split order.
+///
+/// # Safety
+/// Every thread of every block of the cluster calls it; `slot(t, r)` (`t < 2`, `r < R`) is a
+/// 16-byte aligned address in the calling warp's part of the dynamic shared memory, distinct
+/// per lane, that no copy in flight writes.
+#[cfg(dlkern_arch_specific)]
+#[inline(always)]
+unsafe fn cluster_sum<const R: usize>(
+    acc: &mut [[[f32; 4]; R]; DECODE_TILES],
+    slot: impl Fn(usize, usize) -> crate::device::SharedAddr,
+) {
+    use crate::device::cluster;
+    let rank = cluster::cta_rank();
+    // SAFETY: the caller's contract; the first cluster barrier orders the stores before split
+    // 0's reads, the second keeps the other blocks' shared memory alive until those are done
+    // (and split 0's warps reuse their slots for the block's own sum only after it).
+    unsafe {
+        if rank != 0 {
+            unroll!(TT in [0, 1] {
+                unroll!(RR in [0, 1] {
+                    if RR < R {
+                        st_shared_v4(slot(TT, RR), acc[TT][RR].map(f32::to_bits));
+                    }
+                });
+            });
+        }
+        cluster::sync();
+        if rank == 0 {
+            for other in 1..cluster::cta_count() {
+                unroll!(TT in [0, 1] {
+                    unroll!(RR in [0, 1] {
+                        if RR < R {
+                            let part = cluster::ld_shared_v4(cluster::map_shared(slot(TT, RR), other));
+                            unroll!(C in [0, 1, 2, 3] {
+                                acc[TT][RR][C] += f32::from_bits(part[C]);
+                            });
+                        }
+                    });
+                });
+            }
+        }
+        cluster::sync();
     }
 }
 

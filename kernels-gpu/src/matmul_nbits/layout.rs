@@ -356,6 +356,11 @@ pub const FLAG_WEIGHTS_READY: u32 = 32;
 /// starts as this one's blocks exit. The host sets it where this grid's blocks leave few
 /// resident slots free (see `early_dependents` in the launcher).
 pub const FLAG_EARLY_DEPENDENTS: u32 = 64;
+/// Most K splits the `decode` kernels of the sm_90a module sum in a cluster (the portable
+/// cluster size): launched in clusters of `(1, 1, splits)`, the splits of a tile sum through
+/// distributed shared memory and the first stores y, so no partial sums reach the workspace
+/// and no reduction kernel runs.
+pub const MAX_CLUSTER_SPLITS: usize = 8;
 
 /// Scalar arguments. The host launcher passes this very type.
 #[derive(Clone, Copy, Debug, PartialEq)]
