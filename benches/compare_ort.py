@@ -9,7 +9,11 @@ Two times per case, both per run of the one-node session:
 - `device_us`: the summed durations of the kernels one run launches (CUPTI, through
   torch.profiler), i.e. GPU time without the host's share.
 
+And, for decode-sized nodes, the host time per node (`host_cost`, see HOST_NODES), ORT's own
+kernels beside dlkern's.
+
     DLKERN_LIB=.gpu/lib/libdlkern.so python3 benches/compare_ort.py out.json
+    DLKERN_ORT_OPS=host,MatMulNBits ...   (those rows alone)
 """
 
 import json
@@ -32,8 +36,9 @@ LIB = os.path.abspath(os.environ["DLKERN_LIB"])
 SYNC_RUNS = int(os.environ.get("DLKERN_ORT_RUNS", "50"))
 
 
-def make_model(node, inputs, outputs):
-    return dx.model([node], inputs, outputs, opsets=dx.OPSET_WITH_MS)
+def make_model(nodes, inputs, outputs):
+    """A model of one node, or of a list of them."""
+    return dx.model(nodes if isinstance(nodes, list) else [nodes], inputs, outputs, opsets=dx.OPSET_WITH_MS)
 
 
 def session(model):
@@ -205,17 +210,18 @@ NBITS_M = (1, 4, 16, 64, 256, 2048)
 NBITS_NODES, NBITS_WEIGHT_BYTES = 8, 600 << 20
 
 
-def matmul_nbits_case(m, n, k, block, zero_points, seed=0):
-    """`nodes` MatMulNBits nodes side by side, each [M, K] x its own int4 weights [N, K] (random
-    codes, scales ~0.01, random zero points) -> [M, N], all reading one A: times per node are
-    the session's divided by `nodes`."""
+def matmul_nbits_case(m, n, k, block, zero_points, seed=0, nodes=None):
+    """`nodes` MatMulNBits nodes side by side (by default as many as NBITS_NODES and
+    NBITS_WEIGHT_BYTES allow), each [M, K] x its own int4 weights [N, K] (random codes, scales
+    ~0.01, random zero points) -> [M, N], all reading one A: times per node are the session's
+    divided by `nodes`."""
     from onnx import numpy_helper
 
     e = TensorProto.FLOAT16
     rng = np.random.default_rng(seed)
     k_blocks = -(-k // block)
     weight_bytes = n * k_blocks * block // 2
-    nodes = max(1, min(NBITS_NODES, NBITS_WEIGHT_BYTES // weight_bytes))
+    nodes = nodes or max(1, min(NBITS_NODES, NBITS_WEIGHT_BYTES // weight_bytes))
     inits, made = [], {"com.microsoft": [], "dlkern": []}
     for i in range(nodes):
         names = [f"B{i}", f"scales{i}"] + ([f"zp{i}"] if zero_points else [])
@@ -238,6 +244,133 @@ def matmul_nbits_case(m, n, k, block, zero_points, seed=0):
             bind_out(io, f"Y{i}", y)
 
     return models, bind, nodes, weight_bytes + n * k_blocks * 2
+
+
+# Host time per node: sessions of 1 and of HOST_NODES side-by-side nodes of one op (decode-sized:
+# what a batch-1 token launches), each run without ORT's end-of-run synchronization (run option
+# disable_synchronize_execution_providers) and the device synchronized outside the timing; per
+# node = the difference over HOST_NODES - 1, so a run's fixed costs (ORT's run setup, the IO
+# binding) drop out. What remains is the node's share of the calling thread: ORT's own work for
+# a node plus the kernel's host code and launches. The launch queue never fills at these counts.
+HOST_NODES = 17
+
+
+def host_us(sess, bind, runs=200):
+    """Median host time of one run of `sess` (no synchronization at its end)."""
+    io = sess.io_binding()
+    bind(io)
+    opts = ort.RunOptions()
+    opts.add_run_config_entry("disable_synchronize_execution_providers", "1")
+    for _ in range(5):
+        sess.run_with_iobinding(io, opts)
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        sess.run_with_iobinding(io, opts)
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
+def host_norm_case(nodes, skip, hidden=4096):
+    """`nodes` (Skip)SimplifiedLayerNormalization nodes on one [1, hidden] row, each writing its
+    own outputs: the builder's nodes (stash_type 1; outputs [y, '', '', sum] with a skip)."""
+    e = TensorProto.FLOAT16
+    names = ["input", "skip", "gamma"] if skip else ["input", "gamma"]
+    ins = [helper.make_tensor_value_info(n, e, [hidden] if n == "gamma" else [1, hidden]) for n in names]
+    outs, made = [], {"com.microsoft": [], "dlkern": []}
+    for i in range(nodes):
+        results = [f"y{i}", "", "", f"sum{i}"] if skip else [f"y{i}"]
+        outs += [helper.make_tensor_value_info(n, e, [1, hidden]) for n in results if n]
+        for domain in made:
+            attrs = {"epsilon": 1e-5} if skip else {"epsilon": 1e-5, "axis": -1, "stash_type": 1}
+            op = "SkipSimplifiedLayerNormalization" if skip else "SimplifiedLayerNormalization"
+            # ORT registers SimplifiedLayerNormalization in the ONNX domain, not com.microsoft.
+            node_domain = "" if domain == "com.microsoft" and not skip else domain
+            made[domain].append(helper.make_node(op, names, results, domain=node_domain, **attrs))
+    t = {n: torch.randn(hidden if n == "gamma" else (1, hidden), device="cuda", dtype=torch.float16) for n in names}
+    ys = {o.name: torch.empty(1, hidden, device="cuda", dtype=torch.float16) for o in outs}
+
+    def bind(io):
+        for n in names:
+            bind_tensor(io, n, t[n])
+        for n, y in ys.items():
+            bind_out(io, n, y)
+
+    return {d: make_model(made[d], ins, outs) for d in made}, bind
+
+
+def host_gqa_case(nodes, context=4096, heads=32, kv_heads=8, head=128):
+    """`nodes` GroupQueryAttention decode nodes (batch 1, the builder's node as in `gqa_case`),
+    each over caches of its own, all reading one query."""
+    hidden = (heads + 2 * kv_heads) * head
+    e = TensorProto.FLOAT16
+    shared = ["query", "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"]
+    ins = [helper.make_tensor_value_info("query", e, [1, 1, hidden]),
+           helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+           helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+           helper.make_tensor_value_info("cos_cache", e, ["m", head // 2]),
+           helper.make_tensor_value_info("sin_cache", e, ["m", head // 2])]
+    outs, made = [], {"com.microsoft": [], "dlkern": []}
+    for i in range(nodes):
+        ins += [helper.make_tensor_value_info(f"past_{kv}{i}", e, [1, kv_heads, context, head]) for kv in ("key", "value")]
+        results = [f"output{i}", f"present_key{i}", f"present_value{i}"]
+        outs += [helper.make_tensor_value_info(n, e, None) for n in results]
+        names = ["query", "", "", f"past_key{i}", f"past_value{i}"] + shared[1:]
+        for domain in made:
+            made[domain].append(helper.make_node(
+                "GroupQueryAttention", names, results, domain=domain, num_heads=heads, kv_num_heads=kv_heads,
+                do_rotary=1, local_window_size=-1, softcap=0.0, scale=1.0 / head ** 0.5))
+    q = torch.randn(1, 1, hidden, device="cuda", dtype=torch.float16)
+    caches = [[torch.randn(1, kv_heads, context, head, device="cuda", dtype=torch.float16) for _ in range(2)]
+              for _ in range(nodes)]
+    seqlens = torch.full((1,), context - 1, device="cuda", dtype=torch.int32)
+    total = np.array(context, np.int32)
+    angles = torch.arange(context + 1, device="cuda")[:, None] * torch.rand(head // 2, device="cuda")[None, :]
+    cos, sin = angles.cos().half(), angles.sin().half()
+    ys = [torch.empty(1, 1, heads * head, device="cuda", dtype=torch.float16) for _ in range(nodes)]
+
+    def bind(io):
+        bind_tensor(io, "query", q)
+        bind_tensor(io, "seqlens_k", seqlens)
+        io.bind_cpu_input("total_sequence_length", total)
+        bind_tensor(io, "cos_cache", cos)
+        bind_tensor(io, "sin_cache", sin)
+        for i, (k, v) in enumerate(caches):
+            bind_tensor(io, f"past_key{i}", k)
+            bind_tensor(io, f"past_value{i}", v)
+            bind_out(io, f"output{i}", ys[i])
+            bind_out(io, f"present_key{i}", k)
+            bind_out(io, f"present_value{i}", v)
+
+    return {d: make_model(made[d], ins, outs) for d in made}, bind
+
+
+HOST_CASES = [
+    ("SimplifiedLayerNormalization", "1 x 4096", lambda n: host_norm_case(n, skip=False)),
+    ("SkipSimplifiedLayerNormalization", "1 x 4096", lambda n: host_norm_case(n, skip=True)),
+    ("MatMulNBits", "M 1, 4096 x 4096, block 32 sym", lambda n: matmul_nbits_case(1, 4096, 4096, 32, False, nodes=n)[:2]),
+    ("GroupQueryAttention", "decode B1 ctx4k", host_gqa_case),
+]
+
+
+def host_cost(op, label, make):
+    """Host time per node of `op`, ORT's own and dlkern's (see HOST_NODES)."""
+    rec = {"op": op, "case": label, "nodes": HOST_NODES}
+    one, many = make(1), make(HOST_NODES)
+    for domain in ("com.microsoft", "dlkern"):
+        key = "ort" if domain == "com.microsoft" else "dlkern"
+        try:
+            t1, tn = (host_us(session(models[domain]), bind) for models, bind in (one, many))
+            rec[f"{key}_run_us"], rec[f"{key}_host_us"] = t1, (tn - t1) / (HOST_NODES - 1)
+        except Exception as err:  # noqa: BLE001 - reported, not fatal
+            rec[f"{key}_error"] = str(err)[:300]
+            print(f"host {op} {label}: {key} failed: {rec[f'{key}_error']}", flush=True)
+            return rec
+    print(f"host {op} {label}: ORT {rec['ort_host_us']:.2f} us per node (a 1-node run {rec['ort_run_us']:.1f} us), "
+          f"dlkern {rec['dlkern_host_us']:.2f} us per node (a 1-node run {rec['dlkern_run_us']:.1f} us)", flush=True)
+    return rec
 
 
 def compare(op, label, models, bind, rate, nodes=1):
@@ -268,6 +401,9 @@ def main():
     only = os.environ.get("DLKERN_ORT_OPS")
     wanted = (lambda op: op in only.split(",")) if only else (lambda op: True)
     records = []
+    # DLKERN_ORT_OPS=host: the host time per node alone.
+    for op, label, make in HOST_CASES if (only and "host" in only.split(",")) or not only else ():
+        records.append(host_cost(op, label, make) | {"kind": "host"})
     for label, batch, seq, context in GQA_CASES if wanted("GroupQueryAttention") else ():
         models, bind, kv_bytes, flops = gqa_case(batch, seq, context)
         rate = (lambda us, b=kv_bytes: f"{b / us / 1e6:.2f} TB/s") if seq == 1 else \

@@ -9,19 +9,25 @@
 //! raw pointers (`rmsnorm_raw`: the floor of one checked launch), and whole registry
 //! calls (`registry::call_at`, what the C ABI and the ORT op reach): W4 GEMV M = 1 at
 //! N = K = 4096 (block 32 symmetric, weights constant at the site: the repacked path the ORT op
-//! runs), and RMSNorm of 16 x 4096.
+//! runs), and RMSNorm of 16 x 4096; through `dlkern_call` (the C ABI, as a C caller makes it):
+//! RMSNorm, the same W4 GEMV (no call site there, so over the weights as given), the W8A8 GEMV
+//! at M = 1 and GroupQueryAttention decoding one token at 4k context; and, as the floor
+//! under all of them, the same kernel launched on the driver alone (`cuLaunchKernel`, and
+//! `cuLaunchKernelEx` with programmatic serialization).
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
 use dlkern::kernel::{AttrValue, Attributes, CallSite};
 use dlkern::ops::matmul_nbits::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_with};
 use dlkern::ops::matmul_nbits::plan::{MatMulNBitsParams, Variant, ZeroPointKind};
 use dlkern::ops::rmsnorm::launch::{RmsNormParams, rmsnorm_raw};
+use dlkern::registry::CAttr;
 use dlkern::runtime::{Device, StreamScratch};
 use dlkern::{DType, registry};
 use half::f16;
@@ -75,6 +81,45 @@ fn cuda_tensor(address: u64, dtype: DType, shape: &mut [i64]) -> DLTensor {
         strides: std::ptr::null_mut(),
         byte_offset: 0,
     }
+}
+
+/// A row timing `dlkern_call` as a C caller makes it: name, tensors and attributes prepared
+/// once, only the call in the loop. The first call (module load, occupancy queries) is made
+/// before the timing.
+fn c_abi_row(
+    group: &mut BenchmarkGroup<WallTime>,
+    stream: &cudarc::driver::CudaStream,
+    label: &'static str,
+    name: &std::ffi::CStr,
+    tensors: &mut [DLTensor],
+    inputs: usize,
+    attrs: &[CAttr],
+) {
+    let raw_stream = stream.cu_stream();
+    let mut call = || {
+        // SAFETY: the header's contract: a NUL-terminated name, valid DLTensors over device
+        // buffers of their shapes (host ones where the kernel takes them) alive for the bench,
+        // `inputs` of them inputs, the bench stream, `attrs` with 'static names.
+        let code = unsafe {
+            dlkern::capi::dlkern_call(
+                name.as_ptr(),
+                tensors.as_mut_ptr(),
+                inputs as i32,
+                (tensors.len() - inputs) as i32,
+                raw_stream.cast(),
+                attrs.as_ptr(),
+                attrs.len() as i32,
+            )
+        };
+        if code != 0 {
+            // SAFETY: dlkern_last_error returns this thread's NUL-terminated message.
+            let message = unsafe { std::ffi::CStr::from_ptr(dlkern::capi::dlkern_last_error()) };
+            panic!("{label}: {}", message.to_string_lossy());
+        }
+    };
+    call();
+    stream.synchronize().expect("synchronize");
+    group.bench_function(row(label), |b| b.iter_custom(|iters| host_time(stream, iters, &mut call)));
 }
 
 fn benches(c: &mut Criterion) {
@@ -186,6 +231,23 @@ fn benches(c: &mut Criterion) {
                 })
             })
         });
+        // The same call through the C ABI, which has no call site: the weights as given (no
+        // repacked copy), what a C caller gets.
+        let w4_attrs = [
+            CAttr::int(c"K", K as i64),
+            CAttr::int(c"N", N as i64),
+            CAttr::int(c"bits", 4),
+            CAttr::int(c"block_size", BLOCK as i64),
+        ];
+        c_abi_row(
+            &mut group,
+            s,
+            "dlkern_call matmul_nbits M1 4096x4096 b32",
+            c"dlkern.matmul_nbits",
+            &mut tensors,
+            3,
+            &w4_attrs,
+        );
     }
 
     let (rows, d) = (16usize, 4096usize);
@@ -210,7 +272,87 @@ fn benches(c: &mut Criterion) {
                 })
             })
         });
+        // The same kernel on the driver alone: the handle resolved and the parameter list built
+        // once, only `cuLaunchKernel` (or `cuLaunchKernelEx` with programmatic serialization,
+        // as `Device::launch_overlapping` makes it) in the loop. The floor under the rows above.
+        let plan = params.plan(xp, gp, op).expect("plan").expect("rows");
+        let function = device.function(plan.kernel).expect("function").cu_function();
+        let (mut cols, mut x_stride, mut y_stride, mut eps) = (d as u32, d as u64, d as u64, 1e-5f32);
+        let (mut xa, mut ga, mut oa) = (xp, gp, op);
+        let mut raw_params: [*mut std::ffi::c_void; 7] = [
+            (&raw mut xa).cast(),
+            (&raw mut ga).cast(),
+            (&raw mut oa).cast(),
+            (&raw mut cols).cast(),
+            (&raw mut x_stride).cast(),
+            (&raw mut y_stride).cast(),
+            (&raw mut eps).cast(),
+        ];
+        let dims = plan.dims;
+        group.bench_function(row("cuLaunchKernel rmsnorm 16x4096"), |bch| {
+            bch.iter_custom(|iters| {
+                host_time(s, iters, || {
+                    // SAFETY: the kernel's parameter list (u64 x3, u32, u64 x2, f32), each
+                    // pointing at a local that outlives the bench; buffers as above.
+                    unsafe {
+                        cudarc::driver::result::launch_kernel(
+                            function,
+                            dims.grid,
+                            dims.block,
+                            dims.shared_bytes,
+                            raw_stream,
+                            &mut raw_params,
+                        )
+                    }
+                    .expect("launch");
+                })
+            })
+        });
+        for (label, programmatic) in
+            [("cuLaunchKernelEx rmsnorm 16x4096", false), ("cuLaunchKernelEx rmsnorm 16x4096 programmatic", true)]
+        {
+            use cudarc::driver::sys::{
+                CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig, cuLaunchKernelEx,
+            };
+            group.bench_function(row(label), |bch| {
+                bch.iter_custom(|iters| {
+                    host_time(s, iters, || {
+                        let mut attribute = CUlaunchAttribute {
+                            id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                            pad: [0; 4],
+                            value: CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+                        };
+                        let config = CUlaunchConfig {
+                            gridDimX: dims.grid.0,
+                            gridDimY: dims.grid.1,
+                            gridDimZ: dims.grid.2,
+                            blockDimX: dims.block.0,
+                            blockDimY: dims.block.1,
+                            blockDimZ: dims.block.2,
+                            sharedMemBytes: dims.shared_bytes,
+                            hStream: raw_stream,
+                            attrs: &mut attribute,
+                            numAttrs: u32::from(programmatic),
+                        };
+                        // SAFETY: as above; the kernel reads nothing an earlier launch in the loop
+                        // writes, so overlapping the previous one changes no result.
+                        unsafe { cuLaunchKernelEx(&config, function, raw_params.as_mut_ptr(), std::ptr::null_mut()) }
+                            .result()
+                            .expect("launch");
+                    })
+                })
+            });
+        }
         let attrs = Attributes::new().with("epsilon", AttrValue::Float(1e-5));
+        c_abi_row(
+            &mut group,
+            s,
+            "dlkern_call rmsnorm 16x4096",
+            c"dlkern.rmsnorm",
+            &mut tensors,
+            2,
+            &[CAttr::float(c"epsilon", 1e-5)],
+        );
         group.bench_function(row("registry call rmsnorm 16x4096"), |bch| {
             bch.iter_custom(|iters| {
                 host_time(s, iters, || {
@@ -220,6 +362,91 @@ fn benches(c: &mut Criterion) {
                 })
             })
         });
+    }
+    // The W8A8 GEMV at M = 1, N = K = 4096 ([N, K] weights, f16 out), through the C ABI.
+    {
+        let a_q = s.clone_htod(&vec![1i8; K]).expect("alloc");
+        let a_scale = s.clone_htod(&[0.01f32]).expect("alloc");
+        let w_q = s.clone_htod(&vec![1i8; N * K]).expect("alloc");
+        let w_scale = s.clone_htod(&vec![0.01f32; N]).expect("alloc");
+        let mut y = s.alloc_zeros::<f16>(N).expect("alloc");
+        let mut shapes = [vec![1, K as i64], vec![1], vec![N as i64, K as i64], vec![N as i64], vec![1, N as i64]];
+        let [sa, sas, sw, sws, sy] = &mut shapes;
+        let mut tensors = [
+            cuda_tensor(a_q.device_ptr(s).0, DType::I8, sa),
+            cuda_tensor(a_scale.device_ptr(s).0, DType::F32, sas),
+            cuda_tensor(w_q.device_ptr(s).0, DType::I8, sw),
+            cuda_tensor(w_scale.device_ptr(s).0, DType::F32, sws),
+            cuda_tensor(y.device_ptr_mut(s).0, DType::F16, sy),
+        ];
+        c_abi_row(&mut group, s, "dlkern_call matmul_w8a8 M1 4096x4096", c"dlkern.matmul_w8a8", &mut tensors, 4, &[]);
+    }
+
+    // GroupQueryAttention decoding one token (batch 1, 32 query / 8 KV heads of 128, packed
+    // QKV, rotary, the builder's node) over a shared past/present cache of 4096 positions, 4095
+    // of them past, through the C ABI.
+    {
+        let (heads, kv_heads, head, context) = (32usize, 8usize, 128usize, 4096usize);
+        let qkv = (heads + 2 * kv_heads) * head;
+        let query = s.clone_htod(&vec![f16::from_f32(0.1); qkv]).expect("alloc");
+        let cache_len = kv_heads * context * head;
+        let key_cache = s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc");
+        let value_cache = s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc");
+        let seqlens_k = s.clone_htod(&[context as i32 - 1]).expect("alloc");
+        let mut total_sequence_length = context as i32;
+        let cos = s.clone_htod(&vec![f16::ONE; context * head / 2]).expect("alloc");
+        let sin = s.alloc_zeros::<f16>(context * head / 2).expect("alloc");
+        let mut out = s.alloc_zeros::<f16>(heads * head).expect("alloc");
+        let cache_shape = [1, kv_heads as i64, context as i64, head as i64];
+        let mut shapes = [
+            vec![1, 1, qkv as i64],
+            vec![0],
+            vec![0],
+            cache_shape.to_vec(),
+            cache_shape.to_vec(),
+            vec![1],
+            vec![1],
+            vec![context as i64, head as i64 / 2],
+            vec![context as i64, head as i64 / 2],
+            vec![1, 1, (heads * head) as i64],
+            cache_shape.to_vec(),
+            cache_shape.to_vec(),
+        ];
+        let [sq, sk, sv, spk, spv, sl, st, sc, ss, so, sok, sov] = &mut shapes;
+        let (kp, vp) = (key_cache.device_ptr(s).0, value_cache.device_ptr(s).0);
+        let mut total = cuda_tensor((&raw mut total_sequence_length) as u64, DType::I32, st);
+        total.device = DLDevice { device_type: DLDeviceType::CPU, device_id: 0 };
+        let mut tensors = [
+            cuda_tensor(query.device_ptr(s).0, DType::F16, sq),
+            cuda_tensor(0, DType::F16, sk),
+            cuda_tensor(0, DType::F16, sv),
+            cuda_tensor(kp, DType::F16, spk),
+            cuda_tensor(vp, DType::F16, spv),
+            cuda_tensor(seqlens_k.device_ptr(s).0, DType::I32, sl),
+            total,
+            cuda_tensor(cos.device_ptr(s).0, DType::F16, sc),
+            cuda_tensor(sin.device_ptr(s).0, DType::F16, ss),
+            cuda_tensor(out.device_ptr_mut(s).0, DType::F16, so),
+            cuda_tensor(kp, DType::F16, sok),
+            cuda_tensor(vp, DType::F16, sov),
+        ];
+        let attrs = [
+            CAttr::int(c"num_heads", heads as i64),
+            CAttr::int(c"kv_num_heads", kv_heads as i64),
+            CAttr::int(c"do_rotary", 1),
+            CAttr::int(c"local_window_size", -1),
+            CAttr::float(c"softcap", 0.0),
+            CAttr::float(c"scale", 1.0 / (head as f64).sqrt()),
+        ];
+        c_abi_row(
+            &mut group,
+            s,
+            "dlkern_call group_query_attention decode B1 32/8x128 ctx4096",
+            c"dlkern.group_query_attention",
+            &mut tensors,
+            9,
+            &attrs,
+        );
     }
     group.finish();
 }

@@ -75,8 +75,38 @@ def render_host_cost(results):
     return lines + [""]
 
 
+def render_ort_host(records):
+    """Host time per ORT node, ORT's own kernels beside dlkern's (`benches/compare_ort.py`,
+    records of kind "host")."""
+    rows = [r for r in records if r.get("kind") == "host"]
+    if not rows:
+        return []
+    lines = [
+        "## Host time per ORT node",
+        "",
+        "`benches/compare_ort.py` (`host_cost`): sessions of 1 and of N side-by-side decode-sized nodes",
+        "of one op on the CUDA EP, run without ORT's end-of-run synchronization, the device synchronized",
+        "outside the timing; per node = (time of the N-node run - time of the 1-node run) / (N - 1):",
+        "what a node costs the calling thread, ORT's own work for it included.",
+        "",
+        "| op | case | N | ORT host per node | dlkern host per node | ORT 1-node run | dlkern 1-node run |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        if "ort_host_us" not in r or "dlkern_host_us" not in r:
+            why = r.get("ort_error") or r.get("dlkern_error") or "not measured"
+            lines.append(f"| {r['op']} | {r['case']} | {r['nodes']} | {why[:80]} | | | |")
+            continue
+        lines.append(
+            f"| {r['op']} | {r['case']} | {r['nodes']} | {r['ort_host_us']:.2f} us | {r['dlkern_host_us']:.2f} us | "
+            f"{r['ort_run_us']:.1f} us | {r['dlkern_run_us']:.1f} us |"
+        )
+    return lines + [""]
+
+
 def render_ort(records):
     """The drop-in ops against onnxruntime-gpu's own nodes (`benches/compare_ort.py`)."""
+    records = [r for r in records if r.get("kind") != "host"]
     if not records:
         return []
     lines = [
@@ -191,6 +221,9 @@ def render(results, plots_dir=None, plots_rel=None):
         f"- GPU: {results['gpu']} (driver {results['driver']}), PyTorch {results['torch']}",
         f"- command: `{results['command']}`",
         f"- memory ceiling: device-to-device copy at {ceiling:.2f} TB/s (bytes read + written)",
+    ]
+    lines += [f"- later partial run: {s['date']} on {s['gpu']} ({s['note']}), at the end" for s in results.get("supplements", [])]
+    lines += [
         "",
         "dlkern times are criterion medians of CUDA-event-timed launch loops (`cargo bench`), and",
         "CUDA-graph replays through the DLPack C ABI on PyTorch tensors (`benches/compare_torch.py`),",
@@ -254,11 +287,33 @@ def render(results, plots_dir=None, plots_rel=None):
             if png:
                 lines += [f"![{family}]({os.path.join(plots_rel or plots_dir, os.path.basename(png))})", ""]
     lines += render_ort(results.get("ort_comparison") or [])
+    lines += render_ort_host(results.get("ort_comparison") or [])
     lines += render_e2e(results.get("e2e") or {})
+    for supplement in results.get("supplements", []):
+        lines += render_supplement(supplement)
     if os.path.exists(PRUNED):
         with open(PRUNED) as f:
             lines += [f.read().rstrip("\n"), ""]
     return "\n".join(lines) + "\n"
+
+
+def render_supplement(run):
+    """A later partial run on another GPU than the main one (`merge_results.py --supplement`):
+    its own header, then its host-cost, ORT and end-to-end tables, a heading level down."""
+    lines = [
+        f"## Later partial run: {run['date']}, {run['gpu']}",
+        "",
+        f"{run['note']}. Its rows stand on their own: every baseline beside them was measured in that run,",
+        "on that GPU; the tables above are the main run's.",
+        "",
+        f"- GPU: {run['gpu']} (driver {run['driver']}), PyTorch {run['torch']}",
+        f"- command: `{run['command']}`",
+        "",
+    ]
+    ort = run.get("ort_comparison") or []
+    for section in (render_host_cost(run), render_ort(ort), render_ort_host(ort), render_e2e(run.get("e2e") or {})):
+        lines += ["#" + line if line.startswith("## ") else line for line in section]
+    return lines
 
 
 def plot(family, points, ceiling, plots_dir):

@@ -15,6 +15,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); root=$(cd "$here/.." && pwd); cd "$root"
 out=${OUT:-/tmp}; mkdir -p "$out"; work=$(mktemp -d)
 export CRITERION_HOME="$work/criterion" DLKERN_BENCH_META="$work/meta.jsonl"
+# (Empty when no criterion bench runs, e.g. DLKERN_BENCHES=e2e.)
+: > "$work/meta.jsonl"
 export DLKERN_LIB="$here/lib/libdlkern.so"
 read -r warm measure <<<"${DLKERN_BENCH_SECONDS:-1 2}"
 filter=(); [ -n "${DLKERN_BENCH_FILTER:-}" ] && filter=("$DLKERN_BENCH_FILTER")
@@ -56,7 +58,7 @@ meta = [json.loads(l) for l in open(os.path.join(work, "meta.jsonl"))]
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
 import torch
 json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].strip(), "driver": smi.split(",")[-1].strip(),
-           "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; " + "".join(f"{k}='{os.environ[k]}' " for k in ("DLKERN_BENCHES", "DLKERN_BENCH_FILTER", "DLKERN_BENCH_TORCH") if k in os.environ) + f"DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
+           "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; " + "".join(f"{k}='{os.environ[k]}' " for k in ("DLKERN_BENCHES", "DLKERN_BENCH_FILTER", "DLKERN_BENCH_TORCH", "DLKERN_BENCH_ORT", "DLKERN_ORT_OPS") if k in os.environ) + f"DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
            "criterion": sorted(crit, key=lambda r: r["id"]), "meta": meta,
            "comparison": json.load(open(os.path.join(work, "torch.json"))),
            "ort_comparison": json.load(open(os.path.join(work, "ort.json"))),

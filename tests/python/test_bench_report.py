@@ -90,3 +90,70 @@ def test_host_cost_rows_get_their_own_table():
     assert "| registry call x | 5.23 us |" in lines
     text = bench_report.render(results, None, None)
     assert "| registry call x | 5.23 us |" in text and "## host_cost" not in text
+
+
+def test_ort_host_rows_get_their_own_table_and_stay_out_of_the_comparison():
+    host = {"op": "MatMulNBits", "case": "M 1", "nodes": 17, "kind": "host", "ort_run_us": 30.0, "ort_host_us": 4.25,
+            "dlkern_run_us": 40.0, "dlkern_host_us": 9.5}
+    failed = {"op": "GroupQueryAttention", "case": "decode", "nodes": 17, "kind": "host", "dlkern_error": "boom"}
+    node = {"op": "MatMulNBits", "case": "M 1 node", "ort_sync_us": 20.0, "ort_device_us": 10.0,
+            "dlkern_sync_us": 25.0, "dlkern_device_us": 8.0, "bytes": 8_000_000}
+    results = {"date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c", "criterion": [], "meta": [],
+               "comparison": [], "ort_comparison": [host, failed, node]}
+    text = bench_report.render(results, None, None)
+    host_table = text[text.index("## Host time per ORT node"):]
+    assert "| MatMulNBits | M 1 | 17 | 4.25 us | 9.50 us | 30.0 us | 40.0 us |" in host_table
+    assert "| GroupQueryAttention | decode | 17 | boom |" in host_table
+    comparison = text[text.index("## ORT drop-ins"):text.index("## Host time per ORT node")]
+    assert "| MatMulNBits | M 1 node |" in comparison and "| M 1 |" not in comparison
+
+
+def test_a_partial_run_replaces_only_the_rows_it_measured():
+    import merge_results
+
+    base = {"date": "d1", "gpu": "G", "driver": "1", "torch": "t", "command": "full", "e2e": {"rows": 1},
+            "criterion": [{"id": "a/x", "median_ns": 1.0}, {"id": "host_cost/y", "median_ns": 2.0}],
+            "meta": [{"id": "a/x", "family": "a"}, {"id": "host_cost/y", "family": "host_cost"}],
+            "comparison": [{"family": "a", "implementation": "i", "shape": "s", "dtype": "f16", "time_us": 1.0}],
+            "ort_comparison": [{"op": "MatMulNBits", "case": "M 1"}, {"op": "MatMulNBits", "case": "M 16"},
+                               {"op": "SkipSimplifiedLayerNormalization", "case": "n"}]}
+    part = {"date": "d2", "gpu": "G", "driver": "2", "torch": "t", "command": "part", "e2e": {},
+            "criterion": [{"id": "host_cost/y", "median_ns": 3.0}, {"id": "host_cost/z", "median_ns": 4.0}],
+            "meta": [{"id": "host_cost/y", "family": "host_cost"}, {"id": "host_cost/z", "family": "host_cost"}],
+            "comparison": [],
+            "ort_comparison": [{"op": "MatMulNBits", "case": "M 1"},
+                               {"op": "MatMulNBits", "case": "host", "kind": "host"}]}
+    merged = merge_results.merge(base, part, "host rows")
+    assert {r["id"]: r["median_ns"] for r in merged["criterion"]} == {"a/x": 1.0, "host_cost/y": 3.0, "host_cost/z": 4.0}
+    assert sorted(r["id"] for r in merged["meta"]) == ["a/x", "host_cost/y", "host_cost/z"]
+    assert merged["comparison"] == base["comparison"] and merged["e2e"] == {"rows": 1}
+    # The op the partial run measured loses its old rows (M 16 too); the others keep theirs.
+    assert [(r["op"], r["case"]) for r in merged["ort_comparison"]] == [
+        ("SkipSimplifiedLayerNormalization", "n"), ("MatMulNBits", "M 1"), ("MatMulNBits", "host")]
+    assert merged["date"] == "d2" and merged["command"] == "full; then on d2 (host rows): part"
+    import pytest
+    with pytest.raises(ValueError, match="different GPUs"):
+        merge_results.merge(base, dict(part, gpu="H"), "x")
+
+
+def test_a_run_on_another_gpu_is_kept_whole_under_its_own_header():
+    import merge_results
+
+    base = {"date": "d1", "gpu": "H200", "driver": "1", "torch": "t", "command": "full", "criterion": [], "meta": [],
+            "comparison": [], "ort_comparison": [{"op": "MatMulNBits", "case": "M 1 main", "ort_sync_us": 9.0,
+                                                   "ort_device_us": 7.0, "dlkern_sync_us": 8.0, "dlkern_device_us": 6.0,
+                                                   "bytes": 1_000_000}]}
+    part = {"date": "d2", "gpu": "H100", "driver": "2", "torch": "t", "command": "part", "e2e": {},
+            "criterion": [{"id": "host_cost/call x", "median_ns": 3210.0}],
+            "meta": [{"id": "host_cost/call x", "family": "host_cost"}], "comparison": [],
+            "ort_comparison": [{"op": "MatMulNBits", "case": "M 1", "nodes": 17, "kind": "host", "ort_run_us": 30.0,
+                                "ort_host_us": 3.5, "dlkern_run_us": 31.0, "dlkern_host_us": 4.5}]}
+    merged = merge_results.add_supplement(base, part, "host cost")
+    merged = merge_results.add_supplement(merged, dict(part, command="again"), "host cost")
+    assert merged["date"] == "d1" and merged["ort_comparison"] == base["ort_comparison"]
+    assert [s["command"] for s in merged["supplements"]] == ["again"]
+    text = bench_report.render(merged)
+    head, tail = text.split("## Later partial run: d2, H100")
+    assert "- later partial run: d2 on H100 (host cost), at the end" in head and "M 1 main" in head
+    assert "### Host time per call" in tail and "| call x | 3.21 us |" in tail
+    assert "### Host time per ORT node" in tail and "| 3.50 us | 4.50 us |" in tail and "M 1 main" not in tail

@@ -1,0 +1,70 @@
+"""Merges the results of a partial GPU bench run (`gpu-bench.sh` with DLKERN_BENCHES,
+DLKERN_ORT_OPS, ...) into the recorded full run, so that BENCHMARKS.md shows every row at its
+latest measurement and says which rows came from which run:
+
+    python python/merge_results.py benches/results/latest.json NEW.json --note "what the partial run re-measured"
+
+Criterion rows (and their metadata) are replaced by id; ORT rows by (op, kind): a partial run
+that measured an op replaces every old row of that op; PyTorch comparison rows by (family,
+implementation, shape, dtype); the end-to-end record whole when the new run has one. Rows the
+new run did not measure stay. The date becomes the new run's, and the command names both runs.
+A run on another GPU is not merged: `--supplement` keeps it whole beside the recorded one, and
+the report renders it at the end under its own header.
+"""
+
+import argparse
+import json
+
+
+def _replace(old_rows, new_rows, key):
+    fresh = {key(r) for r in new_rows}
+    return [r for r in old_rows if key(r) not in fresh] + list(new_rows)
+
+
+def merge(old, new, note):
+    """`old` with `new`'s measurements in place of the ones it repeats (both results dicts)."""
+    if old.get("gpu") != new.get("gpu"):
+        raise ValueError(f"runs on different GPUs ({old.get('gpu')} and {new.get('gpu')}) are not merged")
+    merged = dict(old)
+    merged["criterion"] = _replace(old["criterion"], new["criterion"], lambda r: r["id"])
+    merged["meta"] = _replace(old["meta"], new["meta"], lambda r: r["id"])
+    merged["comparison"] = _replace(old.get("comparison") or [], new.get("comparison") or [],
+                                    lambda r: (r["family"], r["implementation"], r["shape"], r["dtype"]))
+    ops = {(r["op"], r.get("kind")) for r in new.get("ort_comparison") or []}
+    merged["ort_comparison"] = [r for r in old.get("ort_comparison") or [] if (r["op"], r.get("kind")) not in ops] + \
+        list(new.get("ort_comparison") or [])
+    if new.get("e2e"):
+        merged["e2e"] = new["e2e"]
+    merged["date"], merged["driver"], merged["torch"] = new["date"], new["driver"], new["torch"]
+    merged["command"] = f"{old['command']}; then on {new['date']} ({note}): {new['command']}"
+    return merged
+
+
+def add_supplement(old, new, note):
+    """`old` with `new` (a partial run on another GPU) kept beside it whole, rendered at the end
+    of the report under its own header; an earlier supplement from the same GPU and date goes."""
+    merged = dict(old)
+    kept = [s for s in old.get("supplements", []) if (s["gpu"], s["date"]) != (new["gpu"], new["date"])]
+    merged["supplements"] = kept + [dict(new, note=note)]
+    return merged
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("recorded")
+    ap.add_argument("new")
+    ap.add_argument("--note", required=True, help="what the partial run re-measured (goes into the command line)")
+    ap.add_argument("--supplement", action="store_true",
+                    help="keep the new run whole beside the recorded one (a run on another GPU) instead of merging rows")
+    args = ap.parse_args()
+    with open(args.recorded) as f:
+        old = json.load(f)
+    with open(args.new) as f:
+        new = json.load(f)
+    with open(args.recorded, "w") as f:
+        json.dump((add_supplement if args.supplement else merge)(old, new, args.note), f, indent=1)
+    print(f"merged {args.new} into {args.recorded}")
+
+
+if __name__ == "__main__":
+    main()
