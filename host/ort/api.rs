@@ -9,9 +9,16 @@ use ort_sys::*;
 /// in 1.17.
 pub const ORT_API_VERSION_NEEDED: u32 = 17;
 
-/// The ORT C API table with error handling.
+/// The C API version of `GetTensorElementTypeAndShapeDataReference` (ONNX Runtime 1.24): a
+/// tensor's type and a reference to its dims in one call, where the older way takes five and a
+/// heap-allocated info.
+pub const ORT_API_VERSION_SHAPE_REFERENCE: u32 = 24;
+
+/// The ORT C API table with error handling, and whether the runtime's table reaches
+/// [`ORT_API_VERSION_SHAPE_REFERENCE`] (the fields past version [`ORT_API_VERSION_NEEDED`] are
+/// read only then).
 #[derive(Clone, Copy)]
-pub(crate) struct Api(pub &'static OrtApi);
+pub(crate) struct Api(pub &'static OrtApi, pub bool);
 
 // SAFETY: the OrtApi table is immutable and valid for the life of the process.
 unsafe impl Send for Api {}
@@ -142,15 +149,27 @@ impl Api {
         info: *mut OrtTensorTypeAndShapeInfo,
         owned: bool,
     ) -> OrtResult<(ONNXTensorElementDataType, Vec<i64>)> {
+        let mut dims = Vec::new();
+        self.type_and_shape_into(info, owned, &mut dims).map(|ty| (ty, dims))
+    }
+
+    /// [`Api::type_and_shape`] with the dims appended to `dims`.
+    fn type_and_shape_into(
+        self,
+        info: *mut OrtTensorTypeAndShapeInfo,
+        owned: bool,
+        dims: &mut Vec<i64>,
+    ) -> OrtResult<ONNXTensorElementDataType> {
         // SAFETY: a valid info from ORT.
         let result = unsafe {
             let mut ty = ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
             let mut n = 0usize;
             self.check((self.0.GetTensorElementType)(info, &mut ty)).and_then(|()| {
                 self.check((self.0.GetDimensionsCount)(info, &mut n))?;
-                let mut dims = vec![0i64; n];
-                self.check((self.0.GetDimensions)(info, dims.as_mut_ptr(), n))?;
-                Ok((ty, dims))
+                let start = dims.len();
+                dims.resize(start + n, 0);
+                self.check((self.0.GetDimensions)(info, dims[start..].as_mut_ptr(), n))?;
+                Ok(ty)
             })
         };
         if owned {
@@ -182,11 +201,30 @@ impl Api {
             .collect()
     }
 
-    pub fn value_type_and_shape(self, value: *const OrtValue) -> OrtResult<(ONNXTensorElementDataType, Vec<i64>)> {
+    /// A tensor value's element type, its dims appended to `dims` (no allocation once `dims`
+    /// has room).
+    pub fn value_type_and_shape_into(
+        self,
+        value: *const OrtValue,
+        dims: &mut Vec<i64>,
+    ) -> OrtResult<ONNXTensorElementDataType> {
+        if self.1 {
+            let mut ty = ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+            let (mut shape, mut n) = (std::ptr::null(), 0usize);
+            // SAFETY: a valid tensor value; the table has the field (checked at registration);
+            // the dims stay valid while the value lives, and are copied at once.
+            unsafe {
+                self.check((self.0.GetTensorElementTypeAndShapeDataReference)(value, &mut ty, &mut shape, &mut n))?;
+                if n > 0 {
+                    dims.extend_from_slice(std::slice::from_raw_parts(shape, n));
+                }
+            }
+            return Ok(ty);
+        }
         let mut info = std::ptr::null_mut();
-        // SAFETY: a valid value from ORT.
+        // SAFETY: a valid value from ORT; the info is ours.
         self.check(unsafe { (self.0.GetTensorTypeAndShape)(value, &mut info) })?;
-        self.type_and_shape(info, true)
+        self.type_and_shape_into(info, true, dims)
     }
 
     pub fn mutable_data(self, value: *mut OrtValue) -> OrtResult<*mut c_void> {

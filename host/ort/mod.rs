@@ -41,6 +41,26 @@ pub unsafe extern "C" fn RegisterCustomOps(
     unsafe { ops::register(options, api_base) }
 }
 
+/// The C API version the runtime provides: ONNX Runtime 1.N provides version N (0 where the
+/// version string does not say).
+///
+/// # Safety
+/// `api_base` must be ORT's.
+pub(crate) unsafe fn runtime_api_version(api_base: *const OrtApiBase) -> u32 {
+    // SAFETY: forwarded contract.
+    api_version_of(&unsafe { runtime_version(api_base) })
+}
+
+/// The C API version of ONNX Runtime `version` ("1.31.1": 31).
+fn api_version_of(version: &str) -> u32 {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(1), Some(minor)) => minor,
+        (Some(major), Some(_)) if major > 1 => u32::MAX,
+        _ => 0,
+    }
+}
+
 /// The ORT version string of the runtime, for messages.
 ///
 /// # Safety
@@ -50,5 +70,18 @@ pub(crate) unsafe fn runtime_version(api_base: *const OrtApiBase) -> String {
     unsafe {
         let s: *const c_char = ((*api_base).GetVersionString)();
         if s.is_null() { "unknown".into() } else { std::ffi::CStr::from_ptr(s).to_string_lossy().into_owned() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn api_versions_follow_the_runtime_minor_version() {
+        use super::api_version_of;
+        assert_eq!(api_version_of("1.31.1"), 31);
+        assert_eq!(api_version_of("1.17.0"), 17);
+        assert_eq!(api_version_of("2.0.0"), u32::MAX);
+        assert_eq!(api_version_of("unknown"), 0);
+        assert_eq!(api_version_of("1"), 0);
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Mutex, OnceLock};
 use ort_sys::ONNXTensorElementDataType as Elem;
 use ort_sys::*;
 
-use super::api::{Api, ORT_API_VERSION_NEEDED, OrtResult};
+use super::api::{Api, ORT_API_VERSION_NEEDED, ORT_API_VERSION_SHAPE_REFERENCE, OrtResult};
 use crate::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
 use crate::dtype::DType;
 use crate::kernel::{AttrKind, AttrValue, Attributes, CallSite, OpDecl, TensorDecl, TensorSpec, TensorType};
@@ -126,6 +126,11 @@ fn custom_op_table() -> OrtCustomOp {
         InferOutputShapeFn: Some(infer_output_shape),
         GetStartVersion: Some(start_version),
         GetEndVersion: Some(end_version),
+        // Version 18's fields, past the layout `version` declares: ORT does not read them.
+        GetMayInplace: None,
+        ReleaseMayInplace: None,
+        GetAliasMap: None,
+        ReleaseAliasMap: None,
     }
 }
 
@@ -243,6 +248,10 @@ struct NodeKernel {
     /// The node's initializer inputs, and what its kernel derives from them (`matmul_nbits`
     /// keeps its repacked B there).
     site: CallSite,
+    /// The node's last output inference: the key of what it read (each input's dtype and
+    /// shape, the values of host inputs) and the outputs it gave. A decode step repeats its
+    /// shapes, so most calls skip the kernel's inference.
+    inferred: Mutex<Option<(Vec<i64>, Vec<TensorSpec>)>>,
 }
 
 fn op_name(op: &DlkernOp) -> &'static str {
@@ -330,7 +339,15 @@ unsafe extern "system" fn create_kernel(
             }
         };
         let site = CallSite::new(api.constant_inputs(info));
-        let state = Box::new(NodeKernel { op, label, function_name, attrs, num_outputs: n_out, site });
+        let state = Box::new(NodeKernel {
+            op,
+            label,
+            function_name,
+            attrs,
+            num_outputs: n_out,
+            site,
+            inferred: Mutex::new(None),
+        });
         // SAFETY: ORT passes a valid out-pointer; KernelDestroy frees the box.
         unsafe { *kernel = Box::into_raw(state).cast() };
         Ok(())
@@ -391,10 +408,100 @@ fn dl_tensor(data: *mut c_void, device: DLDevice, dtype: DType, shape: &mut [i64
 unsafe extern "system" fn kernel_compute(kernel: *mut c_void, context: *mut OrtKernelContext) -> OrtStatusPtr {
     // SAFETY: created by create_kernel, alive until KernelDestroy.
     let kernel = unsafe { &*kernel.cast::<NodeKernel>() };
-    guarded("Compute", || compute(kernel, context).map_err(|m| format!("{}: {m}", kernel.label)))
+    guarded("Compute", || {
+        CALL_SCRATCH
+            .with(|cell| match cell.try_borrow_mut() {
+                Ok(mut scratch) => compute(kernel, context, &mut scratch),
+                // A kernel that runs another session on this thread (a plug-in can): its nodes
+                // get buffers of their own.
+                Err(_) => compute(kernel, context, &mut CallScratch::default()),
+            })
+            .map_err(|m| format!("{}: {m}", kernel.label))
+    })
 }
 
-fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()> {
+/// One tensor of a call as ORT describes it: its dims are `dims[offset..offset + ndim]` of the
+/// call's [`CallScratch`].
+#[derive(Clone, Copy)]
+struct TensorMeta {
+    data: *mut c_void,
+    device: DLDevice,
+    dtype: DType,
+    offset: usize,
+    ndim: usize,
+}
+
+/// What one call gathers from ORT before it calls the registry, in buffers each thread keeps
+/// from call to call: once they have grown to a node's size, a call allocates nothing on its
+/// way to the kernel.
+#[derive(Default)]
+struct CallScratch {
+    /// Every tensor's dims, one after another.
+    dims: Vec<i64>,
+    /// Inputs (absent ones as 0-element placeholders), then outputs.
+    metas: Vec<TensorMeta>,
+    tensors: Vec<DLTensor>,
+    /// What the outputs' inference depends on (see `NodeKernel::inferred`).
+    key: Vec<i64>,
+}
+
+thread_local! {
+    static CALL_SCRATCH: std::cell::RefCell<CallScratch> = std::cell::RefCell::default();
+}
+
+impl CallScratch {
+    /// A 0-element placeholder for an absent optional tensor (keeps the positions).
+    fn push_absent(&mut self, provider: Provider) {
+        let offset = self.dims.len();
+        self.dims.push(0);
+        let device = device_of_provider(provider);
+        self.metas.push(TensorMeta { data: std::ptr::null_mut(), device, dtype: DType::U8, offset, ndim: 1 });
+    }
+
+    /// `self.tensors` anew over the first `count` metas. Built after the last change to
+    /// `dims`, so that every shape pointer is derived from the buffer as it now stands.
+    fn build_tensors(&mut self, count: usize) {
+        let base = self.dims.as_mut_ptr();
+        self.tensors.clear();
+        self.tensors.extend(self.metas[..count].iter().map(|m| DLTensor {
+            data: m.data,
+            device: m.device,
+            ndim: m.ndim as i32,
+            dtype: dtype_to_dl(m.dtype),
+            // SAFETY: offset + ndim <= dims.len(): each meta's dims were pushed with it.
+            shape: unsafe { base.add(m.offset) },
+            strides: std::ptr::null_mut(), // ORT tensors are dense row-major
+            byte_offset: 0,
+        }));
+    }
+}
+
+/// Appends the values of a host input to an inference key; `false` (the call's inference is
+/// not cached) when it has more than a few elements.
+///
+/// # Safety
+/// `data` is null or points to `elements` host elements of `dtype`, valid for the call.
+unsafe fn host_values_into(key: &mut Vec<i64>, data: *const c_void, dtype: DType, elements: usize) -> bool {
+    const MOST: usize = 8;
+    if data.is_null() || elements == 0 {
+        key.push(-1);
+        return true;
+    }
+    if elements > MOST {
+        return false;
+    }
+    let size = dtype.size_bytes();
+    // SAFETY: the caller's contract.
+    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), elements * size) };
+    key.extend(bytes.chunks_exact(size).map(|c| {
+        let mut word = [0u8; 8];
+        word[..size].copy_from_slice(c);
+        i64::from_le_bytes(word)
+    }));
+    true
+}
+
+fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext, s: &mut CallScratch) -> OrtResult<()> {
     let api = api();
     let (mut n_in, mut n_out) = (0usize, 0usize);
     // SAFETY: a valid context for the duration of the call.
@@ -407,9 +514,13 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
         // SAFETY: a valid context; the stream stays ORT's.
         api.check(unsafe { (api.0.KernelContext_GetGPUComputeStream)(context, &mut stream) })?;
     }
-    // Inputs: metadata first (shapes must live as long as the DLTensors).
-    let mut shapes: Vec<Vec<i64>> = Vec::with_capacity(n_in + n_out);
-    let mut metas = Vec::with_capacity(n_in);
+    s.dims.clear();
+    s.metas.clear();
+    s.key.clear();
+    // A typed op's inference reads the inputs' dtypes and shapes and the values of its host
+    // inputs, nothing else: calls that agree on those share its result. (A DLPackKernel's
+    // inference is the plug-in's, which may read anything.)
+    let mut cacheable = matches!(kernel.op.kind, Kind::Typed { .. });
     for i in 0..n_in {
         let mut value: *const OrtValue = std::ptr::null();
         // SAFETY: index < input count.
@@ -418,21 +529,26 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
             if !kernel.optional_input(i) {
                 return Err(format!("input {i} is missing"));
             }
-            shapes.push(vec![0]); // an absent optional input: a 0-element tensor keeps positions
-            metas.push((std::ptr::null_mut(), device_of_provider(kernel.op.provider), DType::U8));
+            s.push_absent(kernel.op.provider);
+            s.key.push(-2);
             continue;
         }
-        let (elem, dims) = api.value_type_and_shape(value)?;
+        let offset = s.dims.len();
+        let elem = api.value_type_and_shape_into(value, &mut s.dims)?;
+        let ndim = s.dims.len() - offset;
         let dtype =
             dtype_of(elem).ok_or_else(|| format!("input {i} has element type {elem:?}, which dlkern does not take"))?;
-        let device = if kernel.op.host_input(i) {
-            device_of_provider(Provider::Cpu)
-        } else {
-            device_of(api, kernel.op.provider, value)?
-        };
+        let host = kernel.op.host_input(i);
+        let device = if host { device_of_provider(Provider::Cpu) } else { device_of(api, kernel.op.provider, value)? };
         let data = api.mutable_data(value.cast_mut())?;
-        shapes.push(dims);
-        metas.push((data, device, dtype));
+        s.metas.push(TensorMeta { data, device, dtype, offset, ndim });
+        s.key.extend([dtype as i64, ndim as i64]);
+        s.key.extend_from_slice(&s.dims[offset..]);
+        if host && cacheable {
+            let elements = s.dims[offset..].iter().product::<i64>().max(0) as usize;
+            // SAFETY: a host input of this dtype and shape, valid for the call.
+            cacheable = unsafe { host_values_into(&mut s.key, data, dtype, elements) };
+        }
     }
     // Trailing optional inputs the node left out.
     let declared = match kernel.op.kind {
@@ -440,20 +556,27 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
         Kind::Generic => n_in,
     };
     for _ in n_in..declared {
-        shapes.push(vec![0]);
-        metas.push((std::ptr::null_mut(), device_of_provider(kernel.op.provider), DType::U8));
+        s.push_absent(kernel.op.provider);
     }
     let n_in = n_in.max(declared);
-    let mut tensors: Vec<DLTensor> = Vec::with_capacity(n_in + n_out);
-    for (i, &(data, device, dtype)) in metas.iter().enumerate() {
-        tensors.push(dl_tensor(data, device, dtype, &mut shapes[i]));
-    }
-    // Outputs: shapes from the kernel's inference, memory from ORT.
-    // SAFETY: the DLTensors point into the inner shape vectors' heap buffers, which stay put
-    // while `shapes` itself grows.
-    let specs: Vec<TensorSpec> =
-        unsafe { registry::infer(&kernel.function_name, &tensors, n_out, &kernel.attrs) }.map_err(|e| e.to_string())?;
-    for (i, spec) in specs.into_iter().enumerate() {
+    // Outputs: shapes from the kernel's inference (or from this node's last one, for the same
+    // key), memory from ORT.
+    let mut last = if cacheable { kernel.inferred.try_lock().ok() } else { None };
+    let fresh;
+    let specs: &[TensorSpec] = match last.as_deref() {
+        Some(Some((key, specs))) if *key == s.key => specs,
+        _ => {
+            s.build_tensors(n_in);
+            // SAFETY: the DLTensors point into `s.dims`, unchanged while they are used here.
+            fresh = unsafe { registry::infer(&kernel.function_name, &s.tensors, n_out, &kernel.attrs) }
+                .map_err(|e| e.to_string())?;
+            if let Some(slot) = last.as_deref_mut() {
+                *slot = Some((s.key.clone(), fresh.clone()));
+            }
+            &fresh
+        }
+    };
+    for (i, spec) in specs.iter().enumerate() {
         let mut value: *mut OrtValue = std::ptr::null_mut();
         // SAFETY: index < output count; ORT allocates on the op's provider.
         api.check(unsafe {
@@ -465,22 +588,23 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext) -> OrtResult<()>
             }
             // An omitted optional output (`''` in the node): a 0-element placeholder keeps the
             // positions, as for inputs.
-            shapes.push(vec![0]);
-            let shape = shapes.last_mut().expect("just pushed");
-            tensors.push(dl_tensor(std::ptr::null_mut(), device_of_provider(kernel.op.provider), DType::U8, shape));
+            s.push_absent(kernel.op.provider);
             continue;
         }
         let device = device_of(api, kernel.op.provider, value)?;
         let data = api.mutable_data(value)?;
-        shapes.push(spec.shape);
-        let shape = shapes.last_mut().expect("just pushed");
-        tensors.push(dl_tensor(data, device, spec.dtype, shape));
+        let offset = s.dims.len();
+        s.dims.extend_from_slice(&spec.shape);
+        s.metas.push(TensorMeta { data, device, dtype: spec.dtype, offset, ndim: spec.shape.len() });
     }
+    drop(last);
     debug_assert_eq!(kernel.num_outputs, n_out);
-    // SAFETY: ORT's tensors are valid on their device for this call; `stream` is ORT's compute
-    // stream of the node's device (or null on the CPU provider); the inputs the site marks
-    // constant are the node's initializers, the same tensors on every call.
-    unsafe { registry::call_at(&kernel.function_name, &mut tensors, n_in, stream, &kernel.attrs, &kernel.site) }
+    s.build_tensors(s.metas.len());
+    // SAFETY: ORT's tensors are valid on their device for this call, their shapes in `s.dims`,
+    // which does not change again before the call returns; `stream` is ORT's compute stream of
+    // the node's device (or null on the CPU provider); the inputs the site marks constant are
+    // the node's initializers, the same tensors on every call.
+    unsafe { registry::call_at(&kernel.function_name, &mut s.tensors, n_in, stream, &kernel.attrs, &kernel.site) }
         .map_err(|e| e.to_string())
 }
 
@@ -657,10 +781,12 @@ pub(super) unsafe fn register(options: *mut OrtSessionOptions, api_base: *const 
         let message = format!(
             "libdlkern needs ONNX Runtime C API version {ORT_API_VERSION_NEEDED} (ONNX Runtime 1.{ORT_API_VERSION_NEEDED}) or newer; this runtime is {version}"
         );
-        return Api(unsafe { &*v1 }).error(&message);
+        return Api(unsafe { &*v1 }, false).error(&message);
     }
-    // SAFETY: a valid table for the life of the process.
-    let api = *API.get_or_init(|| Api(unsafe { &*table }));
+    // SAFETY: ORT's API base.
+    let shape_reference = unsafe { super::runtime_api_version(api_base) } >= ORT_API_VERSION_SHAPE_REFERENCE;
+    // SAFETY: a valid table for the life of the process, of at least the runtime's version.
+    let api = *API.get_or_init(|| Api(unsafe { &*table }, shape_reference));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> OrtResult<()> {
         let mut domain = std::ptr::null_mut();
         let name = CString::new(super::DOMAIN).map_err(|e| e.to_string())?;

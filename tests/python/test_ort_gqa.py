@@ -204,6 +204,26 @@ def test_gqa_shared_past_present_buffer(provider):
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+def test_gqa_outputs_follow_total_sequence_length_run_by_run(provider):
+    """The same node run again with inputs of the same shapes: only the host input
+    total_sequence_length moves present's length (max(past, total)), and each run must have
+    ORT's shapes and values (dlkern's node keeps its last output inference per input key)."""
+    dtype = dtypes_for(provider)[-1]
+    heads, kv_heads, head, past_len = 4, 2, 64, 8
+    sessions = {d: session(gqa_model(d, dtype, heads, kv_heads, head, False, True, 0), provider)
+                for d in ("com.microsoft", "dlkern")}
+    for step, length in enumerate([5, 9, 5, 9]):
+        feeds = gqa_inputs(np.random.default_rng(step), dtype, 1, 1, heads, kv_heads, head, False, past_len, [length], 0)
+        ref, ours = (sessions[d].run(None, feeds) for d in ("com.microsoft", "dlkern"))
+        assert ours[1].shape == ref[1].shape == (1, kv_heads, max(past_len, length), head), (step, ours[1].shape)
+        tol = tolerance(dtype)
+        np.testing.assert_allclose(ours[0].astype(np.float64), ref[0].astype(np.float64), **tol)
+        for i in (1, 2):
+            np.testing.assert_allclose(ours[i][:, :, :length].astype(np.float64),
+                                       ref[i][:, :, :length].astype(np.float64), **tol)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("case,message", [
     (dict(lengths=[60], past_len=32, total=40), "seqlens_k"),
     (dict(lengths=[0], past_len=8, total=1), "seqlens_k"),

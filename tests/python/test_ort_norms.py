@@ -152,6 +152,23 @@ def test_skip_broadcast_shapes(x_shape, skip_shape, np_dtype):
         compare(theirs, ours, np_dtype, f"{x_shape} skip {skip_shape} bias={bias}")
 
 
+def test_one_session_follows_changing_shapes_run_by_run():
+    """One session run with inputs whose shapes change from run to run and back (a prompt,
+    then decode steps, then another prompt): each run's outputs have its own shapes and ORT's
+    values (dlkern's node keeps its last output inference, keyed by the inputs' shapes)."""
+    rng = np.random.default_rng(11)
+    first, names = skip_feeds(rng, (1, 7, 64), (1, 7, 64), np.float32, bias=False)
+    outputs = ["y", "", "", "input_skip_bias_sum"]
+    theirs, ours = (session(build("SkipSimplifiedLayerNormalization", d, first, names, outputs, np.float32,
+                                  symbolic=True, epsilon=1e-5)) for d in ("com.microsoft", "dlkern"))
+    for shape in [(1, 7, 64), (1, 1, 64), (3, 1, 64), (1, 1, 64), (2, 5, 64)]:
+        feeds, _ = skip_feeds(rng, shape, shape, np.float32, bias=False)
+        want = dict(zip(["y", "input_skip_bias_sum"], theirs.run(None, feeds)))
+        got = dict(zip(["y", "input_skip_bias_sum"], ours.run(None, feeds)))
+        assert got["y"].shape == shape
+        compare(want, got, np.float32, f"shape {shape}")
+
+
 def test_skip_keeps_symbolic_dims_and_chains_the_sum():
     """Two layers the way the builder chains them: the second adds the first's sum."""
     rng = np.random.default_rng(5)
