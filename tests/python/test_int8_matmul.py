@@ -67,6 +67,33 @@ def test_matches_ort_matmul_integer_to_float(elem, np_dtype, per_column, zero_po
     np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64), rtol=tol, atol=tol * np.abs(expected).max())
 
 
+def test_an_empty_b_of_huge_n_is_no_huge_allocation():
+    """Found by the fuzz campaign (seed 7, case 28340): B [0, 2^40 + 1] with scalar scales gives
+    an empty Y, which the kernel must produce without spreading the scalars over N values (an
+    allocation of 8 TB that aborted the process)."""
+    import onnxruntime as ort
+
+    n = (1 << 40) + 1
+    node = helper.make_node("MatMulIntegerToFloat", ["A", "B", "a_scale", "b_scale"], ["Y"], domain="dlkern")
+    ins = [helper.make_tensor_value_info("A", TensorProto.INT8, [0, 0]),
+           helper.make_tensor_value_info("B", TensorProto.INT8, [0, n]),
+           helper.make_tensor_value_info("a_scale", TensorProto.FLOAT, [1]),
+           helper.make_tensor_value_info("b_scale", TensorProto.FLOAT, [1])]
+    graph = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dlkern", 1)])
+    model.ir_version = 9
+    sess = session(model.SerializeToString(), LIB_PATH)
+    io = sess.io_binding()  # (numpy cannot make the [0, 2^40 + 1] output array)
+    feeds = {"A": np.zeros((0, 0), np.int8), "B": np.zeros((0, n), np.int8),
+             "a_scale": np.array([0.5], np.float32), "b_scale": np.array([0.25], np.float32)}
+    for name, value in feeds.items():
+        io.bind_cpu_input(name, value)
+    io.bind_output("Y", "cpu")
+    sess.run_with_iobinding(io)
+    assert io.get_outputs()[0].shape() == [0, n]
+    assert isinstance(io.get_outputs()[0], ort.OrtValue)
+
+
 def quantize_rows(x):
     scale = np.abs(x).max(axis=-1) / 127.0
     safe = np.where(scale > 0, scale, 1.0)

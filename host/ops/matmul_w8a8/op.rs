@@ -294,20 +294,31 @@ fn itf_infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     Ok(vec![TensorSpec { dtype: a_scale.dtype(), shape: with_last(a.shape(), n) }])
 }
 
-/// A scalar-or-per-index parameter: `len` values, or one broadcast.
-///
-/// # Safety
-/// As [`floats`].
-unsafe fn broadcast(t: &TensorView, len: usize, what: &str) -> Result<Vec<f64>> {
-    // SAFETY: forwarded.
-    let v: Vec<f64> = match t.dtype() {
-        DType::I8 => unsafe { t.host_slice::<i8>()? }.iter().map(|&x| x as f64).collect(),
-        _ => unsafe { floats(t)? }.into_iter().map(f64::from).collect(),
-    };
-    match v.len() {
-        1 => Ok(vec![v[0]; len]),
-        l if l == len => Ok(v),
-        l => Err(Error::InvalidTensor { name: what.into(), message: format!("{l} values (expected 1 or {len})") }),
+/// A scalar-or-per-index parameter of `MatMulIntegerToFloat`: one value for every index, or one
+/// per index. Kept as given (a scalar is not spread over `len` values: `len` comes from the
+/// shapes, and an empty B may declare any N).
+struct PerIndex(Vec<f64>);
+
+impl PerIndex {
+    /// The value at index `i`.
+    fn at(&self, i: usize) -> f64 {
+        if self.0.len() == 1 { self.0[0] } else { self.0[i] }
+    }
+
+    /// `t`'s values, which must be 1 or `len`.
+    ///
+    /// # Safety
+    /// As [`floats`].
+    unsafe fn of(t: &TensorView, len: usize, what: &str) -> Result<Self> {
+        // SAFETY: forwarded.
+        let v: Vec<f64> = match t.dtype() {
+            DType::I8 => unsafe { t.host_slice::<i8>()? }.iter().map(|&x| x as f64).collect(),
+            _ => unsafe { floats(t)? }.into_iter().map(f64::from).collect(),
+        };
+        match v.len() {
+            l if l == 1 || l == len => Ok(PerIndex(v)),
+            l => Err(Error::InvalidTensor { name: what.into(), message: format!("{l} values (expected 1 or {len})") }),
+        }
     }
 }
 
@@ -344,15 +355,15 @@ fn itf_compute(args: &KernelArgs) -> Result<()> {
     y.expect_shape(&with_last(a.shape(), n as i64))?;
     // SAFETY: CPU tensors valid for the call; Y is a distinct buffer.
     unsafe {
-        let sa = broadcast(&a_scale, k, "a_scale")?;
-        let sb = broadcast(&b_scale, n, "b_scale")?;
-        let zero_point = |t: &Option<TensorView>, len: usize, what: &str| -> Result<Vec<f64>> {
+        let sa = PerIndex::of(&a_scale, k, "a_scale")?;
+        let sb = PerIndex::of(&b_scale, n, "b_scale")?;
+        let zero_point = |t: &Option<TensorView>, len: usize, what: &str| -> Result<PerIndex> {
             match t {
                 Some(t) => {
                     t.expect_dtype(&[DType::I8])?;
-                    broadcast(t, len, what)
+                    PerIndex::of(t, len, what)
                 }
-                None => Ok(vec![0.0; len]),
+                None => Ok(PerIndex(vec![0.0])),
             }
         };
         let za = zero_point(&a_zp, k, "a_zero_point")?;
@@ -360,18 +371,19 @@ fn itf_compute(args: &KernelArgs) -> Result<()> {
         let bias = match &bias {
             Some(t) => {
                 t.expect_same_dtype(&a_scale)?;
-                broadcast(t, n, "bias")?
+                PerIndex::of(t, n, "bias")?
             }
-            None => vec![0.0; n],
+            None => PerIndex(vec![0.0]),
         };
         let av = a.host_slice::<i8>()?;
         let bv = b.host_slice::<i8>()?;
         let mut out = vec![0.0f64; m * n];
         for i in 0..m {
             for j in 0..n {
-                let dot: f64 =
-                    (0..k).map(|p| (av[i * k + p] as f64 - za[p]) * sa[p] * (bv[p * n + j] as f64 - zb[j])).sum();
-                out[i * n + j] = dot * sb[j] + bias[j];
+                let dot: f64 = (0..k)
+                    .map(|p| (av[i * k + p] as f64 - za.at(p)) * sa.at(p) * (bv[p * n + j] as f64 - zb.at(j)))
+                    .sum();
+                out[i * n + j] = dot * sb.at(j) + bias.at(j);
             }
         }
         store(&y, &out)
