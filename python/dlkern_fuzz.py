@@ -104,6 +104,55 @@ MAX_ELEMENTS = 1 << 16
 HUGE = [1 << 31, (1 << 40) + 1]  # (numpy refuses shapes whose nonzero dims pass 2^63 bytes)
 
 
+def _templates(rng, t):
+    """A valid node per op, as {op: (inputs by declared name as (dtype, shape, values or None for
+    random), attributes[, how many outputs: all declared ones by default])}: the start of the
+    mutated cases. Sizes are random and small; values that must agree with shapes (lengths,
+    positions) are given."""
+    pick = lambda *v: int(rng.choice(v))  # noqa: E731
+    b, s, d, h, hkv = pick(1, 2, 3), pick(1, 2, 7), pick(16, 32, 64, 80), pick(2, 4), pick(1, 2)
+    if h % hkv:
+        hkv = 1
+    rows, hidden = pick(1, 3, 7), pick(8, 64, 97)
+    out = {
+        "RMSNorm": ({"X": (t, [rows, hidden], None), "scale": (t, [hidden], None)}, {"epsilon": 1e-5}),
+        "SimplifiedLayerNormalization": ({"X": (t, [b, s, hidden], None), "scale": (t, [hidden], None)},
+                                         {"axis": -1, "epsilon": 1e-5, "stash_type": 1}),
+        "SkipSimplifiedLayerNormalization": ({"input": (t, [b, s, hidden], None), "skip": (t, [b, s, hidden], None),
+                                              "gamma": (t, [hidden], None), "bias": (t, [hidden], None)},
+                                             {"epsilon": 1e-5}),
+    }
+    block, blocks, n, m = pick(16, 32, 64, 128), pick(1, 2, 3), pick(1, 8, 33), pick(1, 4, 17)
+    k = block * blocks
+    out["MatMulNBits"] = ({"A": (t, [m, k], None), "B": ("uint8", [n, blocks, block // 2], None),
+                           "scales": (t, [n, blocks], None), "zero_points": ("uint8", [n, (blocks + 1) // 2], None),
+                           "bias": (t, [n], None)},
+                          {"K": k, "N": n, "bits": 4, "block_size": block})
+    out["MatMulIntegerToFloat"] = ({"A": ("int8", [m, k], None), "B": ("int8", [k, n], None),
+                                    "a_scale": (t, [1], None), "b_scale": (t, [n], None),
+                                    "a_zero_point": ("int8", [1], None), "b_zero_point": ("int8", [n], None),
+                                    "bias": (t, [n], None)}, {})
+    sk = pick(1, 5, 9)
+    out["FlashAttention"] = ({"q": (t, [b, s, h, d], None), "k": (t, [b, sk, hkv, d], None),
+                              "v": (t, [b, sk, hkv, d], None)}, {"causal": pick(0, 1), "window_left": pick(-1, 2)})
+    past = pick(0, 4, 16)
+    lengths = rng.integers(1, past + 1, b) + s - 1 if past else np.full(b, s)
+    total = int(lengths.max())
+    cache = (t, [max(total, past) + 2, d // 2], None)
+    out["GroupQueryAttention"] = ({"query": (t, [b, s, (h + 2 * hkv) * d], None),
+                                   "past_key": (t, [b, hkv, past, d], None), "past_value": (t, [b, hkv, past, d], None),
+                                   "seqlens_k": ("int32", [b], (lengths - 1).astype(np.int32)),
+                                   "total_sequence_length": ("int32", [], np.array(total, np.int32)),
+                                   "cos_cache": cache, "sin_cache": cache},
+                                  {"num_heads": h, "kv_num_heads": hkv, "do_rotary": 1, "local_window_size": pick(-1, 3)},
+                                  3)  # (output_qk is refused)
+    positions = rng.integers(0, 8, (b, s)).astype(np.int64)
+    out["RotaryEmbedding"] = ({"input": (t, [b, s, h * d], None), "position_ids": ("int64", [b, s], positions),
+                               "cos_cache": (t, [8, d // 2], None), "sin_cache": (t, [8, d // 2], None)},
+                              {"num_heads": h, "interleaved": pick(0, 1)})
+    return out
+
+
 class Case:
     """One random model and its feeds, made from `rng`."""
 
@@ -116,7 +165,12 @@ class Case:
         # and draw their dims from two sizes: they reach the kernels, not only the checks.
         self.tidy = rng.random() < 0.5
         self.pool = [int(v) for v in rng.choice(SIZES[1:], size=2 if self.tidy else 4)] + ([] if self.tidy else [0])
-        self.model, self.feeds = self._build(generic)
+        # A third of the cases start from a valid node of the op and bend one or two things.
+        template = None if generic else _templates(rng, self.t).get(self.op.name)
+        if template is not None and rng.random() < 0.35:
+            self.model, self.feeds = self._mutated(*template)
+        else:
+            self.model, self.feeds = self._build(generic)
 
     def _dim(self):
         r = self.rng.random()
@@ -128,7 +182,12 @@ class Case:
 
     def _shape(self, declared_rank=None):
         rank = declared_rank if declared_rank is not None and self.rng.random() < 0.7 else int(self.rng.integers(0, 5))
-        shape = [self._dim() for _ in range(rank)]
+        return self._bounded([self._dim() for _ in range(rank)])
+
+    def _bounded(self, shape):
+        """`shape` with one huge dim at most, only on an empty tensor, and at most
+        [`MAX_ELEMENTS`] elements."""
+        rank = len(shape)
         huge = [a for a, d in enumerate(shape) if d >= HUGE[0]]
         for a in huge[1:]:
             shape[a] = 1  # one huge dim at most
@@ -188,6 +247,74 @@ class Case:
             return [int(v) for v in rng.choice([-1, 0, 1, 8, 1 << 40], int(rng.integers(1, 4)))]
         return [float(v) for v in rng.choice([0.0, 1.0, -2.5], int(rng.integers(1, 4)))]
 
+    def _mutated(self, inputs, attrs, outputs=None):
+        """The op's template with 0 to 2 of: a dim changed, an attribute changed, an optional
+        input dropped, a dtype changed, a given value changed."""
+        rng = self.rng
+        inputs = {name: [dtype, list(shape), values] for name, (dtype, shape, values) in inputs.items()}
+        attrs = dict(attrs)
+        for _ in range(int(rng.integers(0, 3))):
+            what = rng.integers(5)
+            name = str(rng.choice(list(inputs)))
+            if what == 0 and inputs[name][1]:
+                shape = inputs[name][1]
+                shape[int(rng.integers(len(shape)))] = self._dim()
+                inputs[name][1] = self._bounded(shape)
+                inputs[name][2] = None
+            elif what == 1 and attrs:
+                key = str(rng.choice(list(attrs)))
+                value = attrs[key]
+                kind = {int: "int", float: "float", str: "string"}.get(type(value)) or (
+                    "ints" if all(isinstance(v, int) for v in value) else "floats")
+                attrs[key] = self._attr(key, kind) if rng.random() < 0.8 else None
+                if attrs[key] is None:
+                    del attrs[key]
+            elif what == 2:
+                optional = [n for n, _, opt, _ in self.op.inputs if opt and n in inputs]
+                if optional:
+                    del inputs[str(rng.choice(optional))]
+            elif what == 3:
+                inputs[name][0] = str(rng.choice(list(ELEM)))
+                inputs[name][2] = None
+            elif inputs[name][2] is not None:
+                v = inputs[name][2].copy()
+                flat = v.reshape(-1)
+                if flat.size:
+                    flat[int(rng.integers(flat.size))] = int(rng.choice([-1, 0, 1 << 20, -(1 << 30), 3]))
+                inputs[name][2] = v
+        names, graph_inputs = [], []
+        for i, (declared, *_rest) in enumerate(self.op.inputs):
+            if declared not in inputs:
+                names.append("")
+                continue
+            dtype, shape, values = inputs[declared]
+            input_name = f"in{i}"
+            names.append(input_name)
+            graph_inputs.append((input_name, dtype, shape, values, shape))
+        while names and names[-1] == "":
+            names.pop()
+        outputs = [f"out{i}" for i in range(outputs or len(self.op.outputs))]
+        return self._model(self.op.name, names, outputs, attrs, graph_inputs)
+
+    def _model(self, op_name, names, outputs, attrs, graph_inputs):
+        """The serialized model of one node and its feeds; `graph_inputs` as (name, dtype,
+        shape, values or None for random ones, the dims the graph declares). bfloat16 inputs are
+        fed as float16 and cast inside the model (numpy has no bfloat16)."""
+        node = helper.make_node(op_name, names, outputs, domain="dlkern", name="fuzzed", **attrs)
+        # Outputs without a declared type: ORT takes the op's (its inference).
+        graph_outputs = [ValueInfoProto(name=o) for o in outputs if o]
+        nodes, infos, fed = [], [], {}
+        for name, dtype, shape, values, dims in graph_inputs:
+            if dtype == "bfloat16":
+                nodes.append(helper.make_node("Cast", [name + "_f16"], [name], to=TensorProto.BFLOAT16))
+                name, dtype = name + "_f16", "float16"
+            fed[name] = self._values(dtype, shape) if values is None else values.astype(ELEM[dtype][1])
+            infos.append(helper.make_tensor_value_info(name, ELEM[dtype][0], dims))
+        graph = helper.make_graph(nodes + [node], "fuzz", infos, graph_outputs)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dlkern", 1)])
+        model.ir_version = 9
+        return model.SerializeToString(), fed
+
     def _build(self, generic):
         rng = self.rng
         if generic:
@@ -211,7 +338,7 @@ class Case:
             op_name = self.op.name
         # Inputs: each declared one present, absent ('' / left off at the end) or, rarely, an
         # extra one past the declared count.
-        names, graph_inputs, feeds = [], [], {}
+        names, graph_inputs = [], []
         count = len(declared_in)
         if not self.tidy and rng.random() < 0.05:
             count += int(rng.integers(1, 3))
@@ -226,10 +353,8 @@ class Case:
             shape = self._shape(rank)
             input_name = f"in{i}"
             names.append(input_name)
-            elem = ELEM[dtype][0]
             dims = [f"s{i}_{a}" if rng.random() < 0.1 else d for a, d in enumerate(shape)]
-            graph_inputs.append(helper.make_tensor_value_info(input_name, elem, dims))
-            feeds[input_name] = (dtype, shape)
+            graph_inputs.append((input_name, dtype, shape, None, dims))
         while names and names[-1] == "":
             names.pop()
         out_count = len(declared_out)
@@ -243,25 +368,7 @@ class Case:
             outputs.append("" if optional and rng.random() < 0.4 else f"out{i}")
         while outputs and outputs[-1] == "":
             outputs.pop()
-        node = helper.make_node(op_name, names, outputs, domain="dlkern", name="fuzzed", **attrs)
-        # Outputs without a declared type: ORT takes the op's (its inference).
-        graph_outputs = [ValueInfoProto(name=o) for o in outputs if o]
-        # bfloat16 inputs are fed as float16 and cast inside the model.
-        nodes, fed = [], {}
-        for vi in graph_inputs:
-            dtype, shape = feeds[vi.name]
-            if dtype == "bfloat16":
-                raw = vi.name + "_f16"
-                nodes.append(helper.make_node("Cast", [raw], [vi.name], to=TensorProto.BFLOAT16))
-                vi.name = raw
-                vi.type.tensor_type.elem_type = TensorProto.FLOAT16
-                fed[raw] = self._values("float16", shape)
-            else:
-                fed[vi.name] = self._values(dtype, shape)
-        graph = helper.make_graph(nodes + [node], "fuzz", graph_inputs, graph_outputs)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dlkern", 1)])
-        model.ir_version = 9
-        return model.SerializeToString(), fed
+        return self._model(op_name, names, outputs, attrs, graph_inputs)
 
 
 class Finding(Exception):

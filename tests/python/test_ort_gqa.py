@@ -312,3 +312,18 @@ def test_rotary_embedding_position_out_of_range_is_an_error():
     sess = session(rotary_model("dlkern", dtype, x.shape, pos.shape, cos.shape), "CPUExecutionProvider")
     with pytest.raises(Exception, match="position 9"):
         sess.run(None, {"input": x, "position_ids": pos, "cos_cache": cos, "sin_cache": sin})
+
+
+def test_rotary_embedding_huge_num_heads_is_an_error():
+    """Found by the fuzz campaign (seed 11, case 4734): num_heads = 2^62 overflowed the check
+    that the heads split the hidden size (a panic in a debug build, a wrapped product in a
+    release build). Head counts are now bounded before any size is computed from them."""
+    dtype = np.float32
+    x = np.ones((1, 7, 320), dtype)
+    cos, sin = rotary_caches(np.random.default_rng(0), 8, 80, dtype)
+    pos = np.array([[1, 6, 2, 0, 3, 4, 5]], np.int64)
+    model = rotary_model("dlkern", dtype, x.shape, pos.shape, cos.shape, num_heads=1 << 62, interleaved=1)
+    sess = session(model, "CPUExecutionProvider")
+    with pytest.raises(Exception, match=r"'num_heads' = 4611686018427387904 must be in 1\.\.=65535") as err:
+        sess.run(None, {"input": x, "position_ids": pos, "cos_cache": cos, "sin_cache": sin})
+    assert "panic" not in str(err.value)

@@ -34,7 +34,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::kernel::{Attributes, InferArgs, KernelArgs, TensorSpec};
 use crate::ops::common::rotary::rotate_at;
-use crate::ops::common::{dims, fail, floats, round_to, store};
+use crate::ops::common::{dims, fail, floats, head_count, round_to, store};
 use crate::ops::paged_attention::launch::{BnshAttentionParams, PagedAttentionPointers, paged_attention_bnsh_raw};
 use crate::runtime::{Device, StreamScratch, copy_2d_async};
 
@@ -84,7 +84,10 @@ fn options(name: &str, attrs: &Attributes) -> Result<Options> {
     };
     let heads = attrs.int("num_heads")?.ok_or_else(|| fail(name, "missing attribute num_heads".into()))?;
     let kv_heads = attrs.int("kv_num_heads")?.ok_or_else(|| fail(name, "missing attribute kv_num_heads".into()))?;
-    if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+    // (Bounded before any size is computed from them.)
+    head_count(name, "num_heads", heads)?;
+    head_count(name, "kv_num_heads", kv_heads)?;
+    if heads % kv_heads != 0 {
         return Err(fail(
             name,
             format!("num_heads = {heads}, kv_num_heads = {kv_heads}: both >= 1, num_heads a multiple of kv_num_heads"),

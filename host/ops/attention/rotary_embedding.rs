@@ -17,7 +17,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::kernel::{Attributes, KernelArgs};
 use crate::ops::common::rotary::rotate_at;
-use crate::ops::common::{fail, floats, store};
+use crate::ops::common::{fail, floats, head_count, store};
 use crate::runtime::Device;
 
 /// One call's geometry.
@@ -46,6 +46,9 @@ fn geometry(name: &str, attrs: &Attributes, x: &TensorView, pos: &TensorView, co
         1 => true,
         other => return Err(fail(name, format!("interleaved = {other} (expected 0 or 1)"))),
     };
+    if num_heads != 0 {
+        head_count(name, "num_heads", num_heads)?;
+    }
     if num_heads < 0 || rotary_attr < 0 || (rotary_attr > 0 && num_heads == 0) {
         return Err(fail(
             name,

@@ -51,6 +51,18 @@ pub(crate) fn optional_output<'a>(args: &'a KernelArgs, i: usize, name: &'a str)
     Ok(if t.is_empty() { None } else { Some(t) })
 }
 
+/// Most heads an attention op takes (a grid dimension holds 65535 blocks): attribute values past
+/// it are refused before any size is computed from them.
+pub(crate) const MAX_HEADS: usize = 65535;
+
+/// A head-count attribute's value, which must lie in `1..=MAX_HEADS`.
+pub(crate) fn head_count(name: &str, attr: &str, value: i64) -> Result<usize> {
+    usize::try_from(value)
+        .ok()
+        .filter(|&v| (1..=MAX_HEADS).contains(&v))
+        .ok_or_else(|| fail(name, format!("attribute '{attr}' = {value} must be in 1..={MAX_HEADS}")))
+}
+
 /// `shape` with its last dimension replaced by `n`.
 pub(crate) fn with_last(shape: &[i64], n: i64) -> Vec<i64> {
     let mut out = shape.to_vec();

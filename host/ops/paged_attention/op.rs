@@ -23,7 +23,7 @@ use crate::error::Result;
 use crate::kernel::{
     AttrDecl, AttrKind, Attributes, InferArgs, KernelArgs, OpDecl, OrtDecl, TensorDecl, TensorSpec, TensorType,
 };
-use crate::ops::common::{dims, fail, floats, optional, round_to, store};
+use crate::ops::common::{dims, fail, floats, head_count, optional, round_to, store};
 
 use super::launch::{PagedOpParams, PagedOpPointers, paged_attention_op_raw};
 use super::reference::{PagedOpConfig, PagedOpInputs, paged_attention_op};
@@ -129,13 +129,7 @@ struct Attrs {
 }
 
 fn attrs(name: &str, a: &Attributes) -> Result<Attrs> {
-    let heads = |attr: &str| -> Result<usize> {
-        let v = a.require_int(attr)?;
-        usize::try_from(v)
-            .ok()
-            .filter(|&v| v > 0 && v <= 65535)
-            .ok_or_else(|| fail(name, format!("attribute '{attr}' = {v} must be in 1..=65535")))
-    };
+    let heads = |attr: &str| -> Result<usize> { head_count(name, attr, a.require_int(attr)?) };
     let (num_heads, kv_heads) = (heads("num_heads")?, heads("kv_num_heads")?);
     if !num_heads.is_multiple_of(kv_heads) {
         return Err(fail(name, format!("num_heads {num_heads} is not a multiple of kv_num_heads {kv_heads}")));
