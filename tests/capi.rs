@@ -164,3 +164,154 @@ fn c_string_not_builtin(name: &CString) -> *const c_char {
     static MISSING: &[u8] = b"fuzz.not.registered\0";
     if name.as_bytes() == b"dlkern.rmsnorm" { MISSING.as_ptr().cast() } else { name.as_ptr() }
 }
+
+/// Attribute names the kernels read, for [`fuzz_kernels_with_malformed_dlpack`].
+const FUZZ_ATTRS: [&std::ffi::CStr; 14] = [
+    c"epsilon",
+    c"K",
+    c"N",
+    c"bits",
+    c"block_size",
+    c"num_heads",
+    c"kv_num_heads",
+    c"causal",
+    c"scale",
+    c"axis",
+    c"out_dtype",
+    c"w_layout",
+    c"do_rotary",
+    c"window_left",
+];
+
+/// One fuzzed tensor's metadata: dims (and, with `overflow`, two dims before them whose product
+/// passes 2^64), strides (None: dense), dtype, device, where its data starts in the shared
+/// buffer (None: null data) and its byte offset.
+#[derive(Debug, Clone)]
+struct FuzzTensor {
+    dims: Vec<i64>,
+    overflow: bool,
+    strides: Option<Vec<i64>>,
+    code: u8,
+    bits: u8,
+    lanes: u16,
+    device: u32,
+    start: Option<usize>,
+    byte_offset: u64,
+}
+
+fn fuzz_tensor_strategy() -> impl Strategy<Value = FuzzTensor> {
+    (
+        proptest::collection::vec(-2i64..6, 0..5),
+        proptest::bool::weighted(0.1),
+        proptest::option::weighted(0.3, proptest::collection::vec(-2i64..9, 0..5)),
+        (0u8..8, prop_oneof![Just(8u8), Just(16), Just(32), Just(64), any::<u8>()], prop_oneof![Just(1u16), 0u16..4]),
+        prop_oneof![4 => Just(1u32), 1 => Just(2u32), 1 => 0u32..20],
+        proptest::option::weighted(0.85, 0usize..4),
+        prop_oneof![Just(0u64), Just(1), Just(2), Just(8), Just(24)],
+    )
+        .prop_map(|(dims, overflow, strides, (code, bits, lanes), device, start, byte_offset)| FuzzTensor {
+            dims,
+            overflow,
+            strides,
+            code,
+            bits,
+            lanes,
+            device,
+            start,
+            byte_offset,
+        })
+}
+
+proptest! {
+    // (DLKERN_FUZZ_CASES: a longer campaign.)
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("DLKERN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(3000),
+        ..ProptestConfig::default()
+    })]
+    /// Malformed DLPack tensors (null data with elements, negative dims and strides, strides of
+    /// another rank, byte offsets and unaligned data, unknown dtypes and lanes, other devices,
+    /// dims whose product overflows) and attributes of every kind and value, against every
+    /// registered kernel through `dlkern_call` and `dlkern_infer`: each returns a code, and no
+    /// panic is ever contained (one would mean a check is missing). The data, where not null,
+    /// lies in a buffer larger than any extent the small dims can describe; only dims whose
+    /// product overflows are huge, as a valid caller's tensor never is.
+    #[test]
+    fn fuzz_kernels_with_malformed_dlpack(
+        kernel in any::<prop::sample::Index>(),
+        tensors in proptest::collection::vec(fuzz_tensor_strategy(), 0..12),
+        num_inputs in 0usize..12,
+        attrs in proptest::collection::vec((0usize..FUZZ_ATTRS.len(), -1i32..6, prop_oneof![
+            Just(0i64), Just(1), Just(4), Just(32), Just(-1), Just(1 << 40), Just(i64::MIN), Just(i64::MAX)]), 0..5),
+    ) {
+        let names = dlkern::registry::names();
+        let name = CString::new(kernel.get(&names).as_str()).unwrap();
+        let mut buffer = vec![0u64; 1 << 13];
+        let base = buffer.as_mut_ptr() as usize;
+        let mut shapes: Vec<Vec<i64>> = tensors
+            .iter()
+            .map(|t| if t.overflow { [&[1i64 << 33, 1 << 33][..], &t.dims[..]].concat() } else { t.dims.clone() })
+            .collect();
+        let mut strides: Vec<Option<Vec<i64>>> = tensors.iter().map(|t| t.strides.clone()).collect();
+        let mut dl: Vec<DLTensor> = tensors
+            .iter()
+            .zip(shapes.iter_mut().zip(strides.iter_mut()))
+            .map(|(t, (shape, strides))| DLTensor {
+                // Host memory only on host devices: a CUDA tensor (kDLCUDA, kDLCUDAManaged)
+                // over host memory is no malformed tensor but a caller's broken promise, which
+                // a GPU host would turn into a device fault.
+                data: t.start.filter(|_| ![2, 13].contains(&t.device)).map_or(0, |s| base + 64 + s) as *mut _,
+                device: DLDevice { device_type: DLDeviceType(t.device), device_id: 0 },
+                ndim: shape.len() as i32,
+                dtype: DLDataType { code: DLDataTypeCode(t.code), bits: t.bits, lanes: t.lanes },
+                shape: shape.as_mut_ptr(),
+                // Strides of their own length: another rank than the shape's is a malformed
+                // tensor the ABI must refuse (it reads `ndim` of them, so pad to that).
+                strides: strides.as_mut().map_or(std::ptr::null_mut(), |s| {
+                    s.resize(s.len().max(shape.len()), 1);
+                    s.as_mut_ptr()
+                }),
+                byte_offset: t.byte_offset,
+            })
+            .collect();
+        let ints = [3i64, -1, 1 << 40];
+        let floats = [1e-5f64, -1.0, f64::NAN];
+        let text = c"f16";
+        let c_attrs: Vec<CAttr> = attrs
+            .iter()
+            .map(|&(n, kind, i)| CAttr {
+                name: FUZZ_ATTRS[n].as_ptr(),
+                kind,
+                i,
+                f: i as f64,
+                s: text.as_ptr(),
+                ints: ints.as_ptr(),
+                floats: floats.as_ptr(),
+                count: (i.rem_euclid(4)).min(3),
+            })
+            .collect();
+        let num_inputs = num_inputs.min(dl.len());
+        // SAFETY: every pointer is null or valid for what it describes: the name, the tensors'
+        // shape and stride arrays (ndim elements each), data in `buffer` past every extent the
+        // small dims describe, attribute strings and arrays of `count` elements.
+        let code = unsafe {
+            dlkern_call(
+                name.as_ptr(),
+                dl.as_mut_ptr(),
+                num_inputs as i32,
+                (dl.len() - num_inputs) as i32,
+                std::ptr::null_mut(),
+                c_attrs.as_ptr(),
+                c_attrs.len() as i32,
+            )
+        };
+        prop_assert!((0..ERR_INTERNAL).contains(&code), "{name:?}: code {code}: a panic was contained, which is a bug");
+        let mut out_shapes = [[0i64; 16]; 4];
+        let mut outs: Vec<DLTensor> = out_shapes.iter_mut().map(|s| fuzz_tensor(s, 0, 0, 2, 32, 1)).collect();
+        // SAFETY: as above.
+        let code = unsafe {
+            dlkern_infer(name.as_ptr(), dl.as_ptr(), num_inputs as i32, outs.as_mut_ptr(), 4, c_attrs.as_ptr(), c_attrs.len() as i32)
+        };
+        prop_assert!((0..ERR_INTERNAL).contains(&code), "{name:?}: code {code}: a panic was contained, which is a bug");
+        drop(buffer);
+    }
+}
