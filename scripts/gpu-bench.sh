@@ -32,7 +32,7 @@ else
   echo "=== PyTorch comparison"
   python3 benches/compare_torch.py "$work/torch.json"
 fi
-# The ORT drop-ins against onnxruntime-gpu's own nodes, where it is staged (../shared/gpu).
+# The ORT drop-ins against onnxruntime-gpu's own nodes, where it is staged (scripts/gpu-ort-stage.sh).
 if python3 -c 'import onnxruntime, sys; sys.exit("CUDAExecutionProvider" not in onnxruntime.get_available_providers())' 2>/dev/null \
   && [ "${DLKERN_BENCH_ORT:-1}" != 0 ]; then
   echo "=== ORT drop-ins against onnxruntime-gpu"

@@ -4,7 +4,8 @@
 #   source, so `-Zbuild-std=core` can build `core` for nvptx64; see builder/);
 # - a Python environment in .venv with ptxas (PyPI nvidia-cuda-nvcc, to check PTX without a
 #   GPU), onnx, onnxruntime and numpy (the ONNX Runtime tests), and onnxruntime-genai (the
-#   generation loop of the demo and the end-to-end tests; its CPU build, on top of onnxruntime).
+#   generation loop of the demo and the end-to-end tests; its CPU build, on top of onnxruntime),
+#   at the versions scripts/constraints.txt pins.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd); cd "$root"
 sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -21,24 +22,39 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
-if ! .venv/bin/python - <<'PY'
+# The packages below at the versions scripts/constraints.txt pins (onnxruntime is the release
+# whose own kernels the drop-ins are compared against; the GPU host stages the same one).
+packages=(nvidia-cuda-nvcc onnx onnxruntime onnxruntime-genai numpy pytest matplotlib onnx-ir)
+if ! .venv/bin/python - scripts/constraints.txt "${packages[@]}" <<'PY'
 import glob, importlib.metadata, importlib.util, os, sys
-missing = [m for m in ("onnx", "onnxruntime", "numpy", "pytest", "matplotlib", "onnx_ir", "onnxruntime_genai")
-           if importlib.util.find_spec(m) is None]
-# The ORT ops dlkern replaces are compared against ORT's own kernels of this release (the GPU
-# host's onnxruntime-gpu is the same one), so its CPU build is pinned.
-if "onnxruntime" not in missing and importlib.metadata.version("onnxruntime") != "1.31.1":
-    missing.append("onnxruntime")
-if "onnxruntime_genai" not in missing and importlib.metadata.version("onnxruntime-genai") != "0.18.0":
-    missing.append("onnxruntime_genai")
+pins = dict(l.strip().split("==") for l in open(sys.argv[1]) if "==" in l and not l.startswith("#"))
+norm = lambda n: n.lower().replace("_", "-")
+pins = {norm(k): v for k, v in pins.items()}
+stale = []
+for name in sys.argv[2:]:
+    try:
+        if importlib.metadata.version(name) != pins[norm(name)]:
+            stale.append(name)
+    except importlib.metadata.PackageNotFoundError:
+        stale.append(name)
 spec = importlib.util.find_spec("nvidia")
 if spec is None or not any(glob.glob(os.path.join(d, "*", "bin", "ptxas")) for d in spec.submodule_search_locations):
-    missing.append("nvidia-cuda-nvcc")
-sys.exit(1 if missing else 0)
+    stale.append("nvidia-cuda-nvcc (ptxas)")
+if stale:
+    print("setup: missing or not at the pinned version: " + ", ".join(stale))
+sys.exit(1 if stale else 0)
 PY
 then
-  echo "setup: pip install nvidia-cuda-nvcc onnx onnxruntime==1.31.1 onnxruntime-genai==0.18.0 numpy pytest matplotlib onnx_ir (into .venv)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check nvidia-cuda-nvcc onnx onnxruntime==1.31.1 \
-    onnxruntime-genai==0.18.0 numpy pytest matplotlib onnx_ir
+  echo "setup: pip install ${packages[*]} (pinned by scripts/constraints.txt) into .venv: a minute or two"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c scripts/constraints.txt "${packages[@]}"
 fi
-echo "setup: ok"
+# The host crate's toolchain: rustup's cargo where there is one, else Debian's (scripts/env.sh);
+# Cargo.toml's rust-version is the oldest that builds it.
+. scripts/env.sh
+need=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+have=$($CARGO --version | awk '{print $2}')
+if [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+  echo "setup: $CARGO is $have; dlkern needs Rust $need or newer (Cargo.toml rust-version): install it with rustup" >&2
+  exit 1
+fi
+echo "setup: ok (host Rust $have, kernel compiler $(/usr/bin/rustc --version | awk '{print $2}'), Python packages as scripts/constraints.txt pins)"
