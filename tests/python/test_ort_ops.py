@@ -186,7 +186,11 @@ def test_refuses_a_runtime_that_is_too_old():
 
     v1_table = (ctypes.c_void_p * 1)(ctypes.cast(create_status, ctypes.c_void_p))
     GET_API = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_uint32)
-    GET_VERSION = ctypes.CFUNCTYPE(ctypes.c_char_p)
+    # The version string as a pointer into a buffer that outlives the call: a callback whose
+    # restype is c_char_p and which returns bytes makes ctypes warn "memory leak in callback
+    # function" (it cannot keep the returned object alive), which this test used to cause.
+    GET_VERSION = ctypes.CFUNCTYPE(ctypes.c_void_p)
+    version_text = ctypes.create_string_buffer(b"1.16.3")
 
     @GET_API
     def get_api(version):
@@ -194,7 +198,7 @@ def test_refuses_a_runtime_that_is_too_old():
 
     @GET_VERSION
     def get_version():
-        return b"1.16.3"
+        return ctypes.addressof(version_text)
 
     base = (ctypes.c_void_p * 2)(ctypes.cast(get_api, ctypes.c_void_p), ctypes.cast(get_version, ctypes.c_void_p))
     register = LIB.lib.RegisterCustomOps
