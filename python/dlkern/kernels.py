@@ -1,0 +1,109 @@
+"""Any registry kernel of libdlkern.so on NumPy arrays or PyTorch / CuPy tensors, without ONNX
+Runtime: the outputs are allocated from the kernel's own shape inference, like the inputs'
+kind (NumPy for NumPy, torch on the inputs' device for torch), and the tensors cross through
+DLPack without copies.
+
+    import dlkern
+    y = dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6)
+    q, scales = dlkern.call("dlkern.quantize_per_token", x, num_outputs=2)
+    so = dlkern.session_options()          # an onnxruntime.SessionOptions with the library
+
+CUDA tensors run on the current torch stream unless `stream` (a CUstream handle) is given.
+Errors are `dlkern_ctypes.DLKernError`s carrying dlkern's message.
+"""
+
+import os
+from pathlib import Path
+
+import dlkern_ctypes as dk
+
+_LIBRARY = None
+
+# DLPack (code, bits) of the dtypes dlkern's kernels take and give.
+_NUMPY_TYPES = {(2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (0, 8): "int8", (1, 8): "uint8",
+                (0, 32): "int32", (0, 64): "int64"}
+_TORCH_TYPES = {**_NUMPY_TYPES, (4, 16): "bfloat16"}
+
+
+def get_library_path():
+    """The libdlkern.so to load: $DLKERN_LIB, else one inside this package (an installed
+    wheel), else the repository's release build, then its debug build."""
+    here = Path(__file__).resolve().parent
+    candidates = [os.environ.get("DLKERN_LIB"), here / "libdlkern.so",
+                  here.parent.parent / "target" / "release" / "libdlkern.so",
+                  here.parent.parent / "target" / "debug" / "libdlkern.so"]
+    for path in candidates:
+        if path and Path(path).is_file():
+            return str(Path(path).resolve())
+    raise FileNotFoundError("no libdlkern.so: set DLKERN_LIB, or build it (cargo build --release)")
+
+
+def library():
+    """The loaded library (one per process: ORT sessions that register the same path share its
+    registry)."""
+    global _LIBRARY
+    if _LIBRARY is None:
+        _LIBRARY = dk.Library(get_library_path())
+    return _LIBRARY
+
+
+def session_options(options=None):
+    """`options` (a new onnxruntime.SessionOptions by default) with libdlkern.so registered, as
+    onnxruntime-extensions' get_library_path() is used."""
+    import onnxruntime as ort
+
+    so = options or ort.SessionOptions()
+    so.register_custom_ops_library(get_library_path())
+    return so
+
+
+def _empty_like_inputs(inputs, code, bits, shape):
+    """An output of DLPack dtype (code, bits) and `shape`, of the first input's kind."""
+    first = inputs[0]
+    kind = type(first).__module__.split(".")[0]
+    if kind == "torch":
+        import torch
+
+        dtype = getattr(torch, _TORCH_TYPES[(code, bits)])
+        return torch.empty(tuple(shape), dtype=dtype, device=first.device)
+    if kind == "cupy":
+        import cupy
+
+        return cupy.empty(tuple(shape), dtype=_NUMPY_TYPES[(code, bits)])
+    import numpy as np
+
+    if (code, bits) not in _NUMPY_TYPES:
+        raise TypeError(f"NumPy has no dtype for DLPack code {code} with {bits} bits (use torch tensors)")
+    return np.empty(tuple(shape), dtype=_NUMPY_TYPES[(code, bits)])
+
+
+def _current_stream(inputs):
+    """The current torch CUDA stream where the inputs are torch CUDA tensors, else None."""
+    first = inputs[0]
+    if type(first).__module__.split(".")[0] == "torch" and first.is_cuda:
+        import torch
+
+        return torch.cuda.current_stream(first.device).cuda_stream
+    return None
+
+
+def call(name, *inputs, num_outputs=1, stream=None, **attrs):
+    """Runs registry kernel `name` on `inputs` with attributes `attrs`; returns its output, or a
+    tuple of `num_outputs` outputs, allocated from the kernel's inference."""
+    if not inputs:
+        raise ValueError(f"{name}: no inputs")
+    lib = library()
+    specs = lib.infer(name, inputs, num_outputs, **attrs)
+    outputs = [_empty_like_inputs(inputs, code, bits, shape) for code, bits, shape in specs]
+    lib.call(name, inputs, outputs, stream=_current_stream(inputs) if stream is None else stream, **attrs)
+    return outputs[0] if num_outputs == 1 else tuple(outputs)
+
+
+def kernel(name, num_outputs=1):
+    """`name` as a function: kernel(name)(*inputs, **attrs) is call(name, *inputs, ...)."""
+    def run(*inputs, stream=None, **attrs):
+        return call(name, *inputs, num_outputs=num_outputs, stream=stream, **attrs)
+
+    run.__name__ = name.replace(".", "_")
+    run.__doc__ = f"dlkern kernel {name!r} ({num_outputs} output(s)); see dlkern.call."
+    return run

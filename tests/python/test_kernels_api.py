@@ -1,0 +1,80 @@
+"""dlkern.call / dlkern.kernel on NumPy arrays (CI) and torch CUDA tensors (the GPU host), and
+dlkern.session_options with ONNX Runtime: outputs allocated from each kernel's inference, errors
+as DLKernError with dlkern's message. DLKERN_LIB = path of libdlkern.so."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+import dlkern  # noqa: E402
+import dlkern_ctypes as dk  # noqa: E402
+import dlkern_onnx as dx  # noqa: E402
+
+
+def rmsnorm_ref(x, w, eps):
+    x64 = x.astype(np.float64)
+    return x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
+
+
+def test_library_path_is_the_one_the_tests_load():
+    assert dlkern.get_library_path() == os.path.abspath(os.environ["DLKERN_LIB"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 97), (2, 3, 1025)])
+def test_call_allocates_outputs_from_inference(dtype, shape):
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2, 2, shape).astype(dtype)
+    w = rng.uniform(0.5, 1.5, shape[-1]).astype(dtype)
+    y = dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6)
+    assert isinstance(y, np.ndarray) and y.shape == shape and y.dtype == dtype
+    np.testing.assert_allclose(y.astype(np.float64), rmsnorm_ref(x, w, 1e-6), rtol=2 * np.finfo(dtype).eps, atol=1e-7)
+    # The same kernel as a function.
+    rmsnorm = dlkern.kernel("dlkern.rmsnorm")
+    np.testing.assert_array_equal(rmsnorm(x, w, epsilon=1e-6), y)
+
+
+def test_call_with_two_outputs_of_other_dtypes():
+    x = np.random.default_rng(2).uniform(-3, 3, (5, 64)).astype(np.float32)
+    q, scales = dlkern.call("dlkern.quantize_per_token", x, num_outputs=2)
+    assert q.dtype == np.int8 and q.shape == (5, 64) and scales.dtype == np.float32 and scales.shape == (5,)
+    np.testing.assert_allclose(q * scales[:, None], x, atol=float(scales.max()))
+
+
+def test_errors_carry_dlkerns_message():
+    x = np.ones((2, 8), np.float32)
+    with pytest.raises(dk.DLKernError, match=r"shape \[7\] \(expected \[8\]\)"):
+        dlkern.call("dlkern.rmsnorm", x, np.ones(7, np.float32))
+    with pytest.raises(dk.DLKernError, match="no kernel named"):
+        dlkern.call("dlkern.no_such_kernel", x)
+
+
+def test_session_options_register_the_library_with_ort():
+    import onnxruntime as ort
+
+    from onnx import TensorProto
+
+    sess = ort.InferenceSession(dx.rmsnorm_model(TensorProto.FLOAT, 16, 1e-6), dlkern.session_options(),
+                                providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(3).uniform(-1, 1, (2, 3, 16)).astype(np.float32)
+    w = np.ones(16, np.float32)
+    (y,) = sess.run(None, {"X": x, "scale": w})
+    np.testing.assert_allclose(y, dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6), rtol=1e-6)
+
+
+def test_call_on_torch_cuda_tensors_uses_the_current_stream():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with a CUDA device")
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.float16)
+    w = torch.rand(4096, device="cuda", dtype=torch.float16) + 0.5
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        y = dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6)
+    stream.synchronize()
+    assert y.is_cuda and y.dtype == torch.float16 and y.shape == x.shape
+    want = torch.nn.functional.rms_norm(x.float(), (4096,), w.float(), eps=1e-6)
+    torch.testing.assert_close(y.float(), want, rtol=2e-3, atol=2e-3)
