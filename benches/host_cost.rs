@@ -83,9 +83,10 @@ fn cuda_tensor(address: u64, dtype: DType, shape: &mut [i64]) -> DLTensor {
     }
 }
 
-/// A row timing `dlkern_call` as a C caller makes it: name, tensors and attributes prepared
-/// once, only the call in the loop. The first call (module load, occupancy queries) is made
-/// before the timing.
+/// A row timing `dlkern_call` (or, with a `site`, `dlkern_call_at`) as a C caller makes it:
+/// name, tensors and attributes prepared once, only the call in the loop. The first call (module
+/// load, occupancy queries, a site's repacking) is made before the timing.
+#[allow(clippy::too_many_arguments)]
 fn c_abi_row(
     group: &mut BenchmarkGroup<WallTime>,
     stream: &cudarc::driver::CudaStream,
@@ -94,22 +95,23 @@ fn c_abi_row(
     tensors: &mut [DLTensor],
     inputs: usize,
     attrs: &[CAttr],
+    site: Option<*const dlkern::kernel::CallSite>,
 ) {
     let raw_stream = stream.cu_stream();
     let mut call = || {
+        let (n_in, n_out) = (inputs as i32, (tensors.len() - inputs) as i32);
+        let (t, a, n_attrs) = (tensors.as_mut_ptr(), attrs.as_ptr(), attrs.len() as i32);
         // SAFETY: the header's contract: a NUL-terminated name, valid DLTensors over device
         // buffers of their shapes (host ones where the kernel takes them) alive for the bench,
-        // `inputs` of them inputs, the bench stream, `attrs` with 'static names.
+        // `inputs` of them inputs, the bench stream, `attrs` with 'static names; a site from
+        // dlkern_site_create whose constant inputs are the same buffers at every call.
         let code = unsafe {
-            dlkern::capi::dlkern_call(
-                name.as_ptr(),
-                tensors.as_mut_ptr(),
-                inputs as i32,
-                (tensors.len() - inputs) as i32,
-                raw_stream.cast(),
-                attrs.as_ptr(),
-                attrs.len() as i32,
-            )
+            match site {
+                Some(site) => {
+                    dlkern::capi::dlkern_call_at(site, name.as_ptr(), t, n_in, n_out, raw_stream.cast(), a, n_attrs)
+                }
+                None => dlkern::capi::dlkern_call(name.as_ptr(), t, n_in, n_out, raw_stream.cast(), a, n_attrs),
+            }
         };
         if code != 0 {
             // SAFETY: dlkern_last_error returns this thread's NUL-terminated message.
@@ -247,7 +249,23 @@ fn benches(c: &mut Criterion) {
             &mut tensors,
             3,
             &w4_attrs,
+            None,
         );
+        // Through a call site that marks B and the scales constant: the repacked path the ORT
+        // op takes.
+        let site = dlkern::capi::dlkern_site_create(0b110);
+        c_abi_row(
+            &mut group,
+            s,
+            "dlkern_call_at matmul_nbits M1 4096x4096 b32",
+            c"dlkern.matmul_nbits",
+            &mut tensors,
+            3,
+            &w4_attrs,
+            Some(site),
+        );
+        // SAFETY: the site of dlkern_site_create, used no more.
+        unsafe { dlkern::capi::dlkern_site_destroy(site) };
     }
 
     let (rows, d) = (16usize, 4096usize);
@@ -352,6 +370,7 @@ fn benches(c: &mut Criterion) {
             &mut tensors,
             2,
             &[CAttr::float(c"epsilon", 1e-5)],
+            None,
         );
         group.bench_function(row("registry call rmsnorm 16x4096"), |bch| {
             bch.iter_custom(|iters| {
@@ -379,7 +398,16 @@ fn benches(c: &mut Criterion) {
             cuda_tensor(w_scale.device_ptr(s).0, DType::F32, sws),
             cuda_tensor(y.device_ptr_mut(s).0, DType::F16, sy),
         ];
-        c_abi_row(&mut group, s, "dlkern_call matmul_w8a8 M1 4096x4096", c"dlkern.matmul_w8a8", &mut tensors, 4, &[]);
+        c_abi_row(
+            &mut group,
+            s,
+            "dlkern_call matmul_w8a8 M1 4096x4096",
+            c"dlkern.matmul_w8a8",
+            &mut tensors,
+            4,
+            &[],
+            None,
+        );
     }
 
     // GroupQueryAttention decoding one token (batch 1, 32 query / 8 KV heads of 128, packed
@@ -446,6 +474,7 @@ fn benches(c: &mut Criterion) {
             &mut tensors,
             9,
             &attrs,
+            None,
         );
     }
     group.finish();

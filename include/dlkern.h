@@ -140,6 +140,22 @@ int64_t dlkern_list_kernels(char* buf, size_t len);
 int32_t dlkern_call(const char* name, DLTensor* tensors, int32_t num_inputs, int32_t num_outputs,
                     void* stream, const dlkern_attr* attrs, int32_t num_attrs);
 
+/* A call site: a caller that calls the same kernel again and again from one place (a layer's
+ * projection, say) keeps one, and says which inputs never change there: bit i of
+ * constant_inputs set means input i is the same tensor (same address, same contents) at every
+ * call through the site. A kernel may then keep what it derives from those inputs with the site
+ * (dlkern.matmul_nbits: a copy of constant CUDA weights repacked for its fast decode path, made
+ * at the first call, which waits for the stream once) until dlkern_site_destroy. NULL when out
+ * of memory. A site may be used from one thread at a time, or from several with calls that do
+ * not overlap in time. */
+typedef struct dlkern_site dlkern_site;
+dlkern_site* dlkern_site_create(uint64_t constant_inputs);
+/* Frees the site and what kernels kept with it (NULL: nothing); no call may use it after. */
+void dlkern_site_destroy(dlkern_site* site);
+/* dlkern_call through a site (NULL site: an error). */
+int32_t dlkern_call_at(dlkern_site* site, const char* name, DLTensor* tensors, int32_t num_inputs,
+                       int32_t num_outputs, void* stream, const dlkern_attr* attrs, int32_t num_attrs);
+
 /* Infers the outputs of kernel `name` (each outputs[i].shape must point to DLKERN_MAX_NDIM
  * int64s; ndim, dtype and shape are written). */
 int32_t dlkern_infer(const char* name, const DLTensor* inputs, int32_t num_inputs,

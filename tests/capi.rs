@@ -315,3 +315,65 @@ proptest! {
         drop(buffer);
     }
 }
+
+/// A call site through the C ABI: `dlkern_call_at` gives what `dlkern_call` gives (the CPU
+/// kernels keep nothing with it; CUDA `dlkern.matmul_nbits` keeps its repacked weights there),
+/// a NULL site is an error that says how to make one, and destroying NULL does nothing.
+#[test]
+fn call_sites_through_the_c_abi() {
+    let (rows, d) = (3usize, 8usize);
+    let x: Vec<f32> = (0..rows * d).map(|i| (i as f32 * 0.37).sin()).collect();
+    let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 * 0.1).collect();
+    let (mut y_plain, mut y_site) = (vec![0f32; rows * d], vec![0f32; rows * d]);
+    let (mut xs, mut ws, mut ys) = ([rows as i64, d as i64], [d as i64], [rows as i64, d as i64]);
+    let tensor = |data: *mut f32, shape: &mut [i64]| DLTensor {
+        data: data.cast(),
+        device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
+        ndim: shape.len() as i32,
+        dtype: DLDataType { code: DLDataTypeCode::FLOAT, bits: 32, lanes: 1 },
+        shape: shape.as_mut_ptr(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    let attrs = [CAttr::float(c"epsilon", 1e-6)];
+    let name = c"dlkern.rmsnorm";
+    let (xp, wp) = (x.as_ptr().cast_mut(), w.as_ptr().cast_mut());
+    let mut plain = [tensor(xp, &mut xs), tensor(wp, &mut ws), tensor(y_plain.as_mut_ptr(), &mut ys)];
+    // SAFETY: host tensors of the shapes given, alive for the calls; the scale is constant.
+    unsafe {
+        assert_eq!(dlkern_call(name.as_ptr(), plain.as_mut_ptr(), 2, 1, std::ptr::null_mut(), attrs.as_ptr(), 1), OK);
+        let site = dlkern_site_create(0b10);
+        assert!(!site.is_null());
+        for _ in 0..3 {
+            let mut through = [tensor(xp, &mut xs), tensor(wp, &mut ws), tensor(y_site.as_mut_ptr(), &mut ys)];
+            let code = dlkern_call_at(
+                site,
+                name.as_ptr(),
+                through.as_mut_ptr(),
+                2,
+                1,
+                std::ptr::null_mut(),
+                attrs.as_ptr(),
+                1,
+            );
+            assert_eq!(code, OK);
+            assert_eq!(y_site, y_plain);
+        }
+        dlkern_site_destroy(site);
+        dlkern_site_destroy(std::ptr::null_mut());
+        let mut through = [tensor(xp, &mut xs), tensor(wp, &mut ws), tensor(y_site.as_mut_ptr(), &mut ys)];
+        let code = dlkern_call_at(
+            std::ptr::null(),
+            name.as_ptr(),
+            through.as_mut_ptr(),
+            2,
+            1,
+            std::ptr::null_mut(),
+            attrs.as_ptr(),
+            1,
+        );
+        assert_eq!(code, ERR_INVALID_ARGUMENT);
+        let message = std::ffi::CStr::from_ptr(dlkern_last_error()).to_string_lossy().into_owned();
+        assert!(message.contains("site is NULL"), "{message}");
+    }
+}

@@ -11,6 +11,7 @@ use std::ffi::{CString, c_char, c_void};
 
 use crate::dlpack::DLTensor;
 use crate::error::Error;
+use crate::kernel::CallSite;
 use crate::registry::{self, Attributes, CAttr, CComputeFn, CInferFn, Compute, Infer, KernelDef, UserData};
 pub use plugin::{ABI_VERSION, PluginApi, load_plugin};
 
@@ -222,18 +223,94 @@ pub unsafe extern "C" fn dlkern_call(
     attrs: *const CAttr,
     num_attrs: i32,
 ) -> i32 {
-    guard("dlkern_call", || {
+    // SAFETY: the header's contract for every argument.
+    guard("dlkern_call", || unsafe {
+        call_through(name, tensors, num_inputs, num_outputs, stream, attrs, num_attrs, None)
+    })
+}
+
+/// `dlkern_site* dlkern_site_create(uint64_t constant_inputs)`: a call site whose inputs with
+/// bit `i` set are the same tensors at every call through it (see the header).
+#[unsafe(no_mangle)]
+pub extern "C" fn dlkern_site_create(constant_inputs: u64) -> *mut CallSite {
+    let mut site = std::ptr::null_mut();
+    guard("dlkern_site_create", || {
+        site = Box::into_raw(Box::new(CallSite::new(constant_inputs)));
+        Ok(OK)
+    });
+    site
+}
+
+/// `void dlkern_site_destroy(dlkern_site* site)`: frees the site and what kernels kept with it.
+///
+/// # Safety
+/// `site` is null or came from `dlkern_site_create` and is not used again.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlkern_site_destroy(site: *mut CallSite) {
+    if !site.is_null() {
+        guard("dlkern_site_destroy", || {
+            // SAFETY: the caller's contract: a site of dlkern_site_create, used no more.
+            drop(unsafe { Box::from_raw(site) });
+            Ok(OK)
+        });
+    }
+}
+
+/// `int32_t dlkern_call_at(site, name, tensors, num_inputs, num_outputs, stream, attrs,
+/// num_attrs)`: `dlkern_call` through a call site.
+///
+/// # Safety
+/// As documented in `include/dlkern.h`: `site` from `dlkern_site_create`, alive; the inputs it
+/// marks constant the same tensors, with the same contents, at every call through it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlkern_call_at(
+    site: *const CallSite,
+    name: *const c_char,
+    tensors: *mut DLTensor,
+    num_inputs: i32,
+    num_outputs: i32,
+    stream: *mut c_void,
+    attrs: *const CAttr,
+    num_attrs: i32,
+) -> i32 {
+    guard("dlkern_call_at", || {
         // SAFETY: the header's contract for every argument.
         unsafe {
-            let name = name_arg(name, "name")?;
-            if num_inputs < 0 || num_outputs < 0 {
-                return Err(invalid(format!("negative tensor count ({num_inputs} inputs, {num_outputs} outputs)")));
-            }
-            let tensors = tensor_slice_mut(tensors, num_inputs.saturating_add(num_outputs), "tensors")?;
-            let attrs = Attributes::from_c(attrs, num_attrs)?;
-            registry::call(&name, tensors, num_inputs as usize, stream, &attrs).map(|()| OK)
+            let site = site.as_ref().ok_or_else(|| invalid("site is NULL (dlkern_site_create makes one)"))?;
+            call_through(name, tensors, num_inputs, num_outputs, stream, attrs, num_attrs, Some(site))
         }
     })
+}
+
+/// The body of `dlkern_call` and `dlkern_call_at`.
+///
+/// # Safety
+/// As `dlkern_call_at`'s, with `site` checked.
+#[allow(clippy::too_many_arguments)]
+unsafe fn call_through(
+    name: *const c_char,
+    tensors: *mut DLTensor,
+    num_inputs: i32,
+    num_outputs: i32,
+    stream: *mut c_void,
+    attrs: *const CAttr,
+    num_attrs: i32,
+    site: Option<&CallSite>,
+) -> Result<i32, Error> {
+    // SAFETY: the caller's contract for every argument.
+    unsafe {
+        let name = name_arg(name, "name")?;
+        if num_inputs < 0 || num_outputs < 0 {
+            return Err(invalid(format!("negative tensor count ({num_inputs} inputs, {num_outputs} outputs)")));
+        }
+        let tensors = tensor_slice_mut(tensors, num_inputs.saturating_add(num_outputs), "tensors")?;
+        let attrs = Attributes::from_c(attrs, num_attrs)?;
+        match site {
+            Some(site) => registry::call_at(&name, tensors, num_inputs as usize, stream, &attrs, site),
+            None => registry::call(&name, tensors, num_inputs as usize, stream, &attrs),
+        }
+        .map(|()| OK)
+    }
 }
 
 /// `int32_t dlkern_infer(name, inputs, num_inputs, outputs, num_outputs, attrs, num_attrs)`:
