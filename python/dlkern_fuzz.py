@@ -315,6 +315,16 @@ class Case:
         model.ir_version = 9
         return model.SerializeToString(), fed
 
+    def _count(self, declared, extra):
+        """How many inputs or outputs an untidy case passes: rarely `extra()` more than
+        declared, or fewer (0 to all); a tidy case passes the declared count."""
+        rng = self.rng
+        if not self.tidy and rng.random() < 0.05:
+            return declared + extra()
+        if not self.tidy and rng.random() < 0.1:
+            return int(rng.integers(0, declared + 1))
+        return declared
+
     def _build(self, generic):
         rng = self.rng
         if generic:
@@ -339,12 +349,7 @@ class Case:
         # Inputs: each declared one present, absent ('' / left off at the end) or, rarely, an
         # extra one past the declared count.
         names, graph_inputs = [], []
-        count = len(declared_in)
-        if not self.tidy and rng.random() < 0.05:
-            count += int(rng.integers(1, 3))
-        elif not self.tidy and rng.random() < 0.1:
-            count = int(rng.integers(0, len(declared_in) + 1))
-        for i in range(count):
+        for i in range(self._count(len(declared_in), extra=lambda: int(rng.integers(1, 3)))):
             name, ty, optional, rank = declared_in[i] if i < len(declared_in) else (f"extra{i}", "T", True, None)
             if (optional and rng.random() < 0.5) or (not self.tidy and rng.random() < 0.03):
                 names.append("")
@@ -357,13 +362,8 @@ class Case:
             graph_inputs.append((input_name, dtype, shape, None, dims))
         while names and names[-1] == "":
             names.pop()
-        out_count = len(declared_out)
-        if not self.tidy and rng.random() < 0.05:
-            out_count += 1
-        elif not self.tidy and rng.random() < 0.1:
-            out_count = int(rng.integers(0, len(declared_out) + 1))
         outputs = []
-        for i in range(out_count):
+        for i in range(self._count(len(declared_out), extra=lambda: 1)):
             optional = declared_out[i][1] if i < len(declared_out) else True
             outputs.append("" if optional and rng.random() < 0.4 else f"out{i}")
         while outputs and outputs[-1] == "":

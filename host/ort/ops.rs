@@ -463,15 +463,11 @@ impl CallScratch {
     fn build_tensors(&mut self, count: usize) {
         let base = self.dims.as_mut_ptr();
         self.tensors.clear();
-        self.tensors.extend(self.metas[..count].iter().map(|m| DLTensor {
-            data: m.data,
-            device: m.device,
-            ndim: m.ndim as i32,
-            dtype: dtype_to_dl(m.dtype),
-            // SAFETY: offset + ndim <= dims.len(): each meta's dims were pushed with it.
-            shape: unsafe { base.add(m.offset) },
-            strides: std::ptr::null_mut(), // ORT tensors are dense row-major
-            byte_offset: 0,
+        self.tensors.extend(self.metas[..count].iter().map(|m| {
+            // SAFETY: offset + ndim <= dims.len() (each meta's dims were pushed with it), and the
+            // metas' ranges do not overlap.
+            let shape = unsafe { std::slice::from_raw_parts_mut(base.add(m.offset), m.ndim) };
+            dl_tensor(m.data, m.device, m.dtype, shape)
         }));
     }
 }

@@ -49,7 +49,8 @@ fn geometry(name: &str, attrs: &Attributes, x: &TensorView, pos: &TensorView, co
     if num_heads != 0 {
         head_count(name, "num_heads", num_heads)?;
     }
-    if num_heads < 0 || rotary_attr < 0 || (rotary_attr > 0 && num_heads == 0) {
+    // (A negative num_heads was refused just above.)
+    if rotary_attr < 0 || (rotary_attr > 0 && num_heads == 0) {
         return Err(fail(
             name,
             format!("num_heads = {num_heads}, rotary_embedding_dim = {rotary_attr}: >= 0, num_heads set with the dim"),
