@@ -414,6 +414,25 @@ def run_case(lib, ops, seed, k):
     return "ran", name
 
 
+def limit_address_space():
+    """Caps this process's address space (DLKERN_FUZZ_AS_GIB, default 64 GiB), so that an absurd
+    output (a shape of 2^40 rows) fails to allocate as it does where the kernel does not
+    overcommit memory. Where it does, the allocation succeeds and ONNX Runtime's CPU arena fills
+    a handle table of 8 bytes per 256 bytes of the region (128 GiB for a 4 TiB output): the
+    process is killed for memory in ORT's own code, which is no finding about dlkern."""
+    try:
+        import resource
+    except ImportError:
+        return
+    gib = int(os.environ.get("DLKERN_FUZZ_AS_GIB", "64"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = gib << 30
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if soft == resource.RLIM_INFINITY or soft > want:
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("lib")
@@ -424,6 +443,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=0, help="stop starting cases after this long (0: no limit)")
     ap.add_argument("--progress", help="file that holds the number of the case being run")
     args = ap.parse_args()
+    limit_address_space()
     ops = parse_ops()
     if not ops:
         sys.exit("no ORT op found in docs/ops.md")

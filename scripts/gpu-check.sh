@@ -24,7 +24,8 @@ done
 grep -q "FAILED\|panicked" "$out/gpu-tests.log" && status=1
 echo "=== python: PyTorch over DLPack, nvcc plug-in (and ORT's CUDA EP when staged)"
 root=$(cd "$here/.." && pwd)
-(cd "$root" && DLKERN_LIB="$here/lib/libdlkern.so" timeout 600 python3 -m pytest -q -rs -p no:cacheprovider tests/python 2>&1) \
+# (The serving soak appends its summary, memory at warm-up and at the end, to soak.jsonl.)
+(cd "$root" && DLKERN_LIB="$here/lib/libdlkern.so" DLKERN_SOAK_REPORT="$out/soak.jsonl" timeout 600 python3 -m pytest -q -rs -p no:cacheprovider tests/python 2>&1) \
   | tee "$out/python-tests.log" | tail -3
 grep -qE "[0-9]+ passed" "$out/python-tests.log" && ! grep -qE "[0-9]+ (failed|error)" "$out/python-tests.log" || status=1
 filter=${1:-gpu_}
