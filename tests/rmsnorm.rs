@@ -236,8 +236,9 @@ proptest! {
 
 use common::Host;
 use dlkern::dtype::Scalar;
+use dlkern::ops::common::WeightsWritten;
 use dlkern::ops::rmsnorm::launch::{
-    SkipRmsNormBuffers, SkipRmsNormParams, SkipRmsNormPointers, skip_rmsnorm, skip_rmsnorm_raw,
+    SkipRmsNormBuffers, SkipRmsNormParams, SkipRmsNormPointers, skip_rmsnorm, skip_rmsnorm_raw_with,
 };
 use dlkern::ops::rmsnorm::reference::skip_rmsnorm as skip_reference;
 use dlkern::registry::{self, AttrValue, Attributes};
@@ -756,8 +757,12 @@ fn check_skip_on_gpu<T: Element>(c: Case, seed: u64) {
         InPlace::SumIsX => ptrs.sum = ptrs.x,
         InPlace::SumIsSkip => ptrs.sum = ptrs.skip,
     }
-    // SAFETY: every buffer holds the extents the parameters describe.
-    unsafe { skip_rmsnorm_raw(&device, stream.cu_stream(), &params, &ptrs) }
+    // Every other seed reads gamma and bias before its wait for the grid before it (in place
+    // since their synchronous upload).
+    let constants = if seed % 2 == 1 { WeightsWritten::Before } else { WeightsWritten::ByPreviousKernel };
+    // SAFETY: every buffer holds the extents the parameters describe; gamma and bias were
+    // uploaded before any kernel ran.
+    unsafe { skip_rmsnorm_raw_with(&device, stream.cu_stream(), &params, &ptrs, constants) }
         .unwrap_or_else(|e| panic!("launch {c:?}: {e}"));
     let rows_of =
         |v: &[T], rows: usize| -> Vec<T> { (0..rows).flat_map(|r| v[r * stride..][..c.cols].to_vec()).collect() };
@@ -828,6 +833,59 @@ fn gpu_skip_matches_reference_on_awkward_shapes() {
     for cols in [65536, 65536 + 8, 40_001] {
         for sum in [false, true] {
             for_each_dtype(Case { sum, bias: true, stats: true, ..Case::new(3, cols) }, cols as u64);
+        }
+    }
+}
+
+/// A chain of fused norms, each reading what the one before wrote, launched back to back as
+/// programmatic dependents with their scales marked constant (read before each kernel's wait):
+/// every step must be the reference of its own input, so a read of `x` or `skip` before the
+/// wait (a NaN of the buffer's initial contents, or a stale value) fails the test.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_skip_chain_of_programmatic_dependents_matches_reference() {
+    use cudarc::driver::DevicePtr;
+    let (device, stream) = gpu();
+    let mut rng = Rng::new(45);
+    for (rows, cols) in [(1, 4096), (16, 4096), (3, 97), (2, 65536 + 8)] {
+        let steps = 24;
+        let len = rows * cols;
+        let gamma: Vec<f16> = rng.vec(cols, 0.5, 1.5);
+        let bias: Vec<f16> = rng.vec(cols, -0.5, 0.5);
+        let g_dev = stream.clone_htod(&gamma).unwrap();
+        let b_dev = stream.clone_htod(&bias).unwrap();
+        // Step i reads bufs[i] as x and sums[i] as skip, writes bufs[i + 1] and sums[i + 1].
+        let first: Vec<f16> = rng.vec(len, -3.0, 3.0);
+        let first_skip: Vec<f16> = rng.vec(len, -3.0, 3.0);
+        let nan = vec![f16::NAN; len];
+        let bufs: Vec<_> =
+            (0..=steps).map(|i| stream.clone_htod(if i == 0 { &first } else { &nan }).unwrap()).collect();
+        let sums: Vec<_> =
+            (0..=steps).map(|i| stream.clone_htod(if i == 0 { &first_skip } else { &nan }).unwrap()).collect();
+        stream.synchronize().unwrap();
+        let params = SkipRmsNormParams::contiguous(DType::F16, rows, cols, rows, 1e-6);
+        let ptr = |s: &cudarc::driver::CudaSlice<f16>| s.device_ptr(&stream).0;
+        for i in 0..steps {
+            let ptrs = SkipRmsNormPointers {
+                x: ptr(&bufs[i]),
+                skip: ptr(&sums[i]),
+                gamma: ptr(&g_dev),
+                bias: ptr(&b_dev),
+                y: ptr(&bufs[i + 1]),
+                sum: ptr(&sums[i + 1]),
+                ..SkipRmsNormPointers::default()
+            };
+            // SAFETY: every buffer holds rows x cols elements; gamma and bias were uploaded and
+            // synchronized before the chain, and no kernel writes them.
+            unsafe { skip_rmsnorm_raw_with(&device, stream.cu_stream(), &params, &ptrs, WeightsWritten::Before) }
+                .unwrap();
+        }
+        let host: Vec<Vec<f16>> = bufs.iter().map(|b| stream.clone_dtoh(b).unwrap()).collect();
+        let host_sums: Vec<Vec<f16>> = sums.iter().map(|b| stream.clone_dtoh(b).unwrap()).collect();
+        for i in 0..steps {
+            let want = skip_reference(&host[i], Some(&host_sums[i]), &gamma, Some(&bias), rows, cols, rows, 1e-6);
+            assert_close(&format!("{rows}x{cols} step {i}"), &host[i + 1], &want.y, 3.0, 1e-6);
+            assert_eq!(host_sums[i + 1], want.sum, "{rows}x{cols} step {i}: sum");
         }
     }
 }

@@ -552,6 +552,7 @@ pub unsafe fn rotary_jobs_raw(
     let p = first_ptrs;
     let kp = KernelParams::new().value(packed).pointers(&[p.cos, p.sin, p.position_ids, p.seqlens_k, status]);
     // SAFETY: the RotaryJobs struct and five pointers, as the kernel declares; each job checked
-    // as `rotary_raw` checks its call; validity and disjointness by contract.
-    unsafe { device.launch(kernel, dims, stream, kp) }
+    // as `rotary_raw` checks its call; validity and disjointness by contract. The kernel waits
+    // for the grid before it before it reads or writes anything (a programmatic dependent).
+    unsafe { device.launch_overlapping_in_one_wave(kernel, dims, stream, kp) }
 }

@@ -11,6 +11,24 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernel::{InferArgs, KernelArgs, TensorSpec};
 
+/// Who may have written a call's constant inputs last: `MatMulNBits`' B, scales and zero points,
+/// a norm's scale and bias.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightsWritten {
+    /// Possibly the kernel just before the call on the stream (for example
+    /// `matmul_nbits::launch::pack_for_decode_raw` without a synchronization after it): the call
+    /// reads them only once that kernel has completed.
+    #[default]
+    ByPreviousKernel,
+    /// They were in place when the kernel just before the call on the stream started,
+    /// and that kernel does not write them (a model's constants, uploaded or packed and
+    /// synchronized earlier). On Hopper the kernels then read them while that kernel finishes
+    /// (programmatic dependent launch): the W4 decode kernels their first chunks of weights,
+    /// which hides their start-up latency in a chain of launches
+    /// (docs/perf-notes/matmul_nbits.md, v21), the fused norms their scale and bias.
+    Before,
+}
+
 /// A kernel's error about its call (a bad shape, attribute or value), named after the kernel.
 pub(crate) fn fail(name: &str, message: String) -> Error {
     Error::KernelFailed { name: name.to_string(), message }

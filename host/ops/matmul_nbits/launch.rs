@@ -30,21 +30,8 @@ pub struct MatMulNBitsPointers {
     pub workspace: u64,
 }
 
-/// Who may have written the weights of a call (B, scales, zero points) last.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum WeightsWritten {
-    /// Possibly the kernel just before the call on the stream (for example
-    /// [`pack_for_decode_raw`] without a synchronization after it): the call reads them only
-    /// once that kernel has completed.
-    #[default]
-    ByPreviousKernel,
-    /// They were in place when the kernel just before the call on the stream started,
-    /// and that kernel does not write them (a model's constants, uploaded or packed and
-    /// synchronized earlier). On Hopper the decode kernels then copy their first chunks of
-    /// weights while that kernel finishes (programmatic dependent launch), which hides their
-    /// start-up latency in a chain of launches (docs/perf-notes/matmul_nbits.md, v21).
-    Before,
-}
+/// (Defined with the other families' shared pieces; the norms take it too.)
+pub use crate::ops::common::WeightsWritten;
 
 /// W4A16 matmul on raw device pointers, on `stream`: [`matmul_nbits_raw_with`] for weights
 /// that the kernel just before on the stream may have written.

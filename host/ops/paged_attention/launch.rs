@@ -376,12 +376,14 @@ unsafe fn launch_plan(
         ])
         .value(plan.dims);
     // SAFETY: ten pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.attention, plan.attention_dims, stream, args)? };
+    // Both kernels wait for the grid before them before they read or write anything (module
+    // docs), so each may start as a programmatic dependent.
+    unsafe { device.launch_overlapping_in_one_wave(plan.attention, plan.attention_dims, stream, args)? };
     if let Some((combine, combine_dims)) = plan.combine {
         let args =
             KernelParams::new().pointers(&[ptrs.context_lens, ptrs.out, ptrs.workspace, ptrs.status]).value(plan.dims);
         // SAFETY: four pointers and the Dims struct, as the combine kernel declares.
-        unsafe { device.launch(combine, combine_dims, stream, args)? };
+        unsafe { device.launch_overlapping_in_one_wave(combine, combine_dims, stream, args)? };
     }
     Ok(plan)
 }
@@ -781,12 +783,13 @@ pub unsafe fn paged_attention_op_raw(
             status,
         ])
         .value(a.dims);
-    // SAFETY: ten pointers and the Dims struct, as the partition kernel declares.
-    unsafe { device.launch(a.attention, a.attention_dims, stream, args)? };
+    // SAFETY: ten pointers and the Dims struct, as the partition kernel declares; it and the
+    // combine kernel wait for the grid before them before they read or write anything.
+    unsafe { device.launch_overlapping_in_one_wave(a.attention, a.attention_dims, stream, args)? };
     if let Some((combine, combine_dims)) = a.combine {
         let args = KernelParams::new().pointers(&[token_ctx, ptrs.out, partials, status]).value(a.dims);
         // SAFETY: four pointers and the Dims struct, as the combine kernel declares.
-        unsafe { device.launch(combine, combine_dims, stream, args)? };
+        unsafe { device.launch_overlapping_in_one_wave(combine, combine_dims, stream, args)? };
     }
     // SAFETY: the status word in the workspace, written on this stream.
     let bits = unsafe { crate::runtime::read_u32(device, stream, status)? };

@@ -9,6 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::ops::common::WeightsWritten;
 use crate::ops::common::checks::{check_pointer, check_same_device, check_slice, overlaps, span_bytes};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
@@ -359,6 +360,7 @@ impl SkipRmsNormParams {
             skip_row_stride: p.skip_row_stride as u64,
             y_row_stride: p.y_row_stride as u64,
             sum_row_stride: p.sum_row_stride as u64,
+            flags: 0,
         };
         Ok(Some(SkipRmsNormPlan {
             kernel: variant(vec)?,
@@ -368,30 +370,57 @@ impl SkipRmsNormParams {
     }
 }
 
-/// Fused residual RMSNorm on raw device pointers, on `stream`.
-///
-/// Everything checkable is validated first (see [`SkipRmsNormParams::plan`]): null or
-/// misaligned pointers, overlaps other than the exact in-place ones, bad shapes and eps are
-/// errors, not launches.
+/// Fused residual RMSNorm on raw device pointers, on `stream`: [`skip_rmsnorm_raw_with`] for a
+/// `gamma` and `bias` that the kernel just before on the stream may have written.
 ///
 /// # Safety
-/// Every non-zero address in `ptrs` must be a device address in `device`'s context valid for
-/// the extent the parameters describe (reads of `x`, `skip`, `gamma`, `bias`; writes of `y`,
-/// `sum`, `mean`, `inv_std_var`) until the kernel has run on `stream`, and `stream` must
-/// belong to `device`'s primary context.
+/// As [`skip_rmsnorm_raw_with`].
 pub unsafe fn skip_rmsnorm_raw(
     device: &Device,
     stream: CUstream,
     params: &SkipRmsNormParams,
     ptrs: &SkipRmsNormPointers,
 ) -> Result<()> {
-    let Some(plan) = params.plan(ptrs)? else { return Ok(()) };
+    // SAFETY: forwarded contract.
+    unsafe { skip_rmsnorm_raw_with(device, stream, params, ptrs, WeightsWritten::ByPreviousKernel) }
+}
+
+/// Fused residual RMSNorm on raw device pointers, on `stream`, `gamma` and `bias` last written
+/// as `constants` says.
+///
+/// Everything checkable is validated first (see [`SkipRmsNormParams::plan`]): null or
+/// misaligned pointers, overlaps other than the exact in-place ones, bad shapes and eps are
+/// errors, not launches. On Hopper a grid that fits in one wave is a programmatic dependent of
+/// the kernel before it on the stream (it waits for it before it reads `x` or `skip`; see
+/// [`Device::launch_overlapping_in_one_wave`]), reads `gamma` and `bias` before that wait with
+/// [`WeightsWritten::Before`], and lets the next kernel start early.
+///
+/// # Safety
+/// Every non-zero address in `ptrs` must be a device address in `device`'s context valid for
+/// the extent the parameters describe (reads of `x`, `skip`, `gamma`, `bias`; writes of `y`,
+/// `sum`, `mean`, `inv_std_var`) until the kernel has run on `stream`, and `stream` must
+/// belong to `device`'s primary context. With [`WeightsWritten::Before`], `gamma` and `bias`
+/// must be in place when the kernel just before the call on `stream` starts, and that kernel
+/// must not write them.
+pub unsafe fn skip_rmsnorm_raw_with(
+    device: &Device,
+    stream: CUstream,
+    params: &SkipRmsNormParams,
+    ptrs: &SkipRmsNormPointers,
+    constants: WeightsWritten,
+) -> Result<()> {
+    let Some(mut plan) = params.plan(ptrs)? else { return Ok(()) };
+    if constants == WeightsWritten::Before {
+        plan.args.flags |= layout::SKIP_FLAG_GAMMA_READY;
+    }
     let args = KernelParams::new()
         .pointers(&[ptrs.x, ptrs.skip, ptrs.gamma, ptrs.bias, ptrs.y, ptrs.sum, ptrs.mean, ptrs.inv_std_var])
         .value(plan.args);
     // SAFETY: the arguments match the kernel signature (8 pointers, SkipArgs); pointer validity
-    // is the caller's contract; the plan checked alignment and overlap.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, args) }
+    // is the caller's contract; the plan checked alignment and overlap. The kernel waits for
+    // the grid before it (`griddepcontrol.wait`) before it reads anything but `gamma` and
+    // `bias` (those only with the flag, which the caller vouches for) and before it writes.
+    unsafe { device.launch_overlapping_in_one_wave(plan.kernel, plan.dims, stream, args) }
 }
 
 /// The buffers of a contiguous fused residual RMSNorm call (see [`skip_rmsnorm`]).

@@ -11,13 +11,14 @@
 
 use half::{bf16, f16};
 
-use super::launch::{RmsNormParams, SkipRmsNormParams, SkipRmsNormPointers, rmsnorm_raw, skip_rmsnorm_raw};
+use super::launch::{RmsNormParams, SkipRmsNormParams, SkipRmsNormPointers, rmsnorm_raw, skip_rmsnorm_raw_with};
 use crate::dlpack::{DEVICE_MASK_CPU, DEVICE_MASK_CUDA, DeviceKind, TensorView};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::kernel::{
     AttrDecl, AttrKind, Attributes, InferArgs, KernelArgs, OpDecl, OrtDecl, TensorDecl, TensorSpec, TensorType,
 };
+use crate::ops::common::WeightsWritten;
 use crate::ops::common::{as_rows, as_rows_from, optional, optional_output, same_as_first_input};
 use crate::runtime::Device;
 
@@ -279,7 +280,7 @@ fn simplified_compute(args: &KernelArgs) -> Result<()> {
         inv_std_var: inv.as_ref().map_or(0, |t| t.data_address()),
         ..SkipRmsNormPointers::default()
     };
-    run_skip(args, x.device(), &params, &ptrs)
+    run_skip(args, x.device(), &params, &ptrs, &[1])
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -447,22 +448,32 @@ fn skip_compute(args: &KernelArgs) -> Result<()> {
         mean: address(mean.as_ref()),
         inv_std_var: address(inv.as_ref()),
     };
-    run_skip(args, input.device(), &params, &ptrs)
+    run_skip(args, input.device(), &params, &ptrs, if bias.is_some() { &[2, 3] } else { &[2] })
 }
 
-/// The fused kernel on CUDA tensors, the reference on CPU ones.
+/// The fused kernel on CUDA tensors, the reference on CPU ones. `scale_inputs`: the indices of
+/// the call's scale (and bias) among its inputs.
 fn run_skip(
     args: &KernelArgs,
     device: DeviceKind,
     params: &SkipRmsNormParams,
     ptrs: &SkipRmsNormPointers,
+    scale_inputs: &[usize],
 ) -> Result<()> {
     match device {
         DeviceKind::Cuda(ordinal) => {
             let device = Device::get(ordinal.max(0) as usize)?;
+            // A site's constant inputs (an ONNX node's initializers) were uploaded before the
+            // session ran any kernel: the kernel before this call did not write them.
+            let constants = if args.site.is_some_and(|site| scale_inputs.iter().all(|&i| site.is_constant(i))) {
+                WeightsWritten::Before
+            } else {
+                WeightsWritten::ByPreviousKernel
+            };
             // SAFETY: the registry's caller guarantees the tensors' memory for their extents,
-            // which the shape checks and `as_rows` relate to the parameters.
-            unsafe { skip_rmsnorm_raw(&device, args.stream.cast(), params, ptrs) }
+            // which the shape checks and `as_rows` relate to the parameters; the site vouches
+            // for its constant inputs.
+            unsafe { skip_rmsnorm_raw_with(&device, args.stream.cast(), params, ptrs, constants) }
         }
         DeviceKind::Cpu => {
             if params.plan(ptrs)?.is_none() {

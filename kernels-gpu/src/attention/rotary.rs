@@ -31,8 +31,11 @@
 //!   in. The jobs' destinations must not overlap each other or another job's source.
 //! - `status`, when not null, is set to 0 by the launch's first block before any job runs
 //!   (the flag word of the attention kernels that follow it in the stream).
+//! - may be launched as a programmatic dependent (Hopper's module): every thread waits for the
+//!   grid before it (`griddepcontrol.wait`) before it reads or writes anything, then lets the
+//!   next grid (the attention kernel) start.
 
-use crate::device::index;
+use crate::device::{index, sync};
 use crate::element::{Bf16, Element, F16};
 use crate::rotary::rotary_pair;
 
@@ -159,6 +162,8 @@ macro_rules! rotary_jobs_entries {
             jobs: RotaryJobs, cos: *const $ty, sin: *const $ty, position_ids: *const i64,
             seqlens_k: *const i32, status: *mut u32,
         ) {
+            sync::wait_for_prerequisite_grids();
+            sync::allow_dependent_launch();
             let first_block = index::block_idx_x() == 0 && index::block_idx_y() == 0 && index::block_idx_z() == 0;
             // SAFETY: forwarded launch contract: `status` null or the flag word, and each job's
             // buffers sized for its arguments.

@@ -37,6 +37,14 @@
 //!   static); reads
 //!   what the partition kernel wrote for the same arguments.
 //!
+//! # Programmatic dependent launches (both kernels above)
+//! - every thread waits for the grid before it in the stream (`griddepcontrol.wait`) before it
+//!   reads or writes anything, then lets the next grid start (`griddepcontrol.launch_dependents`):
+//!   either may be launched as a programmatic dependent (Hopper's module), so the partition
+//!   kernel's blocks are resident when the rotary and append kernel before it ends, and the
+//!   combine kernel's (and the next op's prologue, such as the output projection's first
+//!   weights) when the partition kernel's last blocks run.
+//!
 //! # Launch contract: `paged_kv_write_{f16,bf16}`
 //! - grid `(num_tokens, 1, 1)`, block `(128, 1, 1)`; `key`/`value` `[num_tokens, kv_heads, D]`
 //!   into slot `slot_mapping[i]` (i32; `block * block_size + offset`; negative: skip). A slot
@@ -688,6 +696,8 @@ macro_rules! attention_entries {
             context_lens: *const i32, seq_map: *const i32, alibi: *const f32, out: *mut $ty, partial: *mut f32,
             status: *mut u32, dims: Dims,
         ) {
+            sync::wait_for_prerequisite_grids();
+            sync::allow_dependent_launch();
             // SAFETY: forwarded launch contract.
             unsafe { attention_partition::<$ty, $d, { split($d) }, { ($d as usize).div_ceil(32) }, { ($d as usize / split($d)).div_ceil(64) }, { $d <= 128 }>(q, key_cache, value_cache, block_tables, context_lens, seq_map, alibi, out, partial, status, dims) }
         }
@@ -700,6 +710,8 @@ macro_rules! attention_entries {
         pub unsafe extern "ptx-kernel" fn $comb(
             context_lens: *const i32, out: *mut $ty, partial: *const f32, status: *mut u32, dims: Dims,
         ) {
+            sync::wait_for_prerequisite_grids();
+            sync::allow_dependent_launch();
             // SAFETY: forwarded launch contract.
             unsafe { combine::<$ty, $d>(context_lens, out, partial, status, dims) }
         }

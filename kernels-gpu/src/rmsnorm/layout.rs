@@ -16,8 +16,9 @@ pub const VEC_BYTES: usize = 16;
 
 /// Largest block the launcher picks for `rmsnorm_skip_*`: long rows get more threads rather
 /// than more loop trips, so that each thread's share stays within [`SKIP_CACHED_UNITS`]. Not
-/// 1024: the vec variants use about 64 registers (ptxas, sm_80/sm_90a), and a driver JIT that
-/// takes a few more would make a 1024-thread launch fail for want of registers.
+/// 1024: the vec variants use about 80 registers (ptxas, sm_90a, with the scale and bias of the
+/// cached units held across the reduction), and 1024 threads of them would not fit an SM's
+/// register file.
 pub const SKIP_MAX_THREADS: u32 = 512;
 /// Units (16-byte vectors, or single elements in the scalar variant) of its row that each
 /// thread of `rmsnorm_skip_*` keeps in registers between the sum-of-squares pass and the
@@ -54,7 +55,14 @@ pub struct SkipArgs {
     pub skip_row_stride: u64,
     pub y_row_stride: u64,
     pub sum_row_stride: u64,
+    /// [`SKIP_FLAG_GAMMA_READY`] or 0.
+    pub flags: u32,
 }
+
+/// `gamma` and `bias` were in place when the grid before this one in the stream started, and
+/// that grid does not write them (a model's constants): launched as a programmatic dependent,
+/// the kernel reads its share of them before it waits for that grid.
+pub const SKIP_FLAG_GAMMA_READY: u32 = 1;
 
 /// Every entry point of the family, with its symbol.
 pub const ENTRIES: &[(Entry, &str)] = &[

@@ -34,11 +34,20 @@
 //! Each thread keeps its first [`SKIP_CACHED_UNITS`] units of the row in registers between
 //! the two passes, so rows up to `SKIP_CACHED_UNITS * B` units (8192 halves at 256 threads)
 //! touch memory once; longer rows read their other units again from L1/L2.
+//!
+//! The kernels may be launched as programmatic dependents of the grid before them (Hopper's
+//! module): every thread waits for it (`griddepcontrol.wait`) before it reads `x` or `skip` or
+//! writes anything, after loading its cached units of `gamma` and `bias` when
+//! [`SKIP_FLAG_GAMMA_READY`] says they are constants; then it lets the next grid start
+//! (`griddepcontrol.launch_dependents`), whose own prologue (the W4 decode kernels' first
+//! weights) then overlaps this grid. In a decode step a norm is a few microseconds of latency
+//! chains: the scale's load no longer follows the reduction, and the next projection no longer
+//! waits for the norm to exit before it starts streaming its weights.
 
-use super::layout::{self, SKIP_CACHED_UNITS, SkipArgs};
+use super::layout::{self, SKIP_CACHED_UNITS, SKIP_FLAG_GAMMA_READY, SkipArgs};
 use crate::device::memory::{ld_global_nc_v4, ld_global_v4, st_global_v4};
 use crate::device::reduce::block_sum_f32;
-use crate::device::{index, math, shared};
+use crate::device::{index, math, shared, sync};
 use crate::element::{Bf16, Element, F16};
 use crate::unroll;
 
@@ -67,13 +76,55 @@ impl<T: Element> Row<T> {
         if vec { T::PER_VEC } else { 1 }
     }
 
+    /// Loads unit `u` of `gamma` and of `bias` (0 when absent): what [`Row::load_sum_with`] and
+    /// [`Row::store_y_with`] take.
+    ///
+    /// # Safety
+    /// As [`Row::load_sum`].
+    #[inline(always)]
+    unsafe fn load_constants<const VEC: bool>(&self, u: usize) -> Constants {
+        let off = u * Self::width(VEC);
+        let g_off = self.scale_offset(off);
+        // SAFETY: the launch contract: in-range, aligned for the variant.
+        unsafe {
+            if VEC {
+                let gamma = ld_global_nc_v4(self.gamma.add(g_off).cast());
+                let bias = if self.bias.is_null() { [0; 4] } else { ld_global_nc_v4(self.bias.add(off).cast()) };
+                Constants { gamma, bias }
+            } else {
+                let gamma = self.gamma.add(g_off).read().to_f32();
+                let bias = if self.bias.is_null() { 0.0 } else { self.bias.add(off).read().to_f32() };
+                Constants { gamma: [gamma.to_bits(), 0, 0, 0], bias: [bias.to_bits(), 0, 0, 0] }
+            }
+        }
+    }
+
+    /// Element offset of the scale for the unit starting at element `off`. A scale broadcast
+    /// over leading normalized axes repeats every `scale_len` elements; units never straddle a
+    /// repeat (the vec variant needs scale_len % W == 0). The launcher refuses scale_len 0; the
+    /// checked remainder keeps a panic path out of the kernel.
+    #[inline(always)]
+    fn scale_offset(&self, off: usize) -> usize {
+        if self.scale_len == self.cols { off } else { off.checked_rem(self.scale_len).unwrap_or(0) }
+    }
+
+    /// [`Row::load_sum_with`] loading the unit's constants itself.
+    ///
+    /// # Safety
+    /// As [`Row::load_sum`].
+    #[inline(always)]
+    unsafe fn load_sum<const VEC: bool>(&self, u: usize, out: &mut [f32; 8]) {
+        // SAFETY: forwarded.
+        unsafe { self.load_sum_with::<VEC>(u, &self.load_constants::<VEC>(u), out) }
+    }
+
     /// Loads unit `u` (elements `u * W ..`) of `x + skip + bias`, rounded to `T`, into the first
-    /// lanes of `out`.
+    /// lanes of `out`, with the unit's `bias` in `c`.
     ///
     /// # Safety
     /// `u` is a unit of the row; the launch contract holds.
     #[inline(always)]
-    unsafe fn load_sum<const VEC: bool>(&self, u: usize, out: &mut [f32; 8]) {
+    unsafe fn load_sum_with<const VEC: bool>(&self, u: usize, c: &Constants, out: &mut [f32; 8]) {
         let w = Self::width(VEC);
         let off = u * w;
         // SAFETY: the launch contract: in-range, aligned for the variant.
@@ -88,7 +139,7 @@ impl<T: Element> Row<T> {
                     }
                 }
                 if !self.bias.is_null() {
-                    T::unpack_vec(ld_global_nc_v4(self.bias.add(off).cast()), &mut other);
+                    T::unpack_vec(c.bias, &mut other);
                     for i in 0..w {
                         out[i] += other[i];
                     }
@@ -102,7 +153,7 @@ impl<T: Element> Row<T> {
                     v += self.skip.add(off).read().to_f32();
                 }
                 if !self.bias.is_null() {
-                    v += self.bias.add(off).read().to_f32();
+                    v += f32::from_bits(c.bias[0]);
                 }
                 out[0] = T::from_f32(v).to_f32();
             }
@@ -146,34 +197,38 @@ impl<T: Element> Row<T> {
         }
     }
 
-    /// Writes unit `u` of `y = s * inv * gamma`.
+    /// Writes unit `u` of `y = s * inv * gamma`, with the unit's `gamma` in `c`.
     ///
     /// # Safety
     /// As [`Row::load_sum`].
     #[inline(always)]
-    unsafe fn store_y<const VEC: bool>(&self, u: usize, s: &[f32; 8], inv: f32) {
+    unsafe fn store_y_with<const VEC: bool>(&self, u: usize, c: &Constants, s: &[f32; 8], inv: f32) {
         let w = Self::width(VEC);
         let off = u * w;
-        // A scale broadcast over leading normalized axes repeats every `scale_len` elements;
-        // units never straddle a repeat (the vec variant needs scale_len % W == 0). The launcher
-        // refuses scale_len 0; the checked remainder keeps a panic path out of the kernel.
-        let g_off = if self.scale_len == self.cols { off } else { off.checked_rem(self.scale_len).unwrap_or(0) };
         // SAFETY: the launch contract.
         unsafe {
             if VEC {
                 let mut g = [0.0f32; 8];
-                T::unpack_vec(ld_global_nc_v4(self.gamma.add(g_off).cast()), &mut g);
+                T::unpack_vec(c.gamma, &mut g);
                 let mut out = [0.0f32; 8];
                 for i in 0..w {
                     out[i] = s[i] * inv * g[i];
                 }
                 st_global_v4(self.y.add(off).cast(), T::pack_vec(&out));
             } else {
-                let g = self.gamma.add(g_off).read().to_f32();
+                let g = f32::from_bits(c.gamma[0]);
                 self.y.add(off).write(T::from_f32(s[0] * inv * g));
             }
         }
     }
+}
+
+/// A unit's `gamma` and `bias`: as stored (a 16-byte vector) in the vec variants, as f32 bits in
+/// lane 0 in the scalar ones; bias 0 when absent.
+#[derive(Clone, Copy)]
+struct Constants {
+    gamma: [u32; 4],
+    bias: [u32; 4],
 }
 
 #[inline(always)]
@@ -210,12 +265,33 @@ unsafe fn skip_row<T: Element, const VEC: bool>(
             cols,
             scale_len: a.scale_len as usize,
         };
+        // Constants of the cached units: before the wait when they are known to be in place.
+        let early = a.flags & SKIP_FLAG_GAMMA_READY != 0;
+        let mut constants = [Constants { gamma: [0; 4], bias: [0; 4] }; SKIP_CACHED_UNITS];
+        if early {
+            unroll!(K in [0, 1, 2, 3] {
+                let u = tid + K * threads;
+                if u < units {
+                    constants[K] = r.load_constants::<VEC>(u);
+                }
+            });
+        }
+        sync::wait_for_prerequisite_grids();
+        sync::allow_dependent_launch();
+        if !early {
+            unroll!(K in [0, 1, 2, 3] {
+                let u = tid + K * threads;
+                if u < units {
+                    constants[K] = r.load_constants::<VEC>(u);
+                }
+            });
+        }
         let mut cache = [[0.0f32; 8]; SKIP_CACHED_UNITS];
         let mut sum_sq = 0.0f32;
         unroll!(K in [0, 1, 2, 3] {
             let u = tid + K * threads;
             if u < units {
-                r.load_sum::<VEC>(u, &mut cache[K]);
+                r.load_sum_with::<VEC>(u, &constants[K], &mut cache[K]);
                 for i in 0..w {
                     sum_sq = math::fma(cache[K][i], cache[K][i], sum_sq);
                 }
@@ -250,14 +326,14 @@ unsafe fn skip_row<T: Element, const VEC: bool>(
         unroll!(K in [0, 1, 2, 3] {
             let u = tid + K * threads;
             if u < units {
-                r.store_y::<VEC>(u, &cache[K], inv);
+                r.store_y_with::<VEC>(u, &constants[K], &cache[K], inv);
             }
         });
         let mut u = tid + SKIP_CACHED_UNITS * threads;
         while u < units {
             let mut s = [0.0f32; 8];
             r.reload::<VEC>(u, &mut s);
-            r.store_y::<VEC>(u, &s, inv);
+            r.store_y_with::<VEC>(u, &r.load_constants::<VEC>(u), &s, inv);
             u += threads;
         }
     }
