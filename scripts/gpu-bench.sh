@@ -26,6 +26,13 @@ for b in "$here"/benches/ceilings-* $(ls "$here"/benches/* | grep -v -e '/ceilin
   echo "=== $(basename "$b")"
   "$b" --bench --warm-up-time "$warm" --measurement-time "$measure" --noplot "${filter[@]}" 2>&1 | grep -E "time:|thrpt:|^[a-z]" || true
 done
+# The Python path's host cost (dlkern.call on torch tensors) beside the host_cost bench.
+echo '{"criterion": [], "meta": []}' > "$work/python_call.json"
+if { [ -z "${DLKERN_BENCHES:-}" ] || [[ " $DLKERN_BENCHES " == *" host_cost "* ]]; } \
+  && python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+  echo "=== dlkern.call host cost"
+  python3 benches/python_call_cost.py "$work/python_call.json"
+fi
 if [ "${DLKERN_BENCH_TORCH:-1}" = 0 ]; then
   echo '[]' > "$work/torch.json"
 else
@@ -55,6 +62,9 @@ for est in glob.glob(os.path.join(work, "criterion", "**", "new", "estimates.jso
     bench = json.load(open(os.path.join(os.path.dirname(est), "benchmark.json")))
     crit.append({"id": bench["full_id"], "median_ns": json.load(open(est))["median"]["point_estimate"]})
 meta = [json.loads(l) for l in open(os.path.join(work, "meta.jsonl"))]
+python_call = json.load(open(os.path.join(work, "python_call.json")))
+crit += python_call["criterion"]
+meta += python_call["meta"]
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
 import torch
 json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].strip(), "driver": smi.split(",")[-1].strip(),

@@ -1,0 +1,59 @@
+"""Host time per call of `dlkern.call` on PyTorch CUDA tensors (issue 45's Python path), beside
+`torch.nn.functional.rms_norm`: what one call costs the calling thread, the device synchronized
+outside the timed calls so that the launch queue never blocks one. Writes criterion-shaped rows
+(`host_cost/...`, family host_cost) that gpu-bench.sh adds to the host-cost table.
+
+    DLKERN_LIB=.gpu/lib/libdlkern.so python3 benches/python_call_cost.py out.json
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+
+def per_call_ns(fn, sync, batches=30, calls=100):
+    """Median over batches of the host time per call, each batch synchronized before it starts."""
+    for _ in range(calls):
+        fn()
+    times = []
+    for _ in range(batches):
+        sync()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter_ns() - t0) / calls)
+    sync()
+    return statistics.median(times)
+
+
+def main():
+    import torch
+
+    import dlkern
+
+    rows, cols = 16, 4096
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.float16)
+    w = torch.randn(cols, device="cuda", dtype=torch.float16)
+    rmsnorm = dlkern.kernel("dlkern.rmsnorm")
+    cases = {
+        f"dlkern.call (Python, torch) rmsnorm {rows}x{cols}": lambda: dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6),
+        f"dlkern.kernel handle (Python, torch) rmsnorm {rows}x{cols}": lambda: rmsnorm(x, w, epsilon=1e-6),
+        f"torch.nn.functional.rms_norm {rows}x{cols}": lambda: torch.nn.functional.rms_norm(x, (cols,), w, 1e-6),
+    }
+    y = dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6)
+    ref = torch.nn.functional.rms_norm(x.float(), (cols,), w.float(), 1e-6)
+    assert (y.float() - ref).abs().max().item() < 5e-2, "dlkern.call gave a wrong result"
+    rows_out = [{"id": f"host_cost/{name}", "median_ns": per_call_ns(fn, torch.cuda.synchronize)}
+                for name, fn in cases.items()]
+    for r in rows_out:
+        print(f"{r['id']}: {r['median_ns'] / 1e3:.2f} us")
+    with open(sys.argv[1], "w") as f:
+        json.dump({"criterion": rows_out, "meta": [{"id": r["id"], "family": "host_cost"} for r in rows_out]}, f)
+
+
+if __name__ == "__main__":
+    main()
