@@ -181,8 +181,10 @@ def _run(fn, writes_outputs, tensors, n_in, n_out, stream, attrs):
         if not all(cuda):
             raise TypeError("a Python kernel's tensors are all on the CPU or all on CUDA devices")
         device_id = all_tensors[0].device.device_id
-        views = [_cuda_view(t, stream) for t in all_tensors]
+        # Views made with the call's stream current: their array-interface stream is the
+        # current one, so importing them orders nothing more.
         with _stream_context(device_id, stream):
+            views = [_cuda_view(t, stream) for t in all_tensors]
             _apply(fn, writes_outputs, views, n_in, attrs, copy=lambda dst, src: dst.copy_(src)
                    if hasattr(dst, "copy_") else dst.set(src))
     else:
