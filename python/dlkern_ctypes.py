@@ -52,7 +52,21 @@ class DLKernAttr(ctypes.Structure):
     ]
 
 
-assert ctypes.sizeof(DLTensor) == 48 and ctypes.sizeof(DLKernAttr) == 64
+# `dlkern_compute_fn`, `dlkern_infer_fn`, the destroy callback and `dlkern_kernel_def`
+# (include/dlkern.h), for kernels registered from Python.
+COMPUTE_FN = ctypes.CFUNCTYPE(c_int32, POINTER(DLTensor), c_int32, c_int32, c_char_p, c_void_p, POINTER(DLKernAttr),
+                              c_int32, c_void_p, c_void_p, c_size_t)
+INFER_FN = ctypes.CFUNCTYPE(c_int32, POINTER(DLTensor), c_int32, POINTER(DLTensor), c_int32, c_char_p,
+                            POINTER(DLKernAttr), c_int32, c_void_p, c_void_p, c_size_t)
+DESTROY_FN = ctypes.CFUNCTYPE(None, c_void_p)
+
+
+class KernelDef(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("name", c_char_p), ("compute", COMPUTE_FN), ("infer", INFER_FN),
+                ("device_mask", c_uint32), ("num_outputs", c_int32), ("user_data", c_void_p), ("destroy", DESTROY_FN)]
+
+
+assert ctypes.sizeof(DLTensor) == 48 and ctypes.sizeof(DLKernAttr) == 64 and ctypes.sizeof(KernelDef) == 56
 
 _capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get_pointer.restype = c_void_p
@@ -130,6 +144,8 @@ class Library:
         L.dlkern_load_plugin.restype = c_int32
         L.dlkern_device_bytes_held.argtypes = []
         L.dlkern_device_bytes_held.restype = ctypes.c_uint64
+        L.dlkern_register_kernel.argtypes = [POINTER(KernelDef), c_int32]
+        L.dlkern_register_kernel.restype = c_int32
         L.dlkern_unregister_kernel.argtypes = [c_char_p]
         L.dlkern_unregister_kernel.restype = c_int32
 

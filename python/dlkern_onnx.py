@@ -93,7 +93,9 @@ def attention_model(elem_type, heads, kv_heads, head_dim, packed=False, generic_
     return model([node], inputs, outputs)
 
 
-def session(lib_path, model_bytes, provider="CPUExecutionProvider", profile=False):
+def session(lib_path, model_bytes, provider="CPUExecutionProvider", profile=False, provider_options=None):
+    """A session with libdlkern.so registered on `provider` (the CPU EP after it, for the nodes it
+    does not take); `provider_options` go to `provider` (gpu_mem_limit, device_id, ...)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -101,5 +103,6 @@ def session(lib_path, model_bytes, provider="CPUExecutionProvider", profile=Fals
     so.log_severity_level = 3
     if profile:
         so.enable_profiling = True
-    providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
+    first = (provider, provider_options) if provider_options else provider
+    providers = [first] if provider == "CPUExecutionProvider" else [first, "CPUExecutionProvider"]
     return ort.InferenceSession(model_bytes, so, providers=providers)

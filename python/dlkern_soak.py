@@ -118,20 +118,13 @@ def device_used():
     return sum(used) if used else 0
 
 
-def open_session(lib_path, provider, provider_options=None):
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(str(lib_path))
-    so.log_severity_level = 3
-    if provider == "cuda":
-        providers = [("CUDAExecutionProvider", provider_options or {}), "CPUExecutionProvider"]
-    else:
-        providers = ["CPUExecutionProvider"]
-    return ort.InferenceSession(decode_layer_model(), so, providers=providers)
-
-
 def run(lib_path, provider="cpu", steps=20000, samples=20, device_id=0):
     """Runs the soak; returns its summary (a dict) with `ok` False on a mismatch or on growth."""
-    sess = open_session(lib_path, provider, {"device_id": str(device_id)})
+    if provider == "cuda":
+        sess = dx.session(lib_path, decode_layer_model(), "CUDAExecutionProvider",
+                          provider_options={"device_id": str(device_id)})
+    else:
+        sess = dx.session(lib_path, decode_layer_model())
     device = ("cuda", device_id) if provider == "cuda" else ("cpu", 0)
     # The arrays stay referenced: a CPU OrtValue borrows their memory.
     buffers = [np.zeros((1, KV_HEADS, CACHE, HEAD), np.float16) for _ in range(2)]

@@ -38,32 +38,14 @@ from collections import namedtuple
 
 import dlkern_ctypes as dk
 
-from .kernels import library
+from .kernels import _NUMPY_TYPES, library
 
 TensorSpec = namedtuple("TensorSpec", ["dtype", "shape"])
 
-# DLPack (code, bits) <-> NumPy dtype names and array-interface type strings.
-_DTYPES = {(2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (0, 8): "int8", (1, 8): "uint8",
-           (0, 32): "int32", (0, 64): "int64"}
-_CODES = {name: code for code, name in _DTYPES.items()}
+# NumPy dtype names -> DLPack (code, bits), and array-interface type strings.
+_CODES = {name: code for code, name in _NUMPY_TYPES.items()}
 _TYPESTR = {"float16": "<f2", "float32": "<f4", "float64": "<f8", "int8": "|i1", "uint8": "|u1", "int32": "<i4",
             "int64": "<i8"}
-
-_COMPUTE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(dk.DLTensor), ctypes.c_int32, ctypes.c_int32,
-                            ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(dk.DLKernAttr), ctypes.c_int32,
-                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-_INFER = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(dk.DLTensor), ctypes.c_int32, ctypes.POINTER(dk.DLTensor),
-                          ctypes.c_int32, ctypes.c_char_p, ctypes.POINTER(dk.DLKernAttr), ctypes.c_int32,
-                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-_DESTROY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class _KernelDef(ctypes.Structure):
-    """`dlkern_kernel_def` (include/dlkern.h)."""
-    _fields_ = [("struct_size", ctypes.c_uint32), ("name", ctypes.c_char_p), ("compute", _COMPUTE),
-                ("infer", _INFER), ("device_mask", ctypes.c_uint32), ("num_outputs", ctypes.c_int32),
-                ("user_data", ctypes.c_void_p), ("destroy", _DESTROY)]
-
 
 # What the registry holds a pointer to, by the id passed as user_data: the callbacks and the
 # Python functions stay alive until the registry lets go of them (destroy), which is after the
@@ -74,7 +56,7 @@ _IDS = itertools.count(1)
 _NAMES = {}
 
 
-@_DESTROY
+@dk.DESTROY_FN
 def _destroy(user_data):
     with _LOCK:
         _LIVE.pop(user_data or 0, None)
@@ -106,10 +88,10 @@ def _attrs(attrs, count):
 
 def _dtype_name(t):
     key = (t.dtype.code, t.dtype.bits)
-    if t.dtype.lanes != 1 or key not in _DTYPES:
+    if t.dtype.lanes != 1 or key not in _NUMPY_TYPES:
         raise TypeError(f"a tensor of DLPack type code {t.dtype.code}, {t.dtype.bits} bits, {t.dtype.lanes} lanes "
                         "has no NumPy dtype (Python kernels take f16, f32, f64, i8, u8, i32, i64)")
-    return _DTYPES[key]
+    return _NUMPY_TYPES[key]
 
 
 def _spec(t):
@@ -130,10 +112,11 @@ def _numpy_view(t):
 
     name, shape, strides, address = _layout(t)
     itemsize = np.dtype(name).itemsize
-    if strides is None:
-        strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * itemsize for i in range(len(shape)))
     if any(n == 0 for n in shape) or not address:
         return np.empty(shape, dtype=name)
+    if strides is None:
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.ndarray(shape, dtype=name, buffer=(ctypes.c_uint8 * (count * itemsize)).from_address(address))
     # The bytes from the lowest to the highest element the view reaches (strides may be
     # negative or zero).
     low = sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))
@@ -258,12 +241,10 @@ def register_kernel(name, fn, *, num_outputs=1, infer=None, devices=("cpu", "cud
             return 1
 
     key = next(_IDS)
-    callbacks = (_COMPUTE(compute), _INFER(infer_outputs))
+    callbacks = (dk.COMPUTE_FN(compute), dk.INFER_FN(infer_outputs))
     lib = library()
-    lib.lib.dlkern_register_kernel.argtypes = [ctypes.POINTER(_KernelDef), ctypes.c_int32]
-    lib.lib.dlkern_register_kernel.restype = ctypes.c_int32
-    definition = _KernelDef(ctypes.sizeof(_KernelDef), name.encode(), callbacks[0], callbacks[1],
-                            sum(masks[d] for d in set(devices)), num_outputs, key, _destroy)
+    definition = dk.KernelDef(ctypes.sizeof(dk.KernelDef), name.encode(), callbacks[0], callbacks[1],
+                              sum(masks[d] for d in set(devices)), num_outputs, key, _destroy)
     with _LOCK:
         _LIVE[key] = (callbacks, fn, infer)
     code = lib.lib.dlkern_register_kernel(ctypes.byref(definition), int(bool(replace)))

@@ -51,18 +51,7 @@ def test_typed_op_keeps_symbolic_dims_and_default_epsilon():
 
 
 # A kernel registered through the C ABI from Python (ctypes callbacks): y = 2x + 1, with inference.
-COMPUTE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(dk.DLTensor), ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p,
-                           ctypes.c_void_p, ctypes.POINTER(dk.DLKernAttr), ctypes.c_int32, ctypes.c_void_p,
-                           ctypes.c_char_p, ctypes.c_size_t)
-INFER = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(dk.DLTensor), ctypes.c_int32, ctypes.POINTER(dk.DLTensor),
-                         ctypes.c_int32, ctypes.c_char_p, ctypes.POINTER(dk.DLKernAttr), ctypes.c_int32,
-                         ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
-
-
-class KernelDef(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("name", ctypes.c_char_p), ("compute", COMPUTE), ("infer", INFER),
-                ("device_mask", ctypes.c_uint32), ("num_outputs", ctypes.c_int32), ("user_data", ctypes.c_void_p),
-                ("destroy", ctypes.c_void_p)]
+COMPUTE, INFER, KernelDef = dk.COMPUTE_FN, dk.INFER_FN, dk.KernelDef
 
 
 def _as_array(t):
@@ -88,7 +77,7 @@ def affine_infer(inputs, n_in, outputs, n_out, name, attrs, n_attrs, user, err, 
 
 @pytest.fixture(scope="module")
 def affine_kernel():
-    d = KernelDef(ctypes.sizeof(KernelDef), b"py.affine", affine_compute, affine_infer, 1 << 1, 1, None, None)
+    d = KernelDef(ctypes.sizeof(KernelDef), b"py.affine", affine_compute, affine_infer, 1 << 1, 1, None, dk.DESTROY_FN())
     assert ctypes.sizeof(KernelDef) == 56
     assert LIB.lib.dlkern_register_kernel(ctypes.byref(d), 1) == 0, LIB.lib.dlkern_last_error()
     yield "py.affine"

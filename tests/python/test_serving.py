@@ -68,11 +68,7 @@ def matmul_session(k, n, provider_options=None):
     model = dx.model([node], [dx.value("A", TensorProto.FLOAT16, ["M", k])],
                      [dx.value("Y", TensorProto.FLOAT16, ["M", n])],
                      [numpy_helper.from_array(codes, "B"), numpy_helper.from_array(scales, "scales")])
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(LIB_PATH)
-    so.log_severity_level = 3
-    return ort.InferenceSession(model, so, providers=[("CUDAExecutionProvider", provider_options or {}),
-                                                      "CPUExecutionProvider"])
+    return dx.session(LIB_PATH, model, "CUDAExecutionProvider", provider_options=provider_options)
 
 
 def trim_driver_pool(device=0):

@@ -268,23 +268,21 @@ unsafe fn skip_row<T: Element, const VEC: bool>(
         // Constants of the cached units: before the wait when they are known to be in place.
         let early = a.flags & SKIP_FLAG_GAMMA_READY != 0;
         let mut constants = [Constants { gamma: [0; 4], bias: [0; 4] }; SKIP_CACHED_UNITS];
-        if early {
+        let mut load_constants = || {
             unroll!(K in [0, 1, 2, 3] {
                 let u = tid + K * threads;
                 if u < units {
                     constants[K] = r.load_constants::<VEC>(u);
                 }
             });
+        };
+        if early {
+            load_constants();
         }
         sync::wait_for_prerequisite_grids();
         sync::allow_dependent_launch();
         if !early {
-            unroll!(K in [0, 1, 2, 3] {
-                let u = tid + K * threads;
-                if u < units {
-                    constants[K] = r.load_constants::<VEC>(u);
-                }
-            });
+            load_constants();
         }
         let mut cache = [[0.0f32; 8]; SKIP_CACHED_UNITS];
         let mut sum_sq = 0.0f32;
