@@ -1,5 +1,5 @@
-"""Host time per call of `dlkern.call` on PyTorch CUDA tensors (issue 45's Python path), beside
-`torch.nn.functional.rms_norm`: what one call costs the calling thread, the device synchronized
+"""Host time per call of `dlkern.call` on PyTorch CUDA tensors (issue 45's Python path), through
+torch's DLPack C exchange table and through `__dlpack__`, beside `torch.nn.functional.rms_norm`: what one call costs the calling thread, the device synchronized
 outside the timed calls so that the launch queue never blocks one. Writes criterion-shaped rows
 (`host_cost/...`, family host_cost) that gpu-bench.sh adds to the host-cost table.
 
@@ -34,21 +34,32 @@ def main():
     import torch
 
     import dlkern
+    import dlkern_ctypes as dk
 
     rows, cols = 16, 4096
     x = torch.randn(rows, cols, device="cuda", dtype=torch.float16)
     w = torch.randn(cols, device="cuda", dtype=torch.float16)
     rmsnorm = dlkern.kernel("dlkern.rmsnorm")
-    cases = {
-        f"dlkern.call (Python, torch) rmsnorm {rows}x{cols}": lambda: dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6),
-        f"dlkern.kernel handle (Python, torch) rmsnorm {rows}x{cols}": lambda: rmsnorm(x, w, epsilon=1e-6),
-        f"torch.nn.functional.rms_norm {rows}x{cols}": lambda: torch.nn.functional.rms_norm(x, (cols,), w, 1e-6),
-    }
-    y = dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6)
+    call = lambda: dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6)  # noqa: E731
+    exchange = dk.exchange_table(torch.Tensor) is not None
+    print(f"torch {torch.__version__}: DLPack C exchange table {'published' if exchange else 'absent'}")
+    # (name, function, whether dlkern.call may use torch's exchange table)
+    cases = [
+        (f"dlkern.call (Python, torch, __dlpack__) rmsnorm {rows}x{cols}", call, False),
+        (f"torch.nn.functional.rms_norm {rows}x{cols}",
+         lambda: torch.nn.functional.rms_norm(x, (cols,), w, 1e-6), True),
+    ]
+    if exchange:
+        cases[1:1] = [(f"dlkern.call (Python, torch, exchange table) rmsnorm {rows}x{cols}", call, True),
+                      (f"dlkern.kernel handle (Python, torch, exchange table) rmsnorm {rows}x{cols}",
+                       lambda: rmsnorm(x, w, epsilon=1e-6), True)]
     ref = torch.nn.functional.rms_norm(x.float(), (cols,), w.float(), 1e-6)
-    assert (y.float() - ref).abs().max().item() < 5e-2, "dlkern.call gave a wrong result"
-    rows_out = [{"id": f"host_cost/{name}", "median_ns": per_call_ns(fn, torch.cuda.synchronize)}
-                for name, fn in cases.items()]
+    rows_out = []
+    for name, fn, use_table in cases:
+        dlkern.kernels.USE_EXCHANGE_TABLES = use_table
+        assert (fn().float() - ref).abs().max().item() < 5e-2, f"{name} gave a wrong result"
+        rows_out.append({"id": f"host_cost/{name}", "median_ns": per_call_ns(fn, torch.cuda.synchronize)})
+    dlkern.kernels.USE_EXCHANGE_TABLES = True
     for r in rows_out:
         print(f"{r['id']}: {r['median_ns'] / 1e3:.2f} us")
     with open(sys.argv[1], "w") as f:

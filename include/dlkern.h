@@ -156,6 +156,28 @@ void dlkern_site_destroy(dlkern_site* site);
 int32_t dlkern_call_at(dlkern_site* site, const char* name, DLTensor* tensors, int32_t num_inputs,
                        int32_t num_outputs, void* stream, const dlkern_attr* attrs, int32_t num_attrs);
 
+/* dlkern_call on a framework's own tensor objects, through DLPack's C exchange API: `api` is a
+ * `const DLPackExchangeAPI*` (dlpack.h 1.2+, the table behind a tensor type's
+ * `__dlpack_c_exchange_api__`; void here because the dlpack.h shipped beside this header is
+ * 1.1). dlkern walks its prev_api chain to the DLPack major version it reads.
+ * - inputs: num_inputs (>= 1) objects of the table's type (PyObject* for Python frameworks),
+ *   read through dltensor_from_py_object_no_sync: borrowed, nothing retained.
+ * - outputs: num_outputs slots. Their shapes come from the kernel's inference, their memory from
+ *   the table's managed_tensor_allocator on the first input's device, and each slot receives a
+ *   new object (a new reference) made by managed_tensor_to_py_object_no_sync. On failure the
+ *   slots hold NULL, except after a failed conversion of output i: the objects before it are
+ *   in their slots, and releasing them is the caller's.
+ * - stream NULL on CUDA: the table's current_work_stream of the first input's device (torch:
+ *   the current stream), so the kernel is ordered after the framework's work. No other
+ *   synchronization happens (the table's functions are the `_no_sync` ones).
+ * - site: NULL, or a site of dlkern_site_create as for dlkern_call_at.
+ * - The table's functions need what the framework needs: for Python, call with the GIL held
+ *   (ctypes.PyDLL). A failed table function leaves its Python exception set; dlkern's code
+ *   and message come back as usual. */
+int32_t dlkern_call_objects(dlkern_site* site, const char* name, const void* api, void* const* inputs,
+                            int32_t num_inputs, void** outputs, int32_t num_outputs, void* stream,
+                            const dlkern_attr* attrs, int32_t num_attrs);
+
 /* Infers the outputs of kernel `name` (each outputs[i].shape must point to DLKERN_MAX_NDIM
  * int64s; ndim, dtype and shape are written). */
 int32_t dlkern_infer(const char* name, const DLTensor* inputs, int32_t num_inputs,

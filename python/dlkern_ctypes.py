@@ -74,6 +74,15 @@ _capsule_get_pointer.argtypes = [ctypes.py_object, c_char_p]
 _capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
 _capsule_is_valid.restype = ctypes.c_int
 _capsule_is_valid.argtypes = [ctypes.py_object, c_char_p]
+_decref = ctypes.pythonapi.Py_DecRef
+_decref.restype = None
+_decref.argtypes = [ctypes.py_object]
+
+# Where a tensor type publishes DLPack's C exchange table (DLPackExchangeAPI): the attribute the
+# DLPack spec names, then the name PyTorch 2.10 shipped first (an int or a capsule).
+_EXCHANGE_ATTRIBUTES = ("__dlpack_c_exchange_api__", "__c_dlpack_exchange_api__")
+_EXCHANGE_CAPSULE = b"dlpack_exchange_api"
+_exchange_tables = {}
 
 # Offset of dl_tensor in DLManagedTensorVersioned (version, manager_ctx, deleter, flags).
 _VERSIONED_DL_TENSOR_OFFSET = 32
@@ -104,6 +113,26 @@ def borrow(obj, stream=None, versioned=False):
     return capsule, DLTensor.from_address(address)
 
 
+def exchange_table(tensor_type):
+    """The address of `tensor_type`'s DLPack C exchange table as a c_void_p, or None when the
+    type publishes none (NumPy; PyTorch before 2.10). Looked up once per type."""
+    try:
+        return _exchange_tables[tensor_type]
+    except KeyError:
+        pass
+    address = None
+    for attribute in _EXCHANGE_ATTRIBUTES:
+        value = getattr(tensor_type, attribute, None)
+        if isinstance(value, int):
+            address = value or None
+        elif value is not None and _capsule_is_valid(value, _EXCHANGE_CAPSULE):
+            address = _capsule_get_pointer(value, _EXCHANGE_CAPSULE)
+        if address:
+            break
+    _exchange_tables[tensor_type] = c_void_p(address) if address else None
+    return _exchange_tables[tensor_type]
+
+
 def _attrs(attrs):
     keep = []
     arr = (DLKernAttr * max(len(attrs), 1))()
@@ -127,6 +156,16 @@ def _attrs(attrs):
     return arr, len(attrs), keep
 
 
+def _release(slots):
+    """Drops the new references dlkern left in the non-empty `slots` of a failed call."""
+    for i in range(len(slots)):
+        try:
+            obj = slots[i]
+        except ValueError:  # an empty (NULL) slot
+            continue
+        _decref(obj)
+
+
 class Library:
     """libdlkern.so loaded with ctypes."""
 
@@ -148,6 +187,54 @@ class Library:
         L.dlkern_register_kernel.restype = c_int32
         L.dlkern_unregister_kernel.argtypes = [c_char_p]
         L.dlkern_unregister_kernel.restype = c_int32
+
+        # dlkern_call_objects runs the framework's exchange functions, which need the GIL: the
+        # same library through PyDLL, which keeps it held. No argtypes: the arguments are passed
+        # as ctypes objects already, and conversion per call is most of what a call costs here.
+        self._call_objects = ctypes.PyDLL(path).dlkern_call_objects
+        self._call_objects.restype = c_int32
+        self._prepared = {}
+
+    def _prepare(self, name, attrs):
+        """(name bytes, attribute array, count, what keeps them alive), cached per name and
+        attribute values (with their types: 1 and 1.0 are different attributes)."""
+        try:
+            key = (name, tuple(attrs.items()), tuple(map(type, attrs.values())))
+            return self._prepared[key]
+        except TypeError:  # a list attribute: not hashable, built each call
+            key = None
+        except KeyError:
+            pass
+        arr, n_attrs, keep = _attrs(attrs)
+        prepared = (name.encode(), arr, n_attrs, keep)
+        if key is not None:
+            if len(self._prepared) >= 4096:
+                self._prepared.clear()
+            self._prepared[key] = prepared
+        return prepared
+
+    def call_objects(self, name, table, inputs, num_outputs, stream=None, attrs=None):
+        """Runs `name` on framework tensors through their DLPack C exchange table (see
+        exchange_table): outputs are allocated by the framework and returned as its tensors, a
+        list of `num_outputs`. stream None on CUDA: the framework's current stream."""
+        name_b, arr, n_attrs, _ = self._prepare(name, attrs or {})
+        n = len(inputs)
+        objects = (c_void_p * n)(*map(id, inputs))
+        outs = (ctypes.py_object * num_outputs)()
+        try:
+            code = self._call_objects(None, name_b, table, objects, n, outs, num_outputs,
+                                      None if stream is None else c_void_p(stream), arr, n_attrs)
+        except Exception as e:  # a table function failed and left its Python exception
+            _release(outs)
+            raise DLKernError(-1, self.lib.dlkern_last_error().decode()) from e
+        if code != DLKERN_OK:
+            _release(outs)
+            self._check(code)
+        results = [outs[i] for i in range(num_outputs)]
+        # Each slot holds a new reference from dlkern, and reading it took another.
+        for r in results:
+            _decref(r)
+        return results
 
     def _check(self, code):
         if code != DLKERN_OK:

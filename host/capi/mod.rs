@@ -4,6 +4,7 @@
 //! Every exported function catches panics and returns an error code; the message of the last
 //! failure on the calling thread is available from `dlkern_last_error`.
 
+mod exchange;
 mod plugin;
 
 use std::cell::RefCell;
@@ -13,6 +14,7 @@ use crate::dlpack::DLTensor;
 use crate::error::Error;
 use crate::kernel::CallSite;
 use crate::registry::{self, Attributes, CAttr, CComputeFn, CInferFn, Compute, Infer, KernelDef, UserData};
+pub use exchange::dlkern_call_objects;
 pub use plugin::{ABI_VERSION, PluginApi, load_plugin};
 
 /// Return codes (`DLKERN_OK`, ... in the header).

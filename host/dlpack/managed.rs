@@ -80,6 +80,19 @@ impl ManagedTensor {
         }
     }
 
+    /// Gives up ownership of a versioned tensor without releasing it: the pointer for a
+    /// consumer that takes it over (a framework's `managed_tensor_to_py_object_no_sync`).
+    /// `None` (and the tensor released as usual) for a legacy one.
+    pub fn into_versioned_raw(self) -> Option<*mut DLManagedTensorVersioned> {
+        match self.inner {
+            Inner::Versioned(t) => {
+                std::mem::forget(self);
+                Some(t)
+            }
+            Inner::Legacy(_) => None,
+        }
+    }
+
     /// A validated view named `name`.
     pub fn view<'a>(&'a self, name: &'a str) -> Result<TensorView<'a>> {
         // SAFETY: the producer keeps shape/strides alive until the deleter runs (at drop).

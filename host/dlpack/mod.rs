@@ -10,10 +10,10 @@
 mod managed;
 
 pub use dlpark::ffi::{
-    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion,
-    DLTensor,
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLPackExchangeAPI,
+    DLPackExchangeAPIHeader, DLPackVersion, DLTensor,
 };
-pub use managed::ManagedTensor;
+pub use managed::{ManagedTensor, SUPPORTED_MAJOR_VERSION};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};

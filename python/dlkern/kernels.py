@@ -10,6 +10,12 @@ DLPack without copies.
 
 CUDA tensors run on the current torch stream unless `stream` (a CUstream handle) is given.
 Errors are `dlkern_ctypes.DLKernError`s carrying dlkern's message.
+
+Tensors whose type publishes DLPack's C exchange table (PyTorch >= 2.10:
+`torch.Tensor.__dlpack_c_exchange_api__`) take one C call per kernel call: dlkern reads them,
+allocates the outputs with the framework's allocator and asks it for its current stream, with
+no `__dlpack__` capsules and no shape inference round trip. Other arrays go through
+`__dlpack__`. Set `USE_EXCHANGE_TABLES = False` to compare the two.
 """
 
 import os
@@ -18,6 +24,7 @@ from pathlib import Path
 import dlkern_ctypes as dk
 
 _LIBRARY = None
+USE_EXCHANGE_TABLES = True
 
 # DLPack (code, bits) of the dtypes dlkern's kernels take and give.
 _NUMPY_TYPES = {(2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (0, 8): "int8", (1, 8): "uint8",
@@ -87,12 +94,31 @@ def _current_stream(inputs):
     return None
 
 
+def _shared_exchange_table(inputs):
+    """The DLPack C exchange table all `inputs` share (one framework's tensors), else None."""
+    first = type(inputs[0])
+    table = dk.exchange_table(first)
+    if table is None:
+        return None
+    for x in inputs:
+        kind = type(x)
+        if kind is not first:
+            other = dk.exchange_table(kind)
+            if other is None or other.value != table.value:
+                return None
+    return table
+
+
 def call(name, *inputs, num_outputs=1, stream=None, **attrs):
     """Runs registry kernel `name` on `inputs` with attributes `attrs`; returns its output, or a
     tuple of `num_outputs` outputs, allocated from the kernel's inference."""
     if not inputs:
         raise ValueError(f"{name}: no inputs")
     lib = library()
+    table = _shared_exchange_table(inputs) if USE_EXCHANGE_TABLES else None
+    if table is not None:
+        outputs = lib.call_objects(name, table, inputs, num_outputs, stream, attrs)
+        return outputs[0] if num_outputs == 1 else tuple(outputs)
     specs = lib.infer(name, inputs, num_outputs, **attrs)
     outputs = [_empty_like_inputs(inputs, code, bits, shape) for code, bits, shape in specs]
     lib.call(name, inputs, outputs, stream=_current_stream(inputs) if stream is None else stream, **attrs)

@@ -65,16 +65,59 @@ def test_session_options_register_the_library_with_ort():
     np.testing.assert_allclose(y, dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6), rtol=1e-6)
 
 
-def test_call_on_torch_cuda_tensors_uses_the_current_stream():
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange-table", "dlpack"])
+def test_call_on_torch_cuda_tensors_uses_the_current_stream(exchange):
+    """Ordered after the current stream's work: a side stream sleeps, then fills the input; a
+    kernel enqueued anywhere else would read the zeros it held before."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs torch with a CUDA device")
+    if exchange and dk.exchange_table(torch.Tensor) is None:
+        pytest.skip(f"torch {torch.__version__} publishes no DLPack C exchange table")
     x = torch.randn(16, 4096, device="cuda", dtype=torch.float16)
     w = torch.rand(4096, device="cuda", dtype=torch.float16) + 0.5
+    filled = torch.zeros_like(x)
+    torch.cuda.synchronize()
     stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        y = dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6)
+    dlkern.kernels.USE_EXCHANGE_TABLES = exchange
+    try:
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(50_000_000)
+            filled.copy_(x)
+            y = dlkern.call("dlkern.rmsnorm", filled, w, epsilon=1e-6)
+    finally:
+        dlkern.kernels.USE_EXCHANGE_TABLES = True
     stream.synchronize()
     assert y.is_cuda and y.dtype == torch.float16 and y.shape == x.shape
     want = torch.nn.functional.rms_norm(x.float(), (4096,), w.float(), eps=1e-6)
     torch.testing.assert_close(y.float(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_torch_tensors_through_the_exchange_table():
+    """torch >= 2.10 publishes DLPack's C exchange table: outputs are torch tensors from its
+    allocator, on the inputs' device, with no reference left behind, bit-equal to the
+    __dlpack__ path, on CPU and CUDA, with one and two outputs."""
+    torch = pytest.importorskip("torch")
+    if dk.exchange_table(torch.Tensor) is None:
+        pytest.skip(f"torch {torch.__version__} publishes no DLPack C exchange table")
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        x = torch.randn(7, 97, device=device, dtype=torch.float32)
+        w = torch.rand(97, device=device, dtype=torch.float32) + 0.5
+        y = dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6)
+        assert type(y) is torch.Tensor and y.device == x.device and sys.getrefcount(y) == 2
+        dlkern.kernels.USE_EXCHANGE_TABLES = False
+        try:
+            slow = dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6)
+        finally:
+            dlkern.kernels.USE_EXCHANGE_TABLES = True
+        assert torch.equal(y, slow)
+        # A parameter is a tensor subclass with the same table.
+        y_param = dlkern.call("dlkern.rmsnorm", x, torch.nn.Parameter(w), epsilon=1e-6)
+        assert torch.equal(y_param, y)
+    x = torch.randn(5, 64)
+    q, scales = dlkern.call("dlkern.quantize_per_token", x, num_outputs=2)
+    assert q.dtype == torch.int8 and scales.shape == (5,)
+    torch.testing.assert_close(q.float() * scales[:, None], x, atol=float(scales.max()), rtol=0)
+    with pytest.raises(dk.DLKernError, match=r"shape \[7\] \(expected \[8\]\)"):
+        dlkern.call("dlkern.rmsnorm", torch.ones(2, 8), torch.ones(7))
