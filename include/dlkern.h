@@ -132,6 +132,30 @@ const char* dlkern_last_error(void);
 int32_t dlkern_register_kernel(const dlkern_kernel_def* def, int32_t replace);
 int32_t dlkern_unregister_kernel(const char* name);
 
+/* A TVM-FFI function (apache-tvm-ffi's C ABI: a symbol `__tvm_ffi_<function>` of type
+ * TVMFFISafeCallType, as TVM_FFI_DLL_EXPORT_TYPED_FUNC makes) as a kernel. It is called
+ * destination-passing: the inputs, then the outputs (each a DLTensor*, kTVMFFIDLTensorPtr), then
+ * the attributes named in attribute_names, in that order (int, float or string; every one must
+ * be set at each call); it writes the outputs and returns nothing. For CUDA tensors the call's
+ * stream is the device's TVM-FFI environment stream while it runs (TVMFFIEnvGetStream reads it);
+ * an error it raises (TVMFFIErrorSetRaised...) is the call's error, "kind: message". dlkern does
+ * not link libtvm_ffi: it finds TVMFFIEnvSetStream, TVMFFIErrorMoveFromRaised and
+ * TVMFFIObjectDecRef through the function's library, which links it. The library is loaded by
+ * path and never unloaded (trust it as a plug-in). user_data/destroy: as dlkern_kernel_def's. */
+typedef struct dlkern_tvm_ffi_def {
+  uint32_t struct_size;        /* sizeof(dlkern_tvm_ffi_def) */
+  const char* name;            /* registry name */
+  const char* library;         /* path of the shared library that exports the function */
+  const char* function;        /* "add_one" looks up __tvm_ffi_add_one (a "__tvm_ffi_" name as is) */
+  const char* attribute_names; /* comma-separated, in argument order; NULL or "" for none */
+  uint32_t device_mask;        /* DLKERN_DEVICE_CPU | DLKERN_DEVICE_CUDA */
+  int32_t num_outputs;         /* fixed count, at least 1 */
+  dlkern_infer_fn infer;       /* NULL: every output has input 0's dtype and shape */
+  void* user_data;             /* passed to infer */
+  void (*destroy)(void* user_data);
+} dlkern_tvm_ffi_def;
+int32_t dlkern_register_tvm_ffi(const dlkern_tvm_ffi_def* def, int32_t replace);
+
 /* Names of all kernels, '\n'-separated, NUL-terminated, written when len suffices. Returns the
  * bytes needed including the NUL (call with buf = NULL, len = 0 to size), or -code on error. */
 int64_t dlkern_list_kernels(char* buf, size_t len);

@@ -66,7 +66,15 @@ class KernelDef(ctypes.Structure):
                 ("device_mask", c_uint32), ("num_outputs", c_int32), ("user_data", c_void_p), ("destroy", DESTROY_FN)]
 
 
+class TvmFfiDef(ctypes.Structure):
+    """`dlkern_tvm_ffi_def` (include/dlkern.h): a TVM-FFI function of a library as a kernel."""
+    _fields_ = [("struct_size", c_uint32), ("name", c_char_p), ("library", c_char_p), ("function", c_char_p),
+                ("attribute_names", c_char_p), ("device_mask", c_uint32), ("num_outputs", c_int32),
+                ("infer", INFER_FN), ("user_data", c_void_p), ("destroy", DESTROY_FN)]
+
+
 assert ctypes.sizeof(DLTensor) == 48 and ctypes.sizeof(DLKernAttr) == 64 and ctypes.sizeof(KernelDef) == 56
+assert ctypes.sizeof(TvmFfiDef) == 72
 
 _capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_get_pointer.restype = c_void_p
@@ -186,6 +194,8 @@ class Library:
         L.dlkern_register_kernel.argtypes = [POINTER(KernelDef), c_int32]
         L.dlkern_register_kernel.restype = c_int32
         L.dlkern_unregister_kernel.argtypes = [c_char_p]
+        L.dlkern_register_tvm_ffi.argtypes = [POINTER(TvmFfiDef), c_int32]
+        L.dlkern_register_tvm_ffi.restype = c_int32
         L.dlkern_unregister_kernel.restype = c_int32
 
         # dlkern_call_objects runs the framework's exchange functions, which need the GIL: the

@@ -13,3 +13,8 @@ PY
   )
   export DLKERN_PTXAS
 fi
+# apache-tvm-ffi's headers and libtvm_ffi (the TVM-FFI plug-in tests compile a library against them).
+if [ -z "${DLKERN_TVM_FFI_DIR:-}" ]; then
+  DLKERN_TVM_FFI_DIR=$("$PYTHON" -c 'import os, tvm_ffi; print(os.path.dirname(tvm_ffi.__file__))' 2>/dev/null || true)
+  export DLKERN_TVM_FFI_DIR
+fi

@@ -24,7 +24,7 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
 # The packages below at the versions scripts/constraints.txt pins (onnxruntime is the release
 # whose own kernels the drop-ins are compared against; the GPU host stages the same one).
-packages=(nvidia-cuda-nvcc onnx onnxruntime onnxruntime-genai numpy pytest matplotlib onnx-ir)
+packages=(nvidia-cuda-nvcc onnx onnxruntime onnxruntime-genai numpy pytest matplotlib onnx-ir apache-tvm-ffi)
 if ! .venv/bin/python - scripts/constraints.txt "${packages[@]}" <<'PY'
 import glob, importlib.metadata, importlib.util, os, sys
 pins = dict(l.strip().split("==") for l in open(sys.argv[1]) if "==" in l and not l.startswith("#"))

@@ -6,6 +6,7 @@
 
 mod exchange;
 mod plugin;
+mod tvm_ffi;
 
 use std::cell::RefCell;
 use std::ffi::{CString, c_char, c_void};
@@ -16,6 +17,7 @@ use crate::kernel::CallSite;
 use crate::registry::{self, Attributes, CAttr, CComputeFn, CInferFn, Compute, Infer, KernelDef, UserData};
 pub use exchange::dlkern_call_objects;
 pub use plugin::{ABI_VERSION, PluginApi, load_plugin};
+pub use tvm_ffi::{TvmFfiDefC, dlkern_register_tvm_ffi};
 
 /// Return codes (`DLKERN_OK`, ... in the header).
 pub const OK: i32 = 0;

@@ -8,6 +8,7 @@
 //! runs when the last such call returns.
 
 mod c_attrs;
+mod tvm_ffi;
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_void};
@@ -15,6 +16,7 @@ use std::sync::{Arc, LazyLock, RwLock};
 
 pub(crate) use c_attrs::c_string;
 pub use c_attrs::{ATTR_FLOAT, ATTR_FLOATS, ATTR_INT, ATTR_INTS, ATTR_STRING, CAttr};
+pub use tvm_ffi::{TvmFfiKernel, register_tvm_ffi};
 // The call interface lives in `kernel` (below the op families); re-exported here, where Rust
 // users registering their own kernels look for it.
 pub use crate::kernel::{AttrValue, Attributes, CallSite, InferArgs, KernelArgs, StreamHandle, TensorSpec};

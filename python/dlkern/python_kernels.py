@@ -32,12 +32,14 @@ refused with an error.
 import atexit
 import ctypes
 import itertools
+import os
 import threading
 import traceback
 from collections import namedtuple
 
 import dlkern_ctypes as dk
 
+from . import kernels as _kernels
 from .kernels import _NUMPY_TYPES, library
 
 TensorSpec = namedtuple("TensorSpec", ["dtype", "shape"])
@@ -192,25 +194,16 @@ def _apply(fn, writes_outputs, views, n_in, attrs, copy):
         copy(dst, src)
 
 
-def register_kernel(name, fn, *, num_outputs=1, infer=None, devices=("cpu", "cuda"), writes_outputs=False,
-                    replace=False):
-    """Registers `fn` as dlkern kernel `name` (see the module docs). `num_outputs`: a fixed count,
-    or -1 for any; `devices`: where it takes tensors ("cpu", "cuda"); `replace`: swap a kernel of
-    the same name. Raises `dlkern_ctypes.DLKernError` when dlkern refuses it (a taken name)."""
-    if not callable(fn) or (infer is not None and not callable(infer)):
-        raise TypeError("fn (and infer, when given) must be callable")
+def _device_mask(devices):
     masks = {"cpu": 1 << dk.K_DL_CPU, "cuda": 1 << dk.K_DL_CUDA}
     unknown = set(devices) - set(masks)
     if unknown or not devices:
         raise ValueError(f"devices must be among {sorted(masks)}, got {list(devices)}")
+    return sum(masks[d] for d in set(devices))
 
-    def compute(tensors, n_in, n_out, _name, stream, attrs, n_attrs, _user, err, err_len):
-        try:
-            _run(fn, writes_outputs, tensors, n_in, n_out, stream, _attrs(attrs, n_attrs))
-            return 0
-        except BaseException as e:  # noqa: BLE001 - becomes the call's error; nothing may escape
-            _write_error(err, err_len, f"{name}: {type(e).__name__}: {e}")
-            return 1
+
+def _infer_outputs(name, infer):
+    """A `dlkern_infer_fn` body over Python `infer(specs, **attrs)` (None: outputs like input 0)."""
 
     def infer_outputs(inputs, n_in, outputs, n_out, _name, attrs, n_attrs, _user, err, err_len):
         try:
@@ -236,20 +229,69 @@ def register_kernel(name, fn, *, num_outputs=1, infer=None, devices=("cpu", "cud
                 for j, n in enumerate(shape):
                     outputs[i].shape[j] = int(n)
             return 0
-        except BaseException as e:  # noqa: BLE001 - as in compute
+        except BaseException as e:  # noqa: BLE001 - becomes the call's error; nothing may escape
             _write_error(err, err_len, f"{name} (infer): {type(e).__name__}: {e}")
             return 1
 
+    return infer_outputs
+
+
+def register_kernel(name, fn, *, num_outputs=1, infer=None, devices=("cpu", "cuda"), writes_outputs=False,
+                    replace=False):
+    """Registers `fn` as dlkern kernel `name` (see the module docs). `num_outputs`: a fixed count,
+    or -1 for any; `devices`: where it takes tensors ("cpu", "cuda"); `replace`: swap a kernel of
+    the same name. Raises `dlkern_ctypes.DLKernError` when dlkern refuses it (a taken name)."""
+    if not callable(fn) or (infer is not None and not callable(infer)):
+        raise TypeError("fn (and infer, when given) must be callable")
+    device_mask = _device_mask(devices)
+
+    def compute(tensors, n_in, n_out, _name, stream, attrs, n_attrs, _user, err, err_len):
+        try:
+            _run(fn, writes_outputs, tensors, n_in, n_out, stream, _attrs(attrs, n_attrs))
+            return 0
+        except BaseException as e:  # noqa: BLE001 - becomes the call's error; nothing may escape
+            _write_error(err, err_len, f"{name}: {type(e).__name__}: {e}")
+            return 1
+
     key = next(_IDS)
-    callbacks = (dk.COMPUTE_FN(compute), dk.INFER_FN(infer_outputs))
+    callbacks = (dk.COMPUTE_FN(compute), dk.INFER_FN(_infer_outputs(name, infer)))
     lib = library()
     definition = dk.KernelDef(ctypes.sizeof(dk.KernelDef), name.encode(), callbacks[0], callbacks[1],
-                              sum(masks[d] for d in set(devices)), num_outputs, key, _destroy)
+                              device_mask, num_outputs, key, _destroy)
     with _LOCK:
         _LIVE[key] = (callbacks, fn, infer)
     code = lib.lib.dlkern_register_kernel(ctypes.byref(definition), int(bool(replace)))
     if code != dk.DLKERN_OK:
         # A refused definition stays the caller's: the registry never calls destroy for it.
+        with _LOCK:
+            _LIVE.pop(key, None)
+        lib._check(code)
+    _NAMES[name] = key
+
+
+def register_tvm_ffi(name, library, function, *, num_outputs=1, attribute_names=(), infer=None,
+                     devices=("cpu", "cuda"), replace=False):
+    """Registers the TVM-FFI function `function` of the shared library `library` (the symbol
+    `__tvm_ffi_<function>`, as apache-tvm-ffi's TVM_FFI_DLL_EXPORT_TYPED_FUNC exports it) as
+    dlkern kernel `name`. It is called destination-passing: inputs, then outputs (DLTensor*),
+    then the attributes `attribute_names` in that order; for CUDA tensors the call's stream is
+    its TVM-FFI environment stream (TVMFFIEnvGetStream). `infer(specs, **attrs)` sizes the outputs
+    as for register_kernel (default: like input 0). The library is loaded (its initializers run)
+    and stays loaded: register only libraries you trust. Raises `dlkern_ctypes.DLKernError` with
+    dlkern's reason when refused (no such library or symbol, a taken name)."""
+    if infer is not None and not callable(infer):
+        raise TypeError("infer must be callable")
+    names = [attribute_names] if isinstance(attribute_names, str) else list(attribute_names)
+    device_mask = _device_mask(devices)
+    key = next(_IDS)
+    callback = dk.INFER_FN(_infer_outputs(name, infer)) if infer is not None else dk.INFER_FN()
+    definition = dk.TvmFfiDef(ctypes.sizeof(dk.TvmFfiDef), name.encode(), os.fsencode(library), function.encode(),
+                              ",".join(names).encode(), device_mask, num_outputs, callback, key, _destroy)
+    with _LOCK:
+        _LIVE[key] = (callback, infer)
+    lib = _kernels.library()  # (`library` is the path argument here)
+    code = lib.lib.dlkern_register_tvm_ffi(ctypes.byref(definition), int(bool(replace)))
+    if code != dk.DLKERN_OK:
         with _LOCK:
             _LIVE.pop(key, None)
         lib._check(code)
