@@ -164,6 +164,11 @@ def _attrs(attrs):
     return arr, len(attrs), keep
 
 
+# ctypes array types by length, made once: `c_void_p * n` looks its type up on every call.
+_POINTER_ARRAYS = [c_void_p * n for n in range(33)]
+_OBJECT_ARRAYS = [ctypes.py_object * n for n in range(17)]
+
+
 def _release(slots):
     """Drops the new references dlkern left in the non-empty `slots` of a failed call."""
     for i in range(len(slots)):
@@ -226,25 +231,36 @@ class Library:
     def call_objects(self, name, table, inputs, num_outputs, stream=None, attrs=None):
         """Runs `name` on framework tensors through their DLPack C exchange table (see
         exchange_table): outputs are allocated by the framework and returned as its tensors, a
-        list of `num_outputs`. stream None on CUDA: the framework's current stream."""
-        name_b, arr, n_attrs, _ = self._prepare(name, attrs or {})
+        list of `num_outputs`. stream None on CUDA: the framework's current stream.
+
+        This is the per-call path of dlkern.call on torch tensors, so it is written for speed:
+        cached ctypes array types and attribute arrays, no argtypes conversion."""
+        name_b, arr, n_attrs, _ = self._prepare(name, attrs) if attrs else self._prepare_plain(name)
         n = len(inputs)
-        objects = (c_void_p * n)(*map(id, inputs))
-        outs = (ctypes.py_object * num_outputs)()
+        objects = (_POINTER_ARRAYS[n] if n < len(_POINTER_ARRAYS) else c_void_p * n)(*map(id, inputs))
+        outs = (_OBJECT_ARRAYS[num_outputs] if num_outputs < len(_OBJECT_ARRAYS) else ctypes.py_object * num_outputs)()
         try:
             code = self._call_objects(None, name_b, table, objects, n, outs, num_outputs,
                                       None if stream is None else c_void_p(stream), arr, n_attrs)
         except Exception as e:  # a table function failed and left its Python exception
             _release(outs)
             raise DLKernError(-1, self.lib.dlkern_last_error().decode()) from e
-        if code != DLKERN_OK:
+        if code:
             _release(outs)
             self._check(code)
-        results = [outs[i] for i in range(num_outputs)]
+        results = outs[:]
         # Each slot holds a new reference from dlkern, and reading it took another.
         for r in results:
             _decref(r)
         return results
+
+    def _prepare_plain(self, name):
+        """`_prepare` for a call without attributes."""
+        try:
+            return self._prepared[name]
+        except KeyError:
+            prepared = self._prepared[name] = self._prepare(name, {})
+            return prepared
 
     def _check(self, code):
         if code != DLKERN_OK:

@@ -114,11 +114,12 @@ def call(name, *inputs, num_outputs=1, stream=None, **attrs):
     tuple of `num_outputs` outputs, allocated from the kernel's inference."""
     if not inputs:
         raise ValueError(f"{name}: no inputs")
-    lib = library()
-    table = _shared_exchange_table(inputs) if USE_EXCHANGE_TABLES else None
-    if table is not None:
-        outputs = lib.call_objects(name, table, inputs, num_outputs, stream, attrs)
-        return outputs[0] if num_outputs == 1 else tuple(outputs)
+    lib = _LIBRARY or library()
+    if USE_EXCHANGE_TABLES:
+        table = _shared_exchange_table(inputs)
+        if table is not None:
+            outputs = lib.call_objects(name, table, inputs, num_outputs, stream, attrs)
+            return outputs[0] if num_outputs == 1 else tuple(outputs)
     specs = lib.infer(name, inputs, num_outputs, **attrs)
     outputs = [_empty_like_inputs(inputs, code, bits, shape) for code, bits, shape in specs]
     lib.call(name, inputs, outputs, stream=_current_stream(inputs) if stream is None else stream, **attrs)
