@@ -153,6 +153,25 @@ def test_generic_op_needs_kernels_with_inference():
     assert "dlkern DLPackKernel node 'g0'" in msg and "has no output inference" in msg, msg
 
 
+def test_generic_op_runs_a_c_plugin_kernel_as_called_directly():
+    """A C function from a plug-in library (tests/c/cpu_plugin.c, with output inference) in an
+    ORT DLPackKernel node on the CPU EP, against the same kernel through the C ABI."""
+    plugin = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dlkern_ort_cpu_plugin_{os.getpid()}.so")
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(ROOT, "include"),
+                    os.path.join(ROOT, "tests", "c", "cpu_plugin.c"), "-o", plugin], check=True)
+    if "plugin.scale" not in LIB.kernels():
+        LIB.load_plugin(plugin)
+    node = helper.make_node("DLPackKernel", ["X"], ["Y"], domain="dlkern", name="scale", function_name="plugin.scale",
+                            factor=-2.5, attribute_names="factor")
+    m = dx.model([node], [dx.value("X", TensorProto.FLOAT, None)], [dx.value("Y", TensorProto.FLOAT, None)])
+    x = np.random.default_rng(4).uniform(-1, 1, (7, 97)).astype(np.float32)
+    (y,) = dx.session(LIB_PATH, m).run(None, {"X": x})
+    direct = np.empty_like(x)
+    LIB.call("plugin.scale", [x], [direct], factor=-2.5)
+    np.testing.assert_array_equal(y, direct)
+    np.testing.assert_allclose(y, -2.5 * x, rtol=1e-6)
+
+
 def test_library_exports_only_its_api_and_links_no_runtime():
     dynsym = subprocess.run(["nm", "-D", "--defined-only", LIB_PATH], capture_output=True, text=True, check=True).stdout
     exported = sorted(line.split()[-1] for line in dynsym.splitlines() if line.split()[1] in "TDB" and not line.split()[-1].startswith("_"))
