@@ -104,11 +104,12 @@ pub unsafe extern "C" fn dlkern_call_objects(
     attrs: *const CAttr,
     num_attrs: i32,
 ) -> i32 {
-    guard("dlkern_call_objects", || {
-        // SAFETY: the header's contract for every argument.
-        unsafe {
-            call_objects(site.as_ref(), name, api, inputs, num_inputs, outputs, num_outputs, stream, attrs, num_attrs)
-        }
+    // SAFETY: the header's contract for every argument.
+    guard("dlkern_call_objects", || unsafe {
+        let site = site.as_ref();
+        let name = name_arg(name, "name")?;
+        let api = compatible_api(api)?;
+        call_objects(site, &name, api, (inputs, num_inputs), (outputs, num_outputs), stream, (attrs, num_attrs))
     })
 }
 
@@ -116,23 +117,17 @@ pub unsafe extern "C" fn dlkern_call_objects(
 ///
 /// # Safety
 /// As `dlkern_call_objects`.
-#[allow(clippy::too_many_arguments)]
 unsafe fn call_objects(
     site: Option<&CallSite>,
-    name: *const c_char,
-    api: *const DLPackExchangeAPIHeader,
-    inputs: *const *mut c_void,
-    num_inputs: i32,
-    outputs: *mut *mut c_void,
-    num_outputs: i32,
+    name: &str,
+    api: &DLPackExchangeAPI,
+    (inputs, num_inputs): (*const *mut c_void, i32),
+    (outputs, num_outputs): (*mut *mut c_void, i32),
     stream: *mut c_void,
-    attrs: *const CAttr,
-    num_attrs: i32,
+    (attrs, num_attrs): (*const CAttr, i32),
 ) -> Result<i32, Error> {
     // SAFETY: the caller's contract for every argument.
     unsafe {
-        let name = name_arg(name, "name")?;
-        let api = compatible_api(api)?;
         if !(1..=MAX_INPUTS).contains(&num_inputs) || inputs.is_null() {
             return Err(invalid(format!("{name}: {num_inputs} inputs at {inputs:?} (1 to {MAX_INPUTS}, non-null)")));
         }
@@ -185,7 +180,7 @@ unsafe fn call_objects(
         let mut owned: Vec<ManagedTensor> = Vec::with_capacity(num_outputs);
         if num_outputs > 0 {
             let allocate = api.managed_tensor_allocator.ok_or_else(|| missing("managed_tensor_allocator"))?;
-            for (i, mut spec) in registry::infer(&name, &tensors, num_outputs, &attrs)?.into_iter().enumerate() {
+            for (i, mut spec) in registry::infer(name, &tensors, num_outputs, &attrs)?.into_iter().enumerate() {
                 let mut prototype = DLTensor {
                     data: std::ptr::null_mut(),
                     device,
@@ -200,7 +195,7 @@ unsafe fn call_objects(
                 let code = allocate(&mut prototype, &mut made, (&raw mut error).cast(), Some(keep_allocator_error));
                 if code != 0 || made.is_null() {
                     return Err(Error::KernelFailed {
-                        name: name.clone(),
+                        name: name.to_string(),
                         message: format!(
                             "the framework could not allocate output {i} {:?} of {:?}: {}",
                             spec.shape,
@@ -216,8 +211,8 @@ unsafe fn call_objects(
         }
 
         match site {
-            Some(site) => registry::call_at(&name, &mut tensors, objects.len(), stream, &attrs, site),
-            None => registry::call(&name, &mut tensors, objects.len(), stream, &attrs),
+            Some(site) => registry::call_at(name, &mut tensors, objects.len(), stream, &attrs, site),
+            None => registry::call(name, &mut tensors, objects.len(), stream, &attrs),
         }?;
 
         if num_outputs > 0 {

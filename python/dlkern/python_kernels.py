@@ -39,7 +39,6 @@ from collections import namedtuple
 
 import dlkern_ctypes as dk
 
-from . import kernels as _kernels
 from .kernels import _NUMPY_TYPES, library
 
 TensorSpec = namedtuple("TensorSpec", ["dtype", "shape"])
@@ -253,14 +252,24 @@ def register_kernel(name, fn, *, num_outputs=1, infer=None, devices=("cpu", "cud
             _write_error(err, err_len, f"{name}: {type(e).__name__}: {e}")
             return 1
 
-    key = next(_IDS)
     callbacks = (dk.COMPUTE_FN(compute), dk.INFER_FN(_infer_outputs(name, infer)))
-    lib = library()
-    definition = dk.KernelDef(ctypes.sizeof(dk.KernelDef), name.encode(), callbacks[0], callbacks[1],
-                              device_mask, num_outputs, key, _destroy)
+
+    def definition(key):
+        return dk.KernelDef(ctypes.sizeof(dk.KernelDef), name.encode(), callbacks[0], callbacks[1], device_mask,
+                            num_outputs, key, _destroy)
+
+    _register(name, definition, "dlkern_register_kernel", (callbacks, fn, infer), replace)
+
+
+def _register(name, definition, entry, keep, replace):
+    """Registers `definition(key)` through C ABI function `entry`, keeping `keep` (callbacks,
+    Python functions) alive under `key` until the registry destroys the kernel."""
+    key = next(_IDS)
+    made = definition(key)
     with _LOCK:
-        _LIVE[key] = (callbacks, fn, infer)
-    code = lib.lib.dlkern_register_kernel(ctypes.byref(definition), int(bool(replace)))
+        _LIVE[key] = keep
+    lib = library()
+    code = getattr(lib.lib, entry)(ctypes.byref(made), int(bool(replace)))
     if code != dk.DLKERN_OK:
         # A refused definition stays the caller's: the registry never calls destroy for it.
         with _LOCK:
@@ -283,19 +292,14 @@ def register_tvm_ffi(name, library, function, *, num_outputs=1, attribute_names=
         raise TypeError("infer must be callable")
     names = [attribute_names] if isinstance(attribute_names, str) else list(attribute_names)
     device_mask = _device_mask(devices)
-    key = next(_IDS)
     callback = dk.INFER_FN(_infer_outputs(name, infer)) if infer is not None else dk.INFER_FN()
-    definition = dk.TvmFfiDef(ctypes.sizeof(dk.TvmFfiDef), name.encode(), os.fsencode(library), function.encode(),
-                              ",".join(names).encode(), device_mask, num_outputs, callback, key, _destroy)
-    with _LOCK:
-        _LIVE[key] = (callback, infer)
-    lib = _kernels.library()  # (`library` is the path argument here)
-    code = lib.lib.dlkern_register_tvm_ffi(ctypes.byref(definition), int(bool(replace)))
-    if code != dk.DLKERN_OK:
-        with _LOCK:
-            _LIVE.pop(key, None)
-        lib._check(code)
-    _NAMES[name] = key
+    path = os.fsencode(library)
+
+    def definition(key):
+        return dk.TvmFfiDef(ctypes.sizeof(dk.TvmFfiDef), name.encode(), path, function.encode(),
+                            ",".join(names).encode(), device_mask, num_outputs, callback, key, _destroy)
+
+    _register(name, definition, "dlkern_register_tvm_ffi", (callback, infer), replace)
 
 
 def unregister_kernel(name):

@@ -7,29 +7,9 @@
 
 #include "dlkern.h"
 
-static int32_t negate(DLTensor* t, int32_t num_inputs, int32_t num_outputs, const char* name,
-                      void* stream, const dlkern_attr* attrs, int32_t num_attrs, void* user_data,
+/* y = factor * x over one f32 input and its output. */
+static int32_t scaled(DLTensor* t, int32_t num_inputs, int32_t num_outputs, const char* name, double factor,
                       char* err, size_t err_len) {
-  (void)stream; (void)attrs; (void)num_attrs; (void)user_data;
-  if (num_inputs != 1 || num_outputs != 1 || t[0].dtype.code != kDLFloat || t[0].dtype.bits != 32) {
-    snprintf(err, err_len, "%s: needs one f32 input and one output", name);
-    return 1;
-  }
-  int64_t n = 1;
-  for (int i = 0; i < t[0].ndim; ++i) n *= t[0].shape[i];
-  const float* x = (const float*)((const char*)t[0].data + t[0].byte_offset);
-  float* y = (float*)((char*)t[1].data + t[1].byte_offset);
-  for (int64_t i = 0; i < n; ++i) y[i] = -x[i];
-  return 0;
-}
-
-static int32_t scale(DLTensor* t, int32_t num_inputs, int32_t num_outputs, const char* name,
-                     void* stream, const dlkern_attr* attrs, int32_t num_attrs, void* user_data,
-                     char* err, size_t err_len) {
-  (void)stream; (void)user_data;
-  double factor = 1.0;
-  for (int32_t i = 0; i < num_attrs; ++i)
-    if (strcmp(attrs[i].name, "factor") == 0 && attrs[i].kind == DLKERN_ATTR_FLOAT) factor = attrs[i].f;
   if (num_inputs != 1 || num_outputs != 1 || t[0].dtype.code != kDLFloat || t[0].dtype.bits != 32) {
     snprintf(err, err_len, "%s: needs one f32 input and one output", name);
     return 1;
@@ -40,6 +20,23 @@ static int32_t scale(DLTensor* t, int32_t num_inputs, int32_t num_outputs, const
   float* y = (float*)((char*)t[1].data + t[1].byte_offset);
   for (int64_t i = 0; i < n; ++i) y[i] = (float)(factor * x[i]);
   return 0;
+}
+
+static int32_t negate(DLTensor* t, int32_t num_inputs, int32_t num_outputs, const char* name,
+                      void* stream, const dlkern_attr* attrs, int32_t num_attrs, void* user_data,
+                      char* err, size_t err_len) {
+  (void)stream; (void)attrs; (void)num_attrs; (void)user_data;
+  return scaled(t, num_inputs, num_outputs, name, -1.0, err, err_len);
+}
+
+static int32_t scale(DLTensor* t, int32_t num_inputs, int32_t num_outputs, const char* name,
+                     void* stream, const dlkern_attr* attrs, int32_t num_attrs, void* user_data,
+                     char* err, size_t err_len) {
+  (void)stream; (void)user_data;
+  double factor = 1.0;
+  for (int32_t i = 0; i < num_attrs; ++i)
+    if (strcmp(attrs[i].name, "factor") == 0 && attrs[i].kind == DLKERN_ATTR_FLOAT) factor = attrs[i].f;
+  return scaled(t, num_inputs, num_outputs, name, factor, err, err_len);
 }
 
 /* The output has the input's dtype and shape. */
