@@ -112,6 +112,10 @@ def _shared_exchange_table(inputs):
 def call(name, *inputs, num_outputs=1, stream=None, **attrs):
     """Runs registry kernel `name` on `inputs` with attributes `attrs`; returns its output, or a
     tuple of `num_outputs` outputs, allocated from the kernel's inference."""
+    return _call(name, inputs, num_outputs, stream, attrs)
+
+
+def _call(name, inputs, num_outputs, stream, attrs):
     if not inputs:
         raise ValueError(f"{name}: no inputs")
     lib = _LIBRARY or library()
@@ -129,7 +133,7 @@ def call(name, *inputs, num_outputs=1, stream=None, **attrs):
 def kernel(name, num_outputs=1):
     """`name` as a function: kernel(name)(*inputs, **attrs) is call(name, *inputs, ...)."""
     def run(*inputs, stream=None, **attrs):
-        return call(name, *inputs, num_outputs=num_outputs, stream=stream, **attrs)
+        return _call(name, inputs, num_outputs, stream, attrs)
 
     run.__name__ = name.replace(".", "_")
     run.__doc__ = f"dlkern kernel {name!r} ({num_outputs} output(s)); see dlkern.call."
