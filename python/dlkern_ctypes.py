@@ -201,6 +201,13 @@ class Library:
         L.dlkern_unregister_kernel.argtypes = [c_char_p]
         L.dlkern_register_tvm_ffi.argtypes = [POINTER(TvmFfiDef), c_int32]
         L.dlkern_register_tvm_ffi.restype = c_int32
+        L.dlkern_call_at.argtypes = [c_void_p, c_char_p, POINTER(DLTensor), c_int32, c_int32, c_void_p,
+                                     POINTER(DLKernAttr), c_int32]
+        L.dlkern_call_at.restype = c_int32
+        L.dlkern_site_create.argtypes = [ctypes.c_uint64]
+        L.dlkern_site_create.restype = c_void_p
+        L.dlkern_site_destroy.argtypes = [c_void_p]
+        L.dlkern_site_destroy.restype = None
         L.dlkern_unregister_kernel.restype = c_int32
 
         # dlkern_call_objects runs the framework's exchange functions, which need the GIL: the
@@ -228,10 +235,11 @@ class Library:
             self._prepared[key] = prepared
         return prepared
 
-    def call_objects(self, name, table, inputs, num_outputs, stream=None, attrs=None):
+    def call_objects(self, name, table, inputs, num_outputs, stream=None, attrs=None, site=None):
         """Runs `name` on framework tensors through their DLPack C exchange table (see
         exchange_table): outputs are allocated by the framework and returned as its tensors, a
-        list of `num_outputs`. stream None on CUDA: the framework's current stream.
+        list of `num_outputs`. stream None on CUDA: the framework's current stream; `site`: a
+        call site of site_create, or None.
 
         This is the per-call path of dlkern.call on torch tensors, so it is written for speed:
         cached ctypes array types and attribute arrays, no argtypes conversion."""
@@ -240,7 +248,7 @@ class Library:
         objects = (_POINTER_ARRAYS[n] if n < len(_POINTER_ARRAYS) else c_void_p * n)(*map(id, inputs))
         outs = (_OBJECT_ARRAYS[num_outputs] if num_outputs < len(_OBJECT_ARRAYS) else ctypes.py_object * num_outputs)()
         try:
-            code = self._call_objects(None, name_b, table, objects, n, outs, num_outputs,
+            code = self._call_objects(site, name_b, table, objects, n, outs, num_outputs,
                                       None if stream is None else c_void_p(stream), arr, n_attrs)
         except Exception as e:  # a table function failed and left its Python exception
             _release(outs)
@@ -279,13 +287,35 @@ class Library:
     def load_plugin(self, path):
         self._check(self.lib.dlkern_load_plugin(str(path).encode()))
 
-    def call(self, name, inputs, outputs, stream=None, versioned=False, **attrs):
+    def call(self, name, inputs, outputs, stream=None, versioned=False, site=None, **attrs):
+        """`site`: a call site of `site_create` (dlkern_call_at), or None (dlkern_call)."""
         borrowed = [borrow(t, stream, versioned) for t in list(inputs) + list(outputs)]
         tensors = (DLTensor * len(borrowed))(*[dl for _, dl in borrowed])
         arr, n_attrs, keep = _attrs(attrs)
-        code = self.lib.dlkern_call(name.encode(), tensors, len(inputs), len(outputs), stream, arr, n_attrs)
+        if site is None:
+            code = self.lib.dlkern_call(name.encode(), tensors, len(inputs), len(outputs), stream, arr, n_attrs)
+        else:
+            code = self.lib.dlkern_call_at(site, name.encode(), tensors, len(inputs), len(outputs), stream, arr,
+                                           n_attrs)
         del borrowed, keep
         self._check(code)
+
+    def site_create(self, constant_inputs=()):
+        """A call site (dlkern_site_create) whose inputs at the positions `constant_inputs` are
+        the same tensors, with the same contents, at every call through it; release it with
+        site_destroy. Raises MemoryError when dlkern cannot make one."""
+        mask = 0
+        for i in constant_inputs:
+            if not 0 <= i < 64:
+                raise ValueError(f"constant input {i}: positions 0 to 63")
+            mask |= 1 << i
+        site = self.lib.dlkern_site_create(mask)
+        if not site:
+            raise MemoryError("dlkern_site_create")
+        return site
+
+    def site_destroy(self, site):
+        self.lib.dlkern_site_destroy(site)
 
     def call_raw(self, name, tensors, num_inputs, num_outputs, stream=None, **attrs):
         """Calls with DLTensor structs the caller built (for malformed-input tests)."""

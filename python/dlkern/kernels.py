@@ -19,6 +19,7 @@ no `__dlpack__` capsules and no shape inference round trip. Other arrays go thro
 """
 
 import os
+import weakref
 from pathlib import Path
 
 import dlkern_ctypes as dk
@@ -112,29 +113,43 @@ def _shared_exchange_table(inputs):
 def call(name, *inputs, num_outputs=1, stream=None, **attrs):
     """Runs registry kernel `name` on `inputs` with attributes `attrs`; returns its output, or a
     tuple of `num_outputs` outputs, allocated from the kernel's inference."""
-    return _call(name, inputs, num_outputs, stream, attrs)
+    return _call(name, inputs, num_outputs, stream, attrs, None)
 
 
-def _call(name, inputs, num_outputs, stream, attrs):
+def _call(name, inputs, num_outputs, stream, attrs, site):
     if not inputs:
         raise ValueError(f"{name}: no inputs")
     lib = _LIBRARY or library()
     if USE_EXCHANGE_TABLES:
         table = _shared_exchange_table(inputs)
         if table is not None:
-            outputs = lib.call_objects(name, table, inputs, num_outputs, stream, attrs)
+            outputs = lib.call_objects(name, table, inputs, num_outputs, stream, attrs, site)
             return outputs[0] if num_outputs == 1 else tuple(outputs)
     specs = lib.infer(name, inputs, num_outputs, **attrs)
     outputs = [_empty_like_inputs(inputs, code, bits, shape) for code, bits, shape in specs]
-    lib.call(name, inputs, outputs, stream=_current_stream(inputs) if stream is None else stream, **attrs)
+    lib.call(name, inputs, outputs, stream=_current_stream(inputs) if stream is None else stream, site=site, **attrs)
     return outputs[0] if num_outputs == 1 else tuple(outputs)
 
 
-def kernel(name, num_outputs=1):
-    """`name` as a function: kernel(name)(*inputs, **attrs) is call(name, *inputs, ...)."""
-    def run(*inputs, stream=None, **attrs):
-        return _call(name, inputs, num_outputs, stream, attrs)
+def kernel(name, num_outputs=1, constant_inputs=()):
+    """`name` as a function: kernel(name)(*inputs, **attrs) is call(name, *inputs, ...).
 
+    `constant_inputs`: positions of inputs that are the same tensors, with the same contents, at
+    every call of this function (a layer's weights). The function then calls through a call
+    site of its own (`dlkern_call_at`), where a kernel may keep what it derives from them:
+    `dlkern.matmul_nbits` keeps its CUDA weights repacked for its fast decode path, made at the
+    first call. Passing other tensors there later is a contract violation (wrong results), as
+    for the C ABI's sites. The site is freed with the function."""
+    site = None
+    if constant_inputs:
+        lib = library()
+        site = lib.site_create(constant_inputs)
+
+    def run(*inputs, stream=None, **attrs):
+        return _call(name, inputs, num_outputs, stream, attrs, site)
+
+    if site is not None:
+        weakref.finalize(run, lib.site_destroy, site)
     run.__name__ = name.replace(".", "_")
     run.__doc__ = f"dlkern kernel {name!r} ({num_outputs} output(s)); see dlkern.call."
     return run

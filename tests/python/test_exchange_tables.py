@@ -215,3 +215,14 @@ def test_mixed_frameworks_go_through_dlpack(framework):
     # first input is neither torch nor CuPy, so NumPy.
     assert isinstance(y, np.ndarray) and framework.allocations == 0
     np.testing.assert_allclose(y, rmsnorm_ref(x.array, w, 1e-6), rtol=1e-5, atol=1e-6)
+
+
+def test_a_kernel_handle_with_a_site_goes_through_the_table(framework):
+    rng = np.random.default_rng(8)
+    x = Boxed(rng.uniform(-1, 1, (2, 33)).astype(np.float32))
+    w = Boxed(rng.uniform(0.5, 1.5, 33).astype(np.float32))
+    rmsnorm = dlkern.kernel("dlkern.rmsnorm", constant_inputs=(1,))
+    ys = [rmsnorm(x, w, epsilon=1e-6) for _ in range(3)]
+    assert framework.allocations == 3 and all(isinstance(y, Boxed) for y in ys)
+    for y in ys:
+        np.testing.assert_allclose(y.array, rmsnorm_ref(x.array, w.array, 1e-6), rtol=1e-5, atol=1e-6)

@@ -46,6 +46,52 @@ def test_call_with_two_outputs_of_other_dtypes():
     np.testing.assert_allclose(q * scales[:, None], x, atol=float(scales.max()))
 
 
+def w4_inputs(rng, m, n, k, block, lib):
+    """MatMulNBits inputs (A, B packed 4-bit, scales) for `lib` (numpy or torch)."""
+    blocks = -(-k // block)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float16)
+    b = rng.integers(0, 256, (n, blocks, block // 2), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.05, (n, blocks)).astype(np.float16)
+    if lib == "numpy":
+        return a, b, scales
+    import torch
+
+    return tuple(torch.from_numpy(t).cuda() for t in (a, b, scales))
+
+
+def test_a_kernel_handle_with_constant_inputs_calls_through_a_site():
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, (3, 97)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, 97).astype(np.float32)
+    rmsnorm = dlkern.kernel("dlkern.rmsnorm", constant_inputs=(1,))
+    for _ in range(3):
+        np.testing.assert_array_equal(rmsnorm(x, w, epsilon=1e-6), dlkern.call("dlkern.rmsnorm", x, w, epsilon=1e-6))
+    a, b, scales = w4_inputs(rng, 1, 16, 97, 32, "numpy")
+    attrs = dict(K=97, N=16, bits=4, block_size=32)
+    matmul = dlkern.kernel("dlkern.matmul_nbits", constant_inputs=(1, 2))
+    np.testing.assert_array_equal(matmul(a, b, scales, **attrs), dlkern.call("dlkern.matmul_nbits", a, b, scales, **attrs))
+    with pytest.raises(ValueError, match="positions 0 to 63"):
+        dlkern.kernel("dlkern.rmsnorm", constant_inputs=(64,))
+
+
+def test_a_kernel_handle_keeps_repacked_cuda_weights_at_its_site():
+    """On CUDA, dlkern.matmul_nbits keeps its weights repacked at the handle's site (its fast
+    decode path) and gives what a call without a site gives, through torch's exchange table."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with a CUDA device")
+    rng = np.random.default_rng(6)
+    for m, n, k in [(1, 4096, 4096), (4, 97, 1025), (1, 7, 64)]:
+        a, b, scales = w4_inputs(rng, m, n, k, 32, "torch")
+        attrs = dict(K=k, N=n, bits=4, block_size=32)
+        plain = dlkern.call("dlkern.matmul_nbits", a, b, scales, **attrs)
+        matmul = dlkern.kernel("dlkern.matmul_nbits", constant_inputs=(1, 2))
+        for _ in range(3):
+            torch.testing.assert_close(matmul(a, b, scales, **attrs), plain, rtol=2e-3, atol=2e-3)
+        del matmul
+        gc.collect()
+
+
 def test_errors_carry_dlkerns_message():
     x = np.ones((2, 8), np.float32)
     with pytest.raises(dk.DLKernError, match=r"shape \[7\] \(expected \[8\]\)"):
