@@ -139,7 +139,8 @@ def kernel(name, num_outputs=1, constant_inputs=()):
     site of its own (`dlkern_call_at`), where a kernel may keep what it derives from them:
     `dlkern.matmul_nbits` keeps its CUDA weights repacked for its fast decode path, made at the
     first call. Passing other tensors there later is a contract violation (wrong results), as
-    for the C ABI's sites. The site is freed with the function."""
+    for the C ABI's sites. Like a C ABI site, such a function may be called from one thread at a
+    time (calls from several threads must not overlap). The site is freed with the function."""
     site = None
     if constant_inputs:
         lib = library()
