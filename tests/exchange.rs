@@ -322,6 +322,15 @@ fn failures_release_every_output_and_say_why() {
     drop(take(outputs[0]));
     assert_eq!((count(&ALLOCATED), count(&OBJECTS_MADE), count(&RELEASED)), (2, 1, 1));
 
+    // A table without a way back to objects: refused before anything is allocated or launched.
+    reset_counters();
+    let mut one_way = table(1, std::ptr::null_mut());
+    one_way.managed_tensor_to_py_object_no_sync = None;
+    let (code, outputs) = call(&one_way, c"dlkern.rmsnorm", &[ptr(&x), ptr(&w)], 1, &eps);
+    assert_eq!(code, ERR_INVALID_ARGUMENT);
+    assert!(last_error().contains("has no managed_tensor_to_py_object_no_sync"), "{}", last_error());
+    assert_eq!((outputs, count(&ALLOCATED)), (vec![std::ptr::null_mut()], 0));
+
     // An input the table cannot describe.
     reset_counters();
     let not_a_tensor = [0u64; 8];

@@ -139,6 +139,16 @@ unsafe fn call_objects(
         let missing = |what: &str| invalid(format!("the exchange table has no {what}"));
         let to_dltensor =
             api.dltensor_from_py_object_no_sync.ok_or_else(|| missing("dltensor_from_py_object_no_sync"))?;
+        // Outputs need both ends of the table; checked before anything is allocated or launched.
+        let output_functions = if num_outputs > 0 {
+            Some((
+                api.managed_tensor_allocator.ok_or_else(|| missing("managed_tensor_allocator"))?,
+                api.managed_tensor_to_py_object_no_sync
+                    .ok_or_else(|| missing("managed_tensor_to_py_object_no_sync"))?,
+            ))
+        } else {
+            None
+        };
         let num_outputs = num_outputs as usize;
         let outputs = if num_outputs == 0 { &mut [][..] } else { std::slice::from_raw_parts_mut(outputs, num_outputs) };
         outputs.fill(std::ptr::null_mut());
@@ -178,9 +188,12 @@ unsafe fn call_objects(
         // the objects handed back own it as any tensor of theirs does. Until then each is a
         // ManagedTensor, released by its deleter if anything below fails.
         let mut owned: Vec<ManagedTensor> = Vec::with_capacity(num_outputs);
-        if num_outputs > 0 {
-            let allocate = api.managed_tensor_allocator.ok_or_else(|| missing("managed_tensor_allocator"))?;
-            for (i, mut spec) in registry::infer(name, &tensors, num_outputs, &attrs)?.into_iter().enumerate() {
+        if let Some((allocate, _)) = output_functions {
+            let specs = registry::infer(name, &tensors, num_outputs, &attrs)?;
+            if specs.len() != num_outputs {
+                return Err(invalid(format!("{name}: inference gave {} outputs for {num_outputs}", specs.len())));
+            }
+            for (i, mut spec) in specs.into_iter().enumerate() {
                 let mut prototype = DLTensor {
                     data: std::ptr::null_mut(),
                     device,
@@ -215,10 +228,7 @@ unsafe fn call_objects(
             None => registry::call(name, &mut tensors, objects.len(), stream, &attrs),
         }?;
 
-        if num_outputs > 0 {
-            let to_object = api
-                .managed_tensor_to_py_object_no_sync
-                .ok_or_else(|| missing("managed_tensor_to_py_object_no_sync"))?;
+        if let Some((_, to_object)) = output_functions {
             for (i, tensor) in owned.into_iter().enumerate() {
                 // Outputs come from managed_tensor_allocator, whose tensors are versioned.
                 let Some(raw) = tensor.into_versioned_raw() else {
