@@ -106,6 +106,10 @@ pub unsafe extern "C" fn dlkern_call_objects(
 ) -> i32 {
     // SAFETY: the header's contract for every argument.
     guard("dlkern_call_objects", || unsafe {
+        // The header promises NULL slots after any failure, this one included.
+        if !outputs.is_null() && (1..=MAX_OUTPUTS).contains(&num_outputs) {
+            std::slice::from_raw_parts_mut(outputs, num_outputs as usize).fill(std::ptr::null_mut());
+        }
         let site = site.as_ref();
         let name = name_arg(name, "name")?;
         let api = compatible_api(api)?;
@@ -151,7 +155,6 @@ unsafe fn call_objects(
         };
         let num_outputs = num_outputs as usize;
         let outputs = if num_outputs == 0 { &mut [][..] } else { std::slice::from_raw_parts_mut(outputs, num_outputs) };
-        outputs.fill(std::ptr::null_mut());
 
         let objects = std::slice::from_raw_parts(inputs, num_inputs as usize);
         let mut tensors: Vec<DLTensor> = Vec::with_capacity(objects.len() + num_outputs);
