@@ -301,9 +301,9 @@ class Library:
         self._check(code)
 
     def site_create(self, constant_inputs=()):
-        """A call site (dlkern_site_create) whose inputs at the positions `constant_inputs` are
-        the same tensors, with the same contents, at every call through it; release it with
-        site_destroy. Raises MemoryError when dlkern cannot make one."""
+        """A call site (dlkern_site_create, as a c_void_p) whose inputs at the positions
+        `constant_inputs` are the same tensors, with the same contents, at every call through
+        it; release it with site_destroy. Raises MemoryError when dlkern cannot make one."""
         mask = 0
         for i in constant_inputs:
             if not 0 <= i < 64:
@@ -312,7 +312,9 @@ class Library:
         site = self.lib.dlkern_site_create(mask)
         if not site:
             raise MemoryError("dlkern_site_create")
-        return site
+        # A c_void_p, not the int ctypes returns: call_objects passes its arguments without
+        # argtypes, where a plain int would be masked to a 32-bit C int.
+        return c_void_p(site)
 
     def site_destroy(self, site):
         self.lib.dlkern_site_destroy(site)

@@ -221,8 +221,22 @@ def test_a_kernel_handle_with_a_site_goes_through_the_table(framework):
     rng = np.random.default_rng(8)
     x = Boxed(rng.uniform(-1, 1, (2, 33)).astype(np.float32))
     w = Boxed(rng.uniform(0.5, 1.5, 33).astype(np.float32))
-    rmsnorm = dlkern.kernel("dlkern.rmsnorm", constant_inputs=(1,))
-    ys = [rmsnorm(x, w, epsilon=1e-6) for _ in range(3)]
+    lib = dlkern.library()
+    real, seen = lib._call_objects, []
+
+    def recording(site, *rest):
+        seen.append(site)
+        return real(site, *rest)
+
+    lib._call_objects = recording
+    try:
+        rmsnorm = dlkern.kernel("dlkern.rmsnorm", constant_inputs=(1,))
+        ys = [rmsnorm(x, w, epsilon=1e-6) for _ in range(3)]
+    finally:
+        lib._call_objects = real
+    # The site reaches C whole: a c_void_p (a plain int would be masked to 32 bits without
+    # argtypes), the same one at every call.
+    assert all(isinstance(s, ctypes.c_void_p) and s.value == seen[0].value for s in seen) and len(seen) == 3
     assert framework.allocations == 3 and all(isinstance(y, Boxed) for y in ys)
     for y in ys:
         np.testing.assert_allclose(y.array, rmsnorm_ref(x.array, w.array, 1e-6), rtol=1e-5, atol=1e-6)
