@@ -92,6 +92,17 @@ unsafe fn name_arg(p: *const c_char, what: &str) -> Result<String, Error> {
     unsafe { crate::registry::c_string(p) }.ok_or_else(|| invalid(format!("{what} is null or not UTF-8")))
 }
 
+/// Checks a definition struct's `struct_size` against the size of the `c_type` dlkern reads.
+fn struct_size_at_least<T>(struct_size: u32, c_type: &str) -> Result<(), Error> {
+    if (struct_size as usize) < size_of::<T>() {
+        return Err(invalid(format!(
+            "def.struct_size = {struct_size} (expected {}; set it to sizeof({c_type}))",
+            size_of::<T>()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a tensor array's count against its pointer; `Ok(0)` for an empty array.
 fn tensor_count(tensors: *const DLTensor, n: i32, what: &str) -> Result<usize, Error> {
     if !(0..=4096).contains(&n) {
@@ -149,13 +160,7 @@ pub unsafe extern "C" fn dlkern_register_kernel(def: *const KernelDefC, replace:
     guard("dlkern_register_kernel", || {
         // SAFETY: the caller passes a valid definition or null.
         let def = unsafe { def.as_ref() }.ok_or_else(|| invalid("def is null"))?;
-        if (def.struct_size as usize) < size_of::<KernelDefC>() {
-            return Err(invalid(format!(
-                "def.struct_size = {} (expected {}; set it to sizeof(dlkern_kernel_def))",
-                def.struct_size,
-                size_of::<KernelDefC>()
-            )));
-        }
+        struct_size_at_least::<KernelDefC>(def.struct_size, "dlkern_kernel_def")?;
         // SAFETY: NUL-terminated by contract.
         let name = unsafe { name_arg(def.name, "def.name") }?;
         let compute = def.compute.ok_or_else(|| invalid(format!("kernel '{name}': compute is null")))?;

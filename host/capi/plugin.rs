@@ -5,7 +5,6 @@
 //! names it: the ONNX Runtime ops only look kernels up by name in the registry.
 
 use std::ffi::c_char;
-use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::registry::c_string;
@@ -25,10 +24,6 @@ pub struct PluginApi {
 pub const PLUGIN_INIT_SYMBOL: &str = "dlkern_plugin_init";
 
 type PluginInit = unsafe extern "C" fn(api: *const PluginApi) -> i32;
-
-/// Loaded plug-ins stay loaded for the life of the process: their functions may be registered
-/// and running on any thread.
-static LOADED: Mutex<Vec<libloading::Library>> = Mutex::new(Vec::new());
 
 /// Loads the shared library at `path` and calls its `dlkern_plugin_init`, which registers its
 /// kernels. Errors carry the plug-in's own message.
@@ -61,6 +56,6 @@ pub unsafe fn load_plugin(path: &str) -> Result<()> {
             if detail.is_empty() { String::new() } else { format!(": {detail}") }
         )));
     }
-    LOADED.lock().unwrap_or_else(|p| p.into_inner()).push(library);
+    crate::registry::keep_loaded(library);
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use super::{OK, guard, invalid, name_arg};
+use super::{OK, guard, invalid, name_arg, struct_size_at_least};
 use crate::registry::{self, CInferFn, Infer, TvmFfiKernel, UserData};
 
 /// `dlkern_tvm_ffi_def` from `include/dlkern.h`.
@@ -31,13 +31,7 @@ pub unsafe extern "C" fn dlkern_register_tvm_ffi(def: *const TvmFfiDefC, replace
     guard("dlkern_register_tvm_ffi", || {
         // SAFETY: the caller passes a valid definition or null.
         let def = unsafe { def.as_ref() }.ok_or_else(|| invalid("def is null"))?;
-        if (def.struct_size as usize) < size_of::<TvmFfiDefC>() {
-            return Err(invalid(format!(
-                "def.struct_size = {} (expected {}; set it to sizeof(dlkern_tvm_ffi_def))",
-                def.struct_size,
-                size_of::<TvmFfiDefC>()
-            )));
-        }
+        struct_size_at_least::<TvmFfiDefC>(def.struct_size, "dlkern_tvm_ffi_def")?;
         // SAFETY: NUL-terminated strings by contract.
         let (name, library, function) = unsafe {
             (

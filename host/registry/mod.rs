@@ -84,6 +84,14 @@ pub struct UserData {
 unsafe impl Send for UserData {}
 unsafe impl Sync for UserData {}
 
+impl UserData {
+    /// Leaves the data with the registrant: `destroy` will not be called (a refused
+    /// registration's data is still the caller's).
+    pub fn disown(&mut self) {
+        self.destroy = None;
+    }
+}
+
 impl Drop for UserData {
     fn drop(&mut self) {
         if let Some(destroy) = self.destroy {
@@ -142,6 +150,15 @@ impl KernelDef {
     }
 }
 
+/// Libraries whose functions the registry holds (plug-ins, TVM-FFI libraries) stay loaded for
+/// the life of the process: their functions may be registered and running on any thread.
+static LOADED: std::sync::Mutex<Vec<libloading::Library>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps `library` loaded until the process ends.
+pub(crate) fn keep_loaded(library: libloading::Library) {
+    LOADED.lock().unwrap_or_else(|p| p.into_inner()).push(library);
+}
+
 type Entries = BTreeMap<String, Arc<KernelDef>>;
 
 static REGISTRY: LazyLock<RwLock<Entries>> = LazyLock::new(|| {
@@ -165,7 +182,7 @@ fn write() -> std::sync::RwLockWriteGuard<'static, Entries> {
 pub fn register(mut def: KernelDef, replace: bool) -> Result<()> {
     let refuse = |def: &mut KernelDef, error: Error| {
         if let Some(user) = def.user_data.as_mut() {
-            user.destroy = None; // still the caller's
+            user.disown();
         }
         Err(error)
     };

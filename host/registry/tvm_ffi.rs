@@ -19,7 +19,7 @@
 //! included), for the sake of three function pointers.
 
 use std::ffi::{CString, c_char, c_int, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::{Compute, Infer, KernelArgs, KernelDef, TensorSpec, UserData};
 use crate::dlpack::{DLDeviceType, DLTensor};
@@ -67,10 +67,6 @@ type EnvSetStream =
 type ErrorMoveFromRaised = unsafe extern "C" fn(result: *mut *mut c_void);
 type ObjectDecRef = unsafe extern "C" fn(object: *mut c_void) -> c_int;
 
-/// Libraries of registered TVM-FFI functions stay loaded for the life of the process: their
-/// functions may be registered and running on any thread.
-static LOADED: Mutex<Vec<libloading::Library>> = Mutex::new(Vec::new());
-
 /// A TVM-FFI function to register (see the module docs for the calling convention).
 pub struct TvmFfiKernel {
     /// The registry name.
@@ -117,7 +113,7 @@ pub unsafe fn register_tvm_ffi(mut kernel: TvmFfiKernel, replace: bool) -> Resul
         Err(error) => {
             // A refused definition's user data stays the registrant's (as `register`'s).
             if let Some(user) = kernel.user_data.as_mut() {
-                user.destroy = None;
+                user.disown();
             }
             return Err(error);
         }
@@ -181,7 +177,7 @@ unsafe fn load(kernel: &TvmFfiKernel) -> Result<Function> {
             dec_ref: library.get::<ObjectDecRef>(b"TVMFFIObjectDecRef").ok().map(|s| *s),
         }
     };
-    LOADED.lock().unwrap_or_else(|p| p.into_inner()).push(library);
+    super::keep_loaded(library);
     Ok(function)
 }
 
