@@ -60,6 +60,11 @@ impl CallSite {
         i < 64 && self.constant_inputs & (1 << i) != 0
     }
 
+    /// Whether every input in `inputs` is constant at this site.
+    pub fn are_constant(&self, inputs: &[usize]) -> bool {
+        inputs.iter().all(|&i| self.is_constant(i))
+    }
+
     /// The kernel's slot (a poisoned lock is taken over: a slot is replaced whole, never left
     /// half written).
     pub fn cache(&self) -> MutexGuard<'_, Option<Box<dyn Any + Send + Sync>>> {

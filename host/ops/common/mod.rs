@@ -9,7 +9,7 @@ use half::{bf16, f16};
 use crate::dlpack::TensorView;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernel::{InferArgs, KernelArgs, TensorSpec};
+use crate::kernel::{CallSite, InferArgs, KernelArgs, TensorSpec};
 
 /// Who may have written a call's constant inputs last: `MatMulNBits`' B, scales and zero points,
 /// a norm's scale and bias.
@@ -27,6 +27,18 @@ pub enum WeightsWritten {
     /// which hides their start-up latency in a chain of launches
     /// (docs/perf-notes/matmul_nbits.md, v21), the fused norms their scale and bias.
     Before,
+}
+
+impl WeightsWritten {
+    /// `Before` where the call's site marks every one of `inputs` constant (an ONNX node's
+    /// initializers, uploaded before the session ran any kernel), else `ByPreviousKernel`.
+    pub fn at_site(site: Option<&CallSite>, inputs: &[usize]) -> Self {
+        if site.is_some_and(|site| site.are_constant(inputs)) {
+            WeightsWritten::Before
+        } else {
+            WeightsWritten::ByPreviousKernel
+        }
+    }
 }
 
 /// A kernel's error about its call (a bad shape, attribute or value), named after the kernel.

@@ -272,17 +272,13 @@ fn cuda(
     // duration of the call; the scratch is freed on it before the call returns.
     let workspace = unsafe { crate::runtime::StreamScratch::new(&device, stream, plan.workspace_bytes)? };
     ptrs.workspace = workspace.address();
+    // Constant weights were uploaded before the session ran any kernel, and the repacked copy
+    // is synchronized after packing: the kernel before this call did not write them.
+    let weights = WeightsWritten::at_site(args.site, weight_inputs(zero_points.is_some()));
     // SAFETY: the registry's caller guarantees the tensors' memory for their extents, which the
     // shape checks relate to the parameters (the repacked B holds `packed_bytes`); Y is an
     // output distinct from the inputs; the workspace lives until it is freed in stream order
     // after the kernels.
-    // Constant weights were uploaded before the session ran any kernel, and the repacked copy
-    // is synchronized after packing: the kernel before this call did not write them.
-    let weights = if args.site.is_some_and(|site| weights_constant(site, zero_points.is_some())) {
-        WeightsWritten::Before
-    } else {
-        WeightsWritten::ByPreviousKernel
-    };
     let launched = unsafe { matmul_nbits_raw_planned(&device, stream, &plan, &params, &ptrs, weights) };
     drop(slot);
     launched
@@ -292,16 +288,16 @@ fn cuda(
 /// `MatMulNBits` layout at every M, and keeps no copy of B).
 pub const REPACK_ENV: &str = "DLKERN_MATMUL_NBITS_REPACK";
 
-/// Whether this site's B, scales and zero points (inputs 1-3) are constant.
-fn weights_constant(site: &CallSite, has_zero_points: bool) -> bool {
-    site.is_constant(1) && site.is_constant(2) && (!has_zero_points || site.is_constant(3))
+/// The inputs that hold the weights: B and scales (1, 2), and the zero points (3) when given.
+fn weight_inputs(has_zero_points: bool) -> &'static [usize] {
+    if has_zero_points { &[1, 2, 3] } else { &[1, 2] }
 }
 
 /// Whether this site's weights are constant and repacking is on (the environment read once per
 /// process: not an environment lookup on every call).
 fn repacking_wanted(site: &CallSite, has_zero_points: bool) -> bool {
     static REPACKING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    weights_constant(site, has_zero_points)
+    site.are_constant(weight_inputs(has_zero_points))
         && *REPACKING.get_or_init(|| std::env::var_os(REPACK_ENV).is_none_or(|v| v != "0"))
 }
 

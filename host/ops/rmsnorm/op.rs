@@ -463,13 +463,7 @@ fn run_skip(
     match device {
         DeviceKind::Cuda(ordinal) => {
             let device = Device::get(ordinal.max(0) as usize)?;
-            // A site's constant inputs (an ONNX node's initializers) were uploaded before the
-            // session ran any kernel: the kernel before this call did not write them.
-            let constants = if args.site.is_some_and(|site| scale_inputs.iter().all(|&i| site.is_constant(i))) {
-                WeightsWritten::Before
-            } else {
-                WeightsWritten::ByPreviousKernel
-            };
+            let constants = WeightsWritten::at_site(args.site, scale_inputs);
             // SAFETY: the registry's caller guarantees the tensors' memory for their extents,
             // which the shape checks and `as_rows` relate to the parameters; the site vouches
             // for its constant inputs.
