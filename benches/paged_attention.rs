@@ -7,7 +7,9 @@ mod common;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::ops::paged_attention::launch::{PagedAttentionParams, PagedAttentionPointers, paged_attention_raw};
+use dlkern::ops::paged_attention::launch::{
+    DecodeLimits, PagedAttentionParams, PagedAttentionPointers, paged_attention_raw,
+};
 use half::f16;
 
 /// (batch, q heads, kv heads, context, head size)
@@ -38,7 +40,8 @@ fn benches(c: &mut Criterion) {
             alibi: false,
             partition: 0,
         };
-        let plan = params.plan(gpu.device.multiprocessors(), gpu.device.max_shared_bytes_per_block()).expect("plan");
+        let plan =
+            params.plan(DecodeLimits::of(&gpu.device, params.dtype, params.head_size).expect("limits")).expect("plan");
         let cache_elems = num_blocks * bs * hkv * d;
         let pattern = |n: usize| -> Vec<f16> {
             (0..n).map(|i| f16::from_f32(((i * 2_654_435_761) % 2039) as f32 / 1019.5 - 1.0)).collect()
@@ -76,6 +79,7 @@ fn benches(c: &mut Criterion) {
             alibi: 0,
             out: out.device_ptr_mut(s).0,
             workspace: workspace.device_ptr(s).0,
+            arrivals: 0,
             status: status.device_ptr_mut(s).0,
         };
         group.bench_function(&id, |b| {
@@ -92,6 +96,121 @@ fn benches(c: &mut Criterion) {
     }
     group.finish();
     op_benches(c, &gpu);
+    if let Ok(batches) = std::env::var("DLKERN_BENCH_PARTITION_SWEEP") {
+        partition_sweep(&gpu, &batches);
+    }
+}
+
+/// The planner's tuning data (`DLKERN_BENCH_PARTITION_SWEEP=1`, or a list of batch sizes such
+/// as `b1,b16`; printed, not recorded): decode
+/// time per partition length for batch 1 at long contexts and the batched shapes, blocks of 16
+/// scattered over the cache and one contiguous block per sequence (GroupQueryAttention's BNSH
+/// cache), caches rotated so that every launch reads device memory.
+fn partition_sweep(gpu: &common::Gpu, batches: &str) {
+    let s = &gpu.stream;
+    let shapes: &[(usize, usize, usize, usize)] = &[
+        (1, 32, 8, 4096),
+        (1, 32, 8, 8192),
+        (1, 32, 8, 32768),
+        (1, 32, 8, 65536),
+        (1, 32, 8, 131072),
+        (16, 32, 8, 4096),
+        (64, 32, 8, 4096),
+        (16, 32, 32, 4096),
+        (256, 32, 8, 1024),
+    ];
+    println!("partition sweep: batch hq hkv ctx block partition -> us, TB/s (planned partition marked *)");
+    for &(batch, hq, hkv, ctx) in shapes {
+        if batches != "1" && !batches.split(',').any(|b| b == format!("b{batch}")) {
+            continue;
+        }
+        for bs in [16, ctx] {
+            let d = 128;
+            let blocks_per_seq = ctx / bs;
+            let num_blocks = batch * blocks_per_seq;
+            let mut params = PagedAttentionParams {
+                dtype: DType::F16,
+                batch,
+                q_len: 1,
+                num_q_heads: hq,
+                num_kv_heads: hkv,
+                head_size: d,
+                num_blocks,
+                block_size: bs,
+                max_blocks_per_seq: blocks_per_seq,
+                max_context_len: ctx,
+                scale: 1.0 / (d as f32).sqrt(),
+                softcap: 0.0,
+                window: 0,
+                alibi: false,
+                partition: 0,
+            };
+            let limits = DecodeLimits::of(&gpu.device, params.dtype, params.head_size).expect("limits");
+            let planned = params.plan(limits).expect("plan").partition;
+            let kv_bytes = (2 * batch * ctx * hkv * d * 2) as u64;
+            let copies = gpu.rotation(kv_bytes / 2);
+            let cache_elems = num_blocks * bs * hkv * d;
+            let fill: Vec<f16> =
+                (0..cache_elems).map(|i| f16::from_f32(((i * 2_654_435_761) % 2039) as f32 / 1019.5 - 1.0)).collect();
+            let caches: Vec<_> = (0..copies)
+                .map(|_| (s.clone_htod(&fill).expect("alloc"), s.clone_htod(&fill).expect("alloc")))
+                .collect();
+            let q = s.clone_htod(&fill[..batch * hq * d]).expect("alloc");
+            let mut out = s.alloc_zeros::<f16>(batch * hq * d).expect("alloc");
+            let tables: Vec<i32> = (0..num_blocks).map(|i| ((i * 7919) % num_blocks) as i32).collect();
+            let tables = s.clone_htod(&tables).expect("alloc");
+            let lens = s.clone_htod(&vec![ctx as i32; batch]).expect("alloc");
+            let mut status = s.alloc_zeros::<u32>(1).expect("alloc");
+            let mut partitions: Vec<usize> =
+                [64, 128, 256, 512, 1024, 2048, 4096, 8192].into_iter().filter(|&p| p <= ctx).collect();
+            if !partitions.contains(&planned) {
+                partitions.push(planned);
+            }
+            for partition in partitions {
+                params.partition = partition;
+                let plan = params.plan(limits).expect("plan");
+                let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
+                let arrivals = s.alloc_zeros::<u32>(plan.arrival_words.max(1)).expect("alloc");
+                let merges: &[bool] = if plan.arrival_words > 0 { &[false, true] } else { &[false] };
+                for &merge in merges {
+                    let ptrs: Vec<PagedAttentionPointers> = caches
+                        .iter()
+                        .map(|(k, v)| PagedAttentionPointers {
+                            q: q.device_ptr(s).0,
+                            key_cache: k.device_ptr(s).0,
+                            value_cache: v.device_ptr(s).0,
+                            block_tables: tables.device_ptr(s).0,
+                            context_lens: lens.device_ptr(s).0,
+                            alibi: 0,
+                            out: out.device_ptr_mut(s).0,
+                            workspace: workspace.device_ptr(s).0,
+                            arrivals: if merge { arrivals.device_ptr(s).0 } else { 0 },
+                            status: status.device_ptr_mut(s).0,
+                        })
+                        .collect();
+                    let mut i = 0;
+                    let mut launch = || {
+                        // SAFETY: all buffers above outlive the timed launches and match the
+                        // params; the kernel leaves the arrival counters zero.
+                        unsafe { paged_attention_raw(&gpu.device, s.cu_stream(), &params, &ptrs[i % ptrs.len()]) }
+                            .expect("launch");
+                        i += 1;
+                    };
+                    gpu.time(20, &mut launch);
+                    let iters = 200;
+                    let us = gpu.time(iters, &mut launch).as_secs_f64() * 1e6 / iters as f64;
+                    println!(
+                        "sweep b{batch} hq{hq} hkv{hkv} ctx{ctx} block{bs} partition{partition}{} {} -> {us:.2} us, {:.2} TB/s ({} blocks)",
+                        if partition == planned { "*" } else { "" },
+                        if merge { "merged in kernel" } else { "combine kernel" },
+                        kv_bytes as f64 / us * 1e-6,
+                        plan.attention_dims.grid.0 * plan.attention_dims.grid.1 * plan.attention_dims.grid.2,
+                    );
+                }
+            }
+            dlkern::ops::paged_attention::launch::check_status(s, &status).expect("status");
+        }
+    }
 }
 
 /// The `PagedAttention` op's path (prologue with rotary, per-token attention, the status
@@ -122,7 +241,8 @@ fn op_benches(c: &mut Criterion, gpu: &common::Gpu) {
             softcap: 0.0,
             window: 0,
         };
-        let plan = params.plan(gpu.device.multiprocessors(), gpu.device.max_shared_bytes_per_block()).expect("plan");
+        let plan =
+            params.plan(DecodeLimits::of(&gpu.device, params.dtype, params.head_size).expect("limits")).expect("plan");
         let pattern = |n: usize| -> Vec<f16> {
             (0..n).map(|i| f16::from_f32(((i * 2_654_435_761) % 2039) as f32 / 1019.5 - 1.0)).collect()
         };

@@ -510,7 +510,7 @@ mod gpu_tests {
         let raw = stream.cu_stream();
         // SAFETY: each call is refused before any launch (the addresses are never read).
         let err = |jobs: &[(RotaryParams, RotaryPointers)]| {
-            unsafe { rotary_jobs_raw(&device, raw, jobs, 0) }.unwrap_err().to_string()
+            unsafe { rotary_jobs_raw(&device, raw, jobs, (0, 0)) }.unwrap_err().to_string()
         };
         assert!(err(&[]).contains("no jobs"), "{}", err(&[]));
         assert!(

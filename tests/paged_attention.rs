@@ -189,8 +189,11 @@ fn reference_matches_dense_attention_for_one_token() {
     }
 }
 
+/// An H100's: 132 SMs, 227 KiB of shared memory per block, two partition blocks per SM.
+const H100: DecodeLimits = DecodeLimits { multiprocessors: 132, max_shared_bytes: 227 * 1024, resident_blocks: 2 };
+
 fn plan_err(p: PagedAttentionParams) -> String {
-    match p.plan(132, 227 * 1024) {
+    match p.plan(H100) {
         Err(e @ (Error::InvalidArgument { .. } | Error::LaunchLimit { .. })) => e.to_string(),
         other => panic!("expected an error for {p:?}, got {other:?}"),
     }
@@ -231,16 +234,29 @@ fn block_divmod_constants_divide_exactly() {
 }
 
 #[test]
-fn partitioning_fills_the_gpu() {
-    let sms = 132;
-    let big = params(DType::F16, 64, 1, 32, 8, 128, 16, 4096).plan(sms, 227 * 1024).unwrap();
-    assert_eq!((big.partition, big.num_partitions), (1024, 4));
-    assert!(big.combine.is_some() && big.workspace_bytes == 64 * 8 * 4 * 4 * 130 * 4);
-    let long = params(DType::F16, 1, 1, 32, 8, 128, 16, 65536).plan(sms, 227 * 1024).unwrap();
-    assert_eq!(long.num_partitions, 65536 / long.partition);
-    assert!(long.num_partitions * 8 >= 4 * sms as usize, "{long:?}");
-    let short = params(DType::F16, 1, 1, 4, 1, 64, 16, 16).plan(sms, 227 * 1024).unwrap();
+fn partitioning_fills_one_wave() {
+    // 512 blocks of whole contexts already fill the 264 slots: no split, no combine.
+    let big = params(DType::F16, 64, 1, 32, 8, 128, 16, 4096).plan(H100).unwrap();
+    assert_eq!((big.partition, big.num_partitions, big.combine, big.workspace_bytes), (4096, 1, None, 0));
+    // 128 blocks: two partitions each (256 blocks, one wave).
+    let b16 = params(DType::F16, 16, 1, 32, 8, 128, 16, 4096).plan(H100).unwrap();
+    assert_eq!((b16.partition, b16.num_partitions), (2048, 2));
+    assert_eq!(b16.workspace_bytes, 16 * 8 * 2 * 4 * 130 * 4);
+    // One sequence: 8 KV heads x 32 partitions = 256 of the 264 slots.
+    for (ctx, partition) in [(8192, 256), (65536, 2048), (131072, 4032), (100, 64)] {
+        let long = params(DType::F16, 1, 1, 32, 8, 128, 16, ctx).plan(H100).unwrap();
+        assert_eq!(long.partition, partition, "context {ctx}");
+        assert_eq!(long.num_partitions, ctx.div_ceil(partition));
+        let blocks = long.attention_dims.grid.0 * long.attention_dims.grid.1 * long.attention_dims.grid.2;
+        assert!(blocks <= 264, "{long:?}");
+    }
+    // Head size 256 takes two blocks per partition.
+    let wide = params(DType::F16, 1, 1, 8, 8, 256, 16, 8192).plan(H100).unwrap();
+    assert_eq!((wide.partition, wide.num_partitions), (512, 16));
+    let short = params(DType::F16, 1, 1, 4, 1, 64, 16, 16).plan(H100).unwrap();
     assert_eq!((short.num_partitions, short.combine, short.workspace_bytes), (1, None, 0));
+    let explicit = PagedAttentionParams { partition: 100, ..params(DType::F16, 64, 1, 32, 8, 128, 16, 4096) };
+    assert_eq!(explicit.plan(H100).unwrap().num_partitions, 41, "an explicit partition is kept");
 }
 
 proptest! {
@@ -248,16 +264,18 @@ proptest! {
     fn planning_never_panics(
         batch in 0usize..70000, q_len in 0usize..80, hq in 0usize..80, hkv in 0usize..20, d in 0usize..300,
         bs in 0usize..300, mb in 0usize..100000, ctx in 0usize..10_000_000, part in 0usize..5000, window in any::<usize>(),
-        smem in 0u32..300_000,
+        smem in 0u32..300_000, sms in 0u32..300, resident in 0u32..40,
     ) {
         let p = PagedAttentionParams {
             dtype: DType::F16, batch, q_len, num_q_heads: hq, num_kv_heads: hkv, head_size: d, num_blocks: 7,
             block_size: bs, max_blocks_per_seq: mb, max_context_len: ctx, scale: 0.1, softcap: 0.0, window,
             alibi: false, partition: part,
         };
-        if let Ok(plan) = p.plan(132, smem) {
+        let limits = DecodeLimits { multiprocessors: sms, max_shared_bytes: smem, resident_blocks: resident };
+        if let Ok(plan) = p.plan(limits) {
             prop_assert!(plan.attention_dims.shared_bytes <= smem);
             prop_assert!(plan.num_partitions * plan.partition >= ctx);
+            prop_assert!((plan.num_partitions - 1) * plan.partition < ctx, "no partition is empty");
         }
     }
 }

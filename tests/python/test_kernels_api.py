@@ -84,10 +84,18 @@ def test_a_kernel_handle_keeps_repacked_cuda_weights_at_its_site():
     for m, n, k in [(1, 4096, 4096), (4, 97, 1025), (1, 7, 64)]:
         a, b, scales = w4_inputs(rng, m, n, k, 32, "torch")
         attrs = dict(K=k, N=n, bits=4, block_size=32)
+        # f64 reference: codes low nibble first, symmetric (zero point 8), K padded to the block.
+        codes = torch.stack((b & 15, b >> 4), dim=-1).reshape(n, -1)[:, :k].double()
+        weight = (codes - 8) * scales.double().repeat_interleave(32, dim=1)[:, :k]
+        want = a.double() @ weight.T
+        # The two paths accumulate in other orders: each within a few f16 roundings of the
+        # output's scale.
+        atol = 2e-3 * want.abs().max().item()
         plain = dlkern.call("dlkern.matmul_nbits", a, b, scales, **attrs)
+        torch.testing.assert_close(plain.double(), want, rtol=2e-3, atol=atol)
         matmul = dlkern.kernel("dlkern.matmul_nbits", constant_inputs=(1, 2))
         for _ in range(3):
-            torch.testing.assert_close(matmul(a, b, scales, **attrs), plain, rtol=2e-3, atol=2e-3)
+            torch.testing.assert_close(matmul(a, b, scales, **attrs).double(), want, rtol=2e-3, atol=atol)
         del matmul
         gc.collect()
 

@@ -35,7 +35,9 @@ use crate::error::Result;
 use crate::kernel::{Attributes, InferArgs, KernelArgs, TensorSpec};
 use crate::ops::common::rotary::rotate_at;
 use crate::ops::common::{dims, fail, floats, head_count, round_to, store};
-use crate::ops::paged_attention::launch::{BnshAttentionParams, PagedAttentionPointers, paged_attention_bnsh_raw};
+use crate::ops::paged_attention::launch::{
+    BnshAttentionParams, DecodeLimits, PagedAttentionPointers, paged_attention_bnsh_raw,
+};
 use crate::runtime::{Device, StreamScratch, copy_2d_async};
 
 /// Inputs by position (ORT's order).
@@ -633,16 +635,19 @@ fn compute_cuda(
     };
     let decode = (s.seq == 1 && decode.supported()).then_some(decode);
     let decode_plan = match &decode {
-        Some(p) => Some(p.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?),
+        Some(p) => Some(p.plan(DecodeLimits::of(&device, p.dtype, p.head_size)?)?),
         None => None,
     };
     // The decode kernels read dense queries: rotated ones, or a copy of a packed input's.
     let dense_q = s.rotary_dim > 0 || (decode.is_some() && row != h * d);
     let q_bytes = if dense_q { (s.batch * s.seq * h * d * size).next_multiple_of(256) } else { 0 };
     // Decode: the partial results, then the status word the kernels flag bad lengths in (they
-    // write NaN rows for them; nothing waits to read it).
+    // write NaN rows for them; nothing waits to read it) and the counters that let the last
+    // partition block of each row tile merge them (no combine launch), both cleared by the
+    // rotary launch.
     let partials = decode_plan.map_or(0, |p| p.workspace_bytes.next_multiple_of(256));
-    let workspace_bytes = q_bytes + if decode.is_some() { partials + 4 } else { 0 };
+    let status_words = 1 + decode_plan.map_or(0, |p| p.arrival_words);
+    let workspace_bytes = q_bytes + if decode.is_some() { partials + 4 * status_words } else { 0 };
     // SAFETY: `stream` is ORT's (or the registry caller's) stream of this device; the scratch
     // is freed on it after the launches below.
     let workspace = unsafe { StreamScratch::new(&device, stream, workspace_bytes)? };
@@ -689,7 +694,7 @@ fn compute_cuda(
             (q.data_address(), row)
         };
         let status = decode.is_some().then(|| workspace.address() + (q_bytes + partials) as u64);
-        rotary_jobs_raw(&device, stream, &jobs, status.unwrap_or(0))?;
+        rotary_jobs_raw(&device, stream, &jobs, (status.unwrap_or(0), status_words))?;
         let tensors = [q_ptr, present_k.data_address(), present_v.data_address(), out.data_address(), seqlens];
         if let (Some(params), Some(status)) = (&decode, status) {
             let ptrs = PagedAttentionPointers {
@@ -701,6 +706,7 @@ fn compute_cuda(
                 alibi: 0,
                 out: out.data_address(),
                 workspace: if partials > 0 { workspace.address() + q_bytes as u64 } else { 0 },
+                arrivals: if status_words > 1 { status + 4 } else { 0 },
                 status,
             };
             paged_attention_bnsh_raw(&device, stream, params, &ptrs)?;

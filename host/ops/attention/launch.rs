@@ -498,20 +498,20 @@ fn check_rotary_pointers(params: &RotaryParams, ptrs: &RotaryPointers) -> Result
 }
 
 /// Up to `ROTARY_JOBS` [`rotary_raw`] calls over the same tokens (dtype, batch and sequence
-/// length alike; the same cos / sin caches, positions and lengths) in one launch, which first
-/// sets the u32 at `status` to 0 where `status` is not 0 (GroupQueryAttention's queries, keys
-/// and values, and the flag word of its decode kernels: one launch instead of three and a
-/// memset). Nothing is launched for an empty call.
+/// length alike; the same cos / sin caches, positions and lengths) in one launch, which also
+/// sets the `words` u32 from `status` on to 0 where `status` is not 0 (GroupQueryAttention's
+/// queries, keys and values, and the flag word and arrival counters of its decode kernels: one
+/// launch instead of three and a memset). Nothing is launched for an empty call.
 ///
 /// # Safety
 /// As [`rotary_raw`] for each job; no job's destination overlaps another job's source or
-/// destination; `status` 0 or a 4-byte aligned device address of `device` written by nothing
-/// else until the launch has run.
+/// destination; `status` 0 or a 4-byte aligned device address of `device` for `words` u32
+/// written by nothing else until the launch has run.
 pub unsafe fn rotary_jobs_raw(
     device: &Device,
     stream: CUstream,
     jobs: &[(RotaryParams, RotaryPointers)],
-    status: u64,
+    (status, words): (u64, usize),
 ) -> Result<()> {
     let bad = |m: String| Error::invalid(KERNEL, m);
     let Some((first, first_ptrs)) = jobs.first() else { return Err(bad("rotary: no jobs".into())) };
@@ -541,6 +541,11 @@ pub unsafe fn rotary_jobs_raw(
     if status != 0 {
         check_pointer(KERNEL, "status", status, 4)?;
     }
+    let words = if status != 0 {
+        u32::try_from(words).map_err(|_| bad(format!("rotary: {words} status words to clear")))?
+    } else {
+        0
+    };
     let kernel = layout::Dtype::from_name(first.dtype.name())
         .and_then(|t| layout::entry(layout::Entry::RotaryJobs(t)))
         .ok_or_else(|| bad(format!("rotary: dtype {} not supported (f32, f16, bf16)", first.dtype)))?;
@@ -550,8 +555,9 @@ pub unsafe fn rotary_jobs_raw(
         shared_bytes: 0,
     };
     let p = first_ptrs;
-    let kp = KernelParams::new().value(packed).pointers(&[p.cos, p.sin, p.position_ids, p.seqlens_k, status]);
-    // SAFETY: the RotaryJobs struct and five pointers, as the kernel declares; each job checked
+    let kp =
+        KernelParams::new().value(packed).pointers(&[p.cos, p.sin, p.position_ids, p.seqlens_k, status]).value(words);
+    // SAFETY: the RotaryJobs struct, five pointers and a u32, as the kernel declares; each job checked
     // as `rotary_raw` checks its call; validity and disjointness by contract. The kernel waits
     // for the grid before it before it reads or writes anything (a programmatic dependent).
     unsafe { device.launch_overlapping_in_one_wave(kernel, dims, stream, kp) }

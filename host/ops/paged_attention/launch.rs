@@ -6,9 +6,9 @@
 //! tokens (already written to the cache, at the end of each sequence). Queries and output are
 //! `[batch, q_len, num_q_heads, head_size]`.
 //!
-//! The context is split into partitions processed by separate thread blocks (chosen from batch,
-//! heads and `max_context_len` so small batches with long contexts still fill the GPU) and
-//! merged by a log-sum-exp combine kernel. Block ids and context lengths live on the device, so
+//! The context is split into partitions processed by separate thread blocks and merged by a
+//! log-sum-exp combine kernel, only as far as it takes for the grid to fill one wave of the GPU
+//! (see [`PagedAttentionParams::plan`]). Block ids and context lengths live on the device, so
 //! they are checked there: a bad one is never dereferenced, its sequence's output is NaN, and a
 //! bit is set in a status word the caller reads with [`check_status`].
 
@@ -38,6 +38,39 @@ pub fn divmod_constants(d: u32) -> (u32, u32) {
     let shift = 32 - (d - 1).leading_zeros(); // ceil(log2 d), 0 for d = 1
     let magic = ((1u64 << 32) * ((1u64 << shift) - d as u64) / d as u64 + 1) as u32;
     (magic, shift)
+}
+
+/// The device facts a decode plan depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeLimits {
+    pub multiprocessors: u32,
+    /// Dynamic shared memory one block may use.
+    pub max_shared_bytes: u32,
+    /// Blocks of the partition kernel one SM holds at once (its registers decide).
+    pub resident_blocks: u32,
+}
+
+impl DecodeLimits {
+    /// `device`'s, for the partition kernel of `dtype` at `head_size`. Where there is no such
+    /// kernel the plan refuses the call anyway; one resident block stands in.
+    pub fn of(device: &Device, dtype: DType, head_size: usize) -> Result<Self> {
+        let resident_blocks = match kernel_names(dtype, head_size) {
+            Some((attention, _)) => device.resident_blocks_per_sm(
+                attention,
+                &LaunchDims {
+                    grid: (1, 1, 1),
+                    block: (THREADS, 1, 1),
+                    shared_bytes: layout::shared_bytes(head_size) as u32,
+                },
+            )?,
+            None => 1,
+        };
+        Ok(Self {
+            multiprocessors: device.multiprocessors(),
+            max_shared_bytes: device.max_shared_bytes_per_block(),
+            resident_blocks,
+        })
+    }
 }
 
 /// Shapes and options of one decode step.
@@ -78,6 +111,9 @@ pub struct PagedAttentionPlan {
     pub num_partitions: usize,
     /// Device memory needed beyond inputs and outputs (partial results), in bytes.
     pub workspace_bytes: usize,
+    /// With several partitions: the u32 counters ([`PagedAttentionPointers::arrivals`]) that
+    /// let the partition kernel merge them itself, one per (sequence, KV head, row tile).
+    pub arrival_words: usize,
     dims: Dims,
 }
 
@@ -94,7 +130,14 @@ impl PagedAttentionParams {
 
     /// Validates the shapes and options and picks the partitioning for a device with
     /// `multiprocessors` SMs and `max_shared_bytes` of shared memory per block.
-    pub fn plan(&self, multiprocessors: u32, max_shared_bytes: u32) -> Result<PagedAttentionPlan> {
+    ///
+    /// Partitions: a grid of one block per (sequence, KV head, row tile) that already fills
+    /// every SM's resident slots runs whole contexts, with no combine pass. A smaller one splits
+    /// each context into as many partitions as fill the free slots in one wave (a second wave
+    /// of short partitions would only add blocks' fixed costs and a longer combine), each a
+    /// multiple of 64 tokens, one 16-token step for each of the four warps.
+    pub fn plan(&self, limits: DecodeLimits) -> Result<PagedAttentionPlan> {
+        let DecodeLimits { multiprocessors, max_shared_bytes, resident_blocks } = limits;
         let p = self;
         let bad = |m: String| Error::invalid(KERNEL, m);
         if !matches!(p.dtype, DType::F16 | DType::BF16) {
@@ -156,16 +199,14 @@ impl PagedAttentionParams {
         let d = p.head_size;
         let m_tiles = rows.div_ceil(M_TILE);
         let smem = layout::shared_bytes(d);
-        // Partitions of up to 1024 tokens; halve them while there are too few blocks to fill
-        // the GPU (a few waves).
-        let mut partition = if p.partition > 0 { p.partition } else { 1024 };
-        if p.partition == 0 {
-            let target = 4 * multiprocessors.max(1) as usize;
-            while partition > 64 && p.batch * p.num_kv_heads * m_tiles * p.max_context_len.div_ceil(partition) < target
-            {
-                partition /= 2;
-            }
-        }
+        let partition = if p.partition > 0 {
+            p.partition
+        } else {
+            let slots = multiprocessors.max(1) as usize * resident_blocks.max(1) as usize;
+            let blocks_per_partition = p.batch * p.num_kv_heads * m_tiles * layout::split(d);
+            let parts = (slots / blocks_per_partition).max(1);
+            p.max_context_len.div_ceil(parts).next_multiple_of(64)
+        };
         if smem > max_shared_bytes as usize {
             return Err(Error::LaunchLimit {
                 kernel: KERNEL,
@@ -211,9 +252,21 @@ impl PagedAttentionParams {
                 shared_bytes: 0,
             },
         ));
-        let workspace_bytes =
-            if combine.is_some() { p.batch * p.num_kv_heads * num_partitions * rows * (d + 2) * 4 } else { 0 };
-        Ok(PagedAttentionPlan { attention, attention_dims, combine, partition, num_partitions, workspace_bytes, dims })
+        let (workspace_bytes, arrival_words) = if combine.is_some() {
+            (p.batch * p.num_kv_heads * num_partitions * rows * (d + 2) * 4, p.batch * p.num_kv_heads * m_tiles)
+        } else {
+            (0, 0)
+        };
+        Ok(PagedAttentionPlan {
+            attention,
+            attention_dims,
+            combine,
+            partition,
+            num_partitions,
+            workspace_bytes,
+            arrival_words,
+            dims,
+        })
     }
 }
 
@@ -229,6 +282,11 @@ pub struct PagedAttentionPointers {
     pub alibi: u64,
     pub out: u64,
     pub workspace: u64,
+    /// 0, or `plan.arrival_words` u32 counters, zero when the kernels start (the grid before
+    /// may clear them; the kernel leaves them zero, so one zeroed buffer serves the calls of a
+    /// stream): then the last partition block of each row tile merges the partitions and the
+    /// combine kernel is not launched (one launch fewer).
+    pub arrivals: u64,
     /// One u32 the kernels OR status bits into (zero it before the first call).
     pub status: u64,
 }
@@ -246,7 +304,7 @@ pub unsafe fn paged_attention_raw(
     params: &PagedAttentionParams,
     ptrs: &PagedAttentionPointers,
 ) -> Result<PagedAttentionPlan> {
-    let plan = params.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?;
+    let plan = params.plan(DecodeLimits::of(device, params.dtype, params.head_size)?)?;
     check_pointer(KERNEL, "block_tables", ptrs.block_tables, 4)?;
     // SAFETY: forwarded.
     unsafe { launch_plan(device, stream, params, plan, ptrs) }
@@ -303,9 +361,9 @@ impl BnshAttentionParams {
             && self.paged().rows() <= MAX_ROWS
     }
 
-    pub fn plan(&self, multiprocessors: u32, max_shared_bytes: u32) -> Result<PagedAttentionPlan> {
+    pub fn plan(&self, limits: DecodeLimits) -> Result<PagedAttentionPlan> {
         let p = self;
-        let mut plan = p.paged().plan(multiprocessors, max_shared_bytes)?;
+        let mut plan = p.paged().plan(limits)?;
         let block = p.num_kv_heads * p.capacity * p.head_size;
         if p.batch.saturating_mul(block) > i32::MAX as usize {
             return Err(Error::invalid(KERNEL, "BNSH cache too large for the kernel's 32-bit strides"));
@@ -330,7 +388,7 @@ pub unsafe fn paged_attention_bnsh_raw(
     params: &BnshAttentionParams,
     ptrs: &PagedAttentionPointers,
 ) -> Result<PagedAttentionPlan> {
-    let plan = params.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?;
+    let plan = params.plan(DecodeLimits::of(device, params.dtype, params.head_size)?)?;
     let ptrs = PagedAttentionPointers { block_tables: 0, ..*ptrs };
     // SAFETY: forwarded; a null block table makes the kernels read sequence b's block b.
     unsafe { launch_plan(device, stream, &params.paged(), plan, &ptrs) }
@@ -361,6 +419,10 @@ unsafe fn launch_plan(
     if plan.workspace_bytes > 0 {
         check_pointer(KERNEL, "workspace", ptrs.workspace, 16)?;
     }
+    let arrivals = if plan.arrival_words > 0 { ptrs.arrivals } else { 0 };
+    if arrivals != 0 {
+        check_pointer(KERNEL, "arrivals", arrivals, 4)?;
+    }
     let args = KernelParams::new()
         .pointers(&[
             ptrs.q,
@@ -372,14 +434,15 @@ unsafe fn launch_plan(
             if params.alibi { ptrs.alibi } else { 0 },
             ptrs.out,
             ptrs.workspace,
+            arrivals,
             ptrs.status,
         ])
         .value(plan.dims);
-    // SAFETY: ten pointers and the Dims struct, as the kernel declares; validity by contract.
-    // Both kernels wait for the grid before them before they read or write anything (module
-    // docs), so each may start as a programmatic dependent.
+    // SAFETY: eleven pointers and the Dims struct, as the kernel declares; validity by
+    // contract. Both kernels wait for the grid before them before they read or write anything
+    // (module docs), so each may start as a programmatic dependent.
     unsafe { device.launch_overlapping_in_one_wave(plan.attention, plan.attention_dims, stream, args)? };
-    if let Some((combine, combine_dims)) = plan.combine {
+    if let Some((combine, combine_dims)) = plan.combine.filter(|_| arrivals == 0) {
         let args =
             KernelParams::new().pointers(&[ptrs.context_lens, ptrs.out, ptrs.workspace, ptrs.status]).value(plan.dims);
         // SAFETY: four pointers and the Dims struct, as the combine kernel declares.
@@ -416,7 +479,7 @@ pub fn paged_attention<T: Element>(
     if params.alibi != alibi.is_some() {
         return Err(Error::invalid(KERNEL, "params.alibi must match whether alibi slopes are given"));
     }
-    let plan = params.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?;
+    let plan = params.plan(DecodeLimits::of(device, params.dtype, params.head_size)?)?;
     let p = params;
     check_same_device(KERNEL, device, stream)?;
     let q_elems = p.batch * p.q_len * p.num_q_heads * p.head_size;
@@ -431,8 +494,9 @@ pub fn paged_attention<T: Element>(
     if let Some(a) = alibi {
         check_slice(KERNEL, "alibi", device, a, p.num_q_heads)?;
     }
+    // Zeroed, so the counters after the partials let the partition kernel merge them itself.
     let workspace = stream
-        .alloc_zeros::<u8>(plan.workspace_bytes.max(16))
+        .alloc_zeros::<u8>((plan.workspace_bytes + 4 * plan.arrival_words).max(16))
         .map_err(|source| Error::Driver { call: "cuMemAllocAsync", source })?;
     let (q_ptr, _q) = q.device_ptr(stream);
     let (k_ptr, _k) = cache.key.device_ptr(stream);
@@ -452,6 +516,7 @@ pub fn paged_attention<T: Element>(
         alibi: alibi_ptr.as_ref().map_or(0, |(p, _)| *p),
         out: out_ptr,
         workspace: ws_ptr,
+        arrivals: if plan.arrival_words > 0 { ws_ptr + plan.workspace_bytes as u64 } else { 0 },
         status: st_ptr,
     };
     // SAFETY: every slice was checked to hold the extent the params describe.
@@ -610,8 +675,8 @@ impl PagedOpParams {
         if self.packed_qkv { (q + 2 * kv, q + 2 * kv) } else { (q, kv) }
     }
 
-    /// Validates and plans the call for a device with `multiprocessors` SMs.
-    pub fn plan(&self, multiprocessors: u32, max_shared_bytes: u32) -> Result<PagedOpPlan> {
+    /// Validates and plans the call for a device of `limits`.
+    pub fn plan(&self, limits: DecodeLimits) -> Result<PagedOpPlan> {
         let p = self;
         let bad = |m: String| Error::invalid(KERNEL, m);
         if p.batch == 0 || p.batch > i32::MAX as usize - 1 {
@@ -626,7 +691,7 @@ impl PagedOpParams {
         if p.rotary_dim > 0 && (p.cos_rows == 0 || p.cos_rows > u32::MAX as usize) {
             return Err(bad(format!("cos/sin caches of {} rows", p.cos_rows)));
         }
-        let mut attention = p.attention_params().plan(multiprocessors, max_shared_bytes)?;
+        let mut attention = p.attention_params().plan(limits)?;
         attention.dims.table_rows = p.batch as u32;
         let (q_stride, kv_stride) = p.strides();
         if q_stride > u32::MAX as usize || p.tokens.checked_mul(q_stride).is_none_or(|n| n > i64::MAX as usize / 4) {
@@ -697,7 +762,7 @@ pub unsafe fn paged_attention_op_raw(
     params: &PagedOpParams,
     ptrs: &PagedOpPointers,
 ) -> Result<PagedOpPlan> {
-    let plan = params.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?;
+    let plan = params.plan(DecodeLimits::of(device, params.dtype, params.head_size)?)?;
     let p = params;
     let elem = p.dtype.size_bytes() as u64;
     let (key, value) = if p.packed_qkv {
@@ -780,10 +845,11 @@ pub unsafe fn paged_attention_op_raw(
             0,
             ptrs.out,
             partials,
+            0, // no arrival counters: the combine kernel merges
             status,
         ])
         .value(a.dims);
-    // SAFETY: ten pointers and the Dims struct, as the partition kernel declares; it and the
+    // SAFETY: eleven pointers and the Dims struct, as the partition kernel declares; it and the
     // combine kernel wait for the grid before them before they read or write anything.
     unsafe { device.launch_overlapping_in_one_wave(a.attention, a.attention_dims, stream, args)? };
     if let Some((combine, combine_dims)) = a.combine {

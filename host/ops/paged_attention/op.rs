@@ -25,7 +25,7 @@ use crate::kernel::{
 };
 use crate::ops::common::{dims, fail, floats, head_count, optional, round_to, store};
 
-use super::launch::{PagedOpParams, PagedOpPointers, paged_attention_op_raw};
+use super::launch::{DecodeLimits, PagedOpParams, PagedOpPointers, paged_attention_op_raw};
 use super::reference::{PagedOpConfig, PagedOpInputs, paged_attention_op};
 
 const T: TensorType = TensorType::T;
@@ -450,7 +450,7 @@ fn compute(args: &KernelArgs) -> Result<()> {
             softcap: a.softcap as f32,
             window: a.local_window.unwrap_or(0),
         };
-        let plan = params.plan(device.multiprocessors(), device.max_shared_bytes_per_block())?;
+        let plan = params.plan(DecodeLimits::of(&device, params.dtype, params.head_size)?)?;
         // SAFETY: ORT's (or the registry caller's) stream of this device; freed on it.
         let workspace = unsafe { crate::runtime::StreamScratch::new(&device, stream, plan.workspace_bytes)? };
         let ptrs = PagedOpPointers {

@@ -29,8 +29,8 @@
 //!   of the same batch: grid `(seq, batch, sum of the jobs' heads)`, block and memory as
 //!   above; block `(s, b, z)` does head `z - (heads of the jobs before)` of the job `z` falls
 //!   in. The jobs' destinations must not overlap each other or another job's source.
-//! - `status`, when not null, is set to 0 by the launch's first block before any job runs
-//!   (the flag word of the attention kernels that follow it in the stream).
+//! - `status`, when not null, is `status_words` u32 set to 0 by the launch (the flag word and
+//!   arrival counters of the attention kernels that follow it in the stream).
 //! - may be launched as a programmatic dependent (Hopper's module): every thread waits for the
 //!   grid before it (`griddepcontrol.wait`) before it reads or writes anything, then lets the
 //!   next grid (the attention kernel) start.
@@ -160,16 +160,23 @@ macro_rules! rotary_jobs_entries {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(
             jobs: RotaryJobs, cos: *const $ty, sin: *const $ty, position_ids: *const i64,
-            seqlens_k: *const i32, status: *mut u32,
+            seqlens_k: *const i32, status: *mut u32, status_words: u32,
         ) {
             sync::wait_for_prerequisite_grids();
             sync::allow_dependent_launch();
-            let first_block = index::block_idx_x() == 0 && index::block_idx_y() == 0 && index::block_idx_z() == 0;
-            // SAFETY: forwarded launch contract: `status` null or the flag word, and each job's
-            // buffers sized for its arguments.
+            // SAFETY: forwarded launch contract: `status` null or `status_words` words, and each
+            // job's buffers sized for its arguments.
             unsafe {
-                if first_block && index::thread_idx_x() == 0 && !status.is_null() {
-                    status.write(0);
+                if !status.is_null() {
+                    // Spread over the whole grid: every block clears its own words.
+                    let block = (index::block_idx_z() * index::grid_dim_y() + index::block_idx_y()) * index::grid_dim_x()
+                        + index::block_idx_x();
+                    let blocks = index::grid_dim_x() * index::grid_dim_y() * index::grid_dim_z();
+                    let mut w = block as usize * ROTARY_THREADS as usize + index::thread_idx_x() as usize;
+                    while w < status_words as usize {
+                        status.add(w).write(0);
+                        w += blocks as usize * ROTARY_THREADS as usize;
+                    }
                 }
                 let (src, dst, args, h) = job_of(&jobs, index::block_idx_z());
                 rotary::<$ty>(src as *const $ty, dst as *mut $ty, cos, sin, position_ids, seqlens_k, args, h)

@@ -37,6 +37,21 @@ pub unsafe fn ld_global_cg_v4(ptr: *const [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `ld.global.cg.v2.u32`: [`ld_global_cg_v4`] for 8 bytes.
+///
+/// # Safety
+/// `ptr` must be an 8-byte aligned pointer to readable global memory.
+#[inline(always)]
+pub unsafe fn ld_global_cg_v2(ptr: *const [u32; 2]) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: the caller guarantees a valid, aligned global address.
+    unsafe {
+        asm!("ld.global.cg.v2.u32 {{{}, {}}}, [{}];", out(reg32) a, out(reg32) b, in(reg64) ptr,
+             options(nostack, readonly))
+    };
+    [a, b]
+}
+
 /// `ld.global.nc.v4.u32` (PTX ISA §9.7.9.9): 16 bytes through the read-only data cache.
 ///
 /// # Safety

@@ -85,6 +85,24 @@ pub unsafe fn ld_acquire_gpu_u32(ptr: *const u32) -> u32 {
     v
 }
 
+/// `atom.acq_rel.gpu.global.add.u32` (PTX ISA §9.7.13.5, §8.8): atomically adds `value` to the
+/// word at `ptr` and returns the word before. Release and acquire at once: after a block
+/// barrier, the block's earlier accesses are seen by whoever reads the sum later with acquire
+/// semantics, and this block, after another barrier, sees what the earlier adders published.
+///
+/// # Safety
+/// `ptr` must be a 4-byte aligned pointer to writable global memory.
+#[inline(always)]
+pub unsafe fn atom_add_acq_rel_gpu_u32(ptr: *mut u32, value: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller guarantees a valid, aligned global address; the update is atomic.
+    unsafe {
+        asm!("atom.acq_rel.gpu.global.add.u32 {}, [{}], {};", out(reg32) old, in(reg64) ptr, in(reg32) value,
+             options(nostack))
+    };
+    old
+}
+
 /// `nanosleep.u32` (PTX ISA §9.7.13.5, sm_70): suspends the thread for up to about `ns`
 /// nanoseconds, so that a thread polling a flag leaves the issue slots to the others.
 #[inline(always)]

@@ -26,7 +26,10 @@
 //!   registers, K and V loaded from global memory straight into `mma` fragments.
 //! - `num_partitions == 1`: writes `out`. Otherwise writes unnormalised partial sums to
 //!   `partial` (`[batch, kv_heads, num_partitions, R, D]` f32, then `[.., R, 2]` f32 max/sum,
-//!   the max in log2 units) for `paged_attention_combine_*`.
+//!   the max in log2 units) for `paged_attention_combine_*`; or, where `arrivals` is not null
+//!   (u32 `[batch, kv_heads, m_tiles]`, zero when the grid starts), the last block to finish
+//!   each (sequence, KV head, row tile) merges its partitions into `out` itself, and no combine
+//!   kernel follows. The counters are zero again when the kernel ends.
 //! - a block id outside `[0, num_blocks)` or a context length outside `[q_len, max_blocks *
 //!   block_size]` (or above `max_context`) is never dereferenced: the kernel
 //!   ORs a bit into `*status` (1: bad block id, 2: bad context length) and writes NaN for the
@@ -54,7 +57,7 @@ pub mod layout;
 pub mod write;
 
 use crate::device::ldmatrix::ldmatrix_x4;
-use crate::device::memory::{ld_global_nc_v4, red_global_or_u32, st_global_v4};
+use crate::device::memory::{ld_global_cg_v2, ld_global_cg_v4, ld_global_nc_v4, red_global_or_u32, st_global_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_f32, st_shared_f32, st_shared_u32};
 use crate::device::{SharedAddr, index, math, sync, warp};
 use crate::element::{Bf16, Element, F16, TensorElement};
@@ -156,6 +159,7 @@ unsafe fn attention_partition<
     alibi: *const f32,
     out: *mut T,
     partial: *mut f32,
+    arrivals: *mut u32,
     status: *mut u32,
     p: Dims,
 ) {
@@ -511,6 +515,122 @@ unsafe fn attention_partition<
             }
             i += THREADS as usize;
         }
+
+        // The last block to finish a (sequence, KV head, row tile) merges its partitions, where
+        // the caller cleared `arrivals` (else the combine kernel follows). Its partials were
+        // published by each block's barrier and the release of its arrival.
+        if np > 1 && !arrivals.is_null() {
+            sync::sync_threads();
+            let mut last = false;
+            if tid == 0 {
+                let blocks = match ctx {
+                    Some(c) => div(c as usize + p.partition as usize - 1, p.partition),
+                    None => np,
+                } * SPLIT;
+                let word = arrivals.add((b * p.kv_heads as usize + h) * p.m_tiles as usize + mt);
+                last = sync::atom_add_acq_rel_gpu_u32(word, 1) as usize + 1 == blocks;
+                if last {
+                    // Every other block of the tile has arrived: back to zero for the next
+                    // launch on the same counters.
+                    word.write(0);
+                }
+            }
+            if sync::sync_threads_or(last) {
+                let parts = match ctx {
+                    Some(c) => div(c as usize + p.partition as usize - 1, p.partition),
+                    None => np,
+                };
+                merge_partitions::<T, D>(out, partial, &p, b, h, row0, rows_here, parts, ctx.is_none());
+            }
+        }
+    }
+}
+
+/// The combine of the rows `row0..row0 + rows_here` of (sequence `b`, KV head `h`) over their
+/// `parts` partitions, all columns, by one block: each thread one 4-column group of a row at a
+/// time, in one pass over the partitions, eight at a time so that their loads overlap (the
+/// running maximum rescales the sums, as the partition kernel's softmax does). Partials are
+/// read through L2: other blocks wrote them during this kernel.
+///
+/// # Safety
+/// Every partition's partials written and published (see the caller); buffers as the launch
+/// contract sizes them.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn merge_partitions<T: Element, const D: usize>(
+    out: *mut T,
+    partial: *const f32,
+    p: &Dims,
+    b: usize,
+    h: usize,
+    row0: usize,
+    rows_here: usize,
+    parts: usize,
+    bad: bool,
+) {
+    const AT_ONCE: usize = 8;
+    let rows = (p.group * p.q_len) as usize;
+    let np = p.num_partitions as usize;
+    let hq_total = (p.kv_heads * p.group) as usize;
+    let groups = D / 4;
+    let mut i = index::thread_idx_x() as usize;
+    // SAFETY: as the function's contract; slots below `parts <= np` of this (b, h).
+    unsafe {
+        let ml = partial.add(rows_total(p, rows) * D);
+        while i < rows_here * groups {
+            let (r, d0) = (i / groups, 4 * (i % groups));
+            let rg = row0 + r;
+            let slot = |part: usize| ((b * p.kv_heads as usize + h) * np + part) * rows + rg;
+            let (mut m, mut total, mut acc) = (f32::NEG_INFINITY, 0.0f32, [0.0f32; 4]);
+            let mut part = 0;
+            while part < parts {
+                let mut stats = [[0u32; 2]; AT_ONCE];
+                let mut chunk = [[0u32; 4]; AT_ONCE];
+                unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    if part + U < parts {
+                        stats[U] = ld_global_cg_v2(ml.add(slot(part + U) * 2).cast());
+                        chunk[U] = ld_global_cg_v4(partial.add(slot(part + U) * D + d0).cast());
+                    } else {
+                        stats[U][0] = f32::NEG_INFINITY.to_bits();
+                    }
+                });
+                // f32::max skips a poisoned NaN maximum; its weight, and so the sums, do not
+                // (even where every maximum is NaN or empty: the weights then use 0).
+                let mut m_new = m;
+                unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    m_new = m_new.max(f32::from_bits(stats[U][0]));
+                });
+                let m_use = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+                let rescale = math::ex2_approx(m - m_use);
+                total *= rescale;
+                unroll!(E in [0, 1, 2, 3] {
+                    acc[E] *= rescale;
+                });
+                unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    let mp = f32::from_bits(stats[U][0]);
+                    let w = if mp == f32::NEG_INFINITY { 0.0 } else { math::ex2_approx(mp - m_use) };
+                    total = math::fma(w, f32::from_bits(stats[U][1]), total);
+                    unroll!(E in [0, 1, 2, 3] {
+                        acc[E] = math::fma(w, f32::from_bits(chunk[U][E]), acc[E]);
+                    });
+                });
+                m = m_new;
+                part += AT_ONCE;
+            }
+            let (t, hq) = (div(rg, p.group), h * p.group as usize + rem(rg, p.group));
+            let o = out.add(((b * p.q_len as usize + t) * hq_total + hq) * D + d0);
+            unroll!(E in [0, 1, 2, 3] {
+                let value = if bad {
+                    f32::NAN
+                } else if total == 0.0 {
+                    0.0
+                } else {
+                    acc[E] / total
+                };
+                o.add(E).write(T::from_f32(value));
+            });
+            i += THREADS as usize;
+        }
     }
 }
 
@@ -694,12 +814,12 @@ macro_rules! attention_entries {
         pub unsafe extern "ptx-kernel" fn $attn(
             q: *const $ty, key_cache: *const $ty, value_cache: *const $ty, block_tables: *const i32,
             context_lens: *const i32, seq_map: *const i32, alibi: *const f32, out: *mut $ty, partial: *mut f32,
-            status: *mut u32, dims: Dims,
+            arrivals: *mut u32, status: *mut u32, dims: Dims,
         ) {
             sync::wait_for_prerequisite_grids();
             sync::allow_dependent_launch();
             // SAFETY: forwarded launch contract.
-            unsafe { attention_partition::<$ty, $d, { split($d) }, { ($d as usize).div_ceil(32) }, { ($d as usize / split($d)).div_ceil(64) }, { $d <= 128 }>(q, key_cache, value_cache, block_tables, context_lens, seq_map, alibi, out, partial, status, dims) }
+            unsafe { attention_partition::<$ty, $d, { split($d) }, { ($d as usize).div_ceil(32) }, { ($d as usize / split($d)).div_ceil(64) }, { $d <= 128 }>(q, key_cache, value_cache, block_tables, context_lens, seq_map, alibi, out, partial, arrivals, status, dims) }
         }
 
         /// Combine kernel; see the module docs for the launch contract.
