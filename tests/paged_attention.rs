@@ -128,6 +128,49 @@ impl<T: Element> Problem<T> {
         let result = check_status(&stream, &status);
         (stream.clone_dtoh(&out).unwrap(), result, plan)
     }
+
+    /// Runs `launches` times on raw pointers, the partitions merged by the combine kernel or
+    /// (`merge`) by the partition kernel over one zeroed set of arrival counters; returns each
+    /// launch's output and the status check.
+    fn run_gpu_raw(&self, merge: bool, launches: usize) -> (Vec<Vec<T>>, dlkern::Result<()>) {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let (device, stream) = gpu();
+        let s = &stream;
+        let plan = self.p.plan(DecodeLimits::of(&device, self.p.dtype, self.p.head_size).unwrap()).unwrap();
+        let q = s.clone_htod(&self.q).unwrap();
+        let k = s.clone_htod(&self.k).unwrap();
+        let v = s.clone_htod(&self.v).unwrap();
+        let tables = s.clone_htod(&self.tables).unwrap();
+        let lens = s.clone_htod(&self.lens).unwrap();
+        let alibi = s.clone_htod(self.alibi.as_deref().unwrap_or(&[0.0])).unwrap();
+        let mut out = s.clone_htod(&vec![T::from_f64(-7.0); self.q.len()]).unwrap();
+        let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).unwrap();
+        let arrivals = s.alloc_zeros::<u32>(plan.arrival_words.max(1)).unwrap();
+        let mut status = s.alloc_zeros::<u32>(1).unwrap();
+        let ptrs = PagedAttentionPointers {
+            q: q.device_ptr(s).0,
+            key_cache: k.device_ptr(s).0,
+            value_cache: v.device_ptr(s).0,
+            block_tables: tables.device_ptr(s).0,
+            context_lens: lens.device_ptr(s).0,
+            alibi: alibi.device_ptr(s).0,
+            out: out.device_ptr_mut(s).0,
+            workspace: workspace.device_ptr(s).0,
+            arrivals: if merge { arrivals.device_ptr(s).0 } else { 0 },
+            status: status.device_ptr_mut(s).0,
+        };
+        let mut outputs = Vec::new();
+        for _ in 0..launches {
+            // SAFETY: every buffer above holds the extent the params describe and outlives the
+            // launch (the stream is synchronized by the copy back).
+            unsafe { paged_attention_raw(&device, s.cu_stream(), &self.p, &ptrs) }.unwrap();
+            outputs.push(s.clone_dtoh(&out).unwrap());
+        }
+        if merge {
+            assert!(s.clone_dtoh(&arrivals).unwrap().iter().all(|&c| c == 0), "the counters are zero again");
+        }
+        (outputs, check_status(s, &status))
+    }
 }
 
 /// Each element within 2 roundoffs of the reference plus an absolute floor of 8 roundoffs of
@@ -296,7 +339,7 @@ fn gpu_matches_reference_across_shapes() {
     let mut seed = 10;
     for &d in &HEAD_SIZES {
         for &(hq, hkv) in &[(8, 8), (16, 4), (32, 4)] {
-            for &bs in &[16, 32, 64] {
+            for &bs in &[16, 32, 64, 128, 256] {
                 seed += 1;
                 let lens = [1000, 1, 15, 16, 17];
                 check::<f16>(params(DType::F16, lens.len(), 1, hq, hkv, d, bs, 1000), &lens, seed);
@@ -327,6 +370,35 @@ fn gpu_speculative_tokens_and_options() {
 #[ignore = "needs a CUDA device"]
 fn gpu_long_context() {
     check::<f16>(params(DType::F16, 1, 1, 8, 2, 128, 16, 65536), &[65536], 7);
+    check::<f16>(params(DType::F16, 2, 1, 8, 2, 128, 256, 65537), &[65537, 1], 8);
+}
+
+/// The two ways of merging partitions give the reference on the same problems, launch after
+/// launch on the same counters, poisoned sequences included.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_merge_in_the_partition_kernel_matches_the_combine_kernel() {
+    let cases = [
+        (params(DType::F16, 3, 1, 32, 8, 128, 16, 3000), vec![3000, 1, 1025], 0usize),
+        (params(DType::F16, 2, 3, 16, 2, 256, 128, 5000), vec![97, 5000], 0),
+        (PagedAttentionParams { partition: 64, ..params(DType::F16, 3, 2, 8, 8, 80, 32, 700) }, vec![700, 2, 129], 0),
+        (params(DType::F16, 3, 1, 8, 2, 64, 16, 2000), vec![2000, 1000, 50], 1),
+    ];
+    for (seed, (p, lens, poison)) in cases.into_iter().enumerate() {
+        let mut prob = problem::<f16>(p, &lens, 40 + seed as u64);
+        if poison > 0 {
+            prob.tables[p.max_blocks_per_seq + 2] = 1 << 30; // sequence 1: a block outside the cache
+        }
+        assert!(prob.p.plan(H100).unwrap().num_partitions > 1, "{p:?} must split");
+        let want = prob.reference();
+        for merge in [false, true] {
+            let (outputs, status) = prob.run_gpu_raw(merge, 3);
+            assert_eq!(status.is_err(), poison > 0, "{p:?}: {status:?}");
+            for (i, got) in outputs.iter().enumerate() {
+                assert_matches(&format!("{p:?} lens {lens:?}, merge {merge}, launch {i}"), got, &want);
+            }
+        }
+    }
 }
 
 proptest! {
