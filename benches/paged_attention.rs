@@ -16,30 +16,35 @@ use half::f16;
 const SHAPES: &[(usize, usize, usize, usize, usize)] =
     &[(64, 32, 8, 4096, 128), (16, 32, 32, 4096, 128), (1, 32, 8, 65536, 128), (256, 32, 8, 1024, 128)];
 
+/// One f16 decode step of `batch` sequences of `ctx` tokens over blocks of `bs` (as many as
+/// the sequences need), planned by the launcher.
+fn decode_params(batch: usize, hq: usize, hkv: usize, ctx: usize, d: usize, bs: usize) -> PagedAttentionParams {
+    PagedAttentionParams {
+        dtype: DType::F16,
+        batch,
+        q_len: 1,
+        num_q_heads: hq,
+        num_kv_heads: hkv,
+        head_size: d,
+        num_blocks: batch * (ctx / bs),
+        block_size: bs,
+        max_blocks_per_seq: ctx / bs,
+        max_context_len: ctx,
+        scale: 1.0 / (d as f32).sqrt(),
+        softcap: 0.0,
+        window: 0,
+        alibi: false,
+        partition: 0,
+    }
+}
+
 fn benches(c: &mut Criterion) {
     let Some(gpu) = common::gpu() else { return };
     let mut group = c.benchmark_group("paged_attention");
     for &(batch, hq, hkv, ctx, d) in SHAPES {
         let bs = 16;
-        let blocks_per_seq = ctx / bs;
-        let num_blocks = batch * blocks_per_seq;
-        let params = PagedAttentionParams {
-            dtype: DType::F16,
-            batch,
-            q_len: 1,
-            num_q_heads: hq,
-            num_kv_heads: hkv,
-            head_size: d,
-            num_blocks,
-            block_size: bs,
-            max_blocks_per_seq: blocks_per_seq,
-            max_context_len: ctx,
-            scale: 1.0 / (d as f32).sqrt(),
-            softcap: 0.0,
-            window: 0,
-            alibi: false,
-            partition: 0,
-        };
+        let params = decode_params(batch, hq, hkv, ctx, d, bs);
+        let num_blocks = params.num_blocks;
         let plan =
             params.plan(DecodeLimits::of(&gpu.device, params.dtype, params.head_size).expect("limits")).expect("plan");
         let cache_elems = num_blocks * bs * hkv * d;
@@ -126,25 +131,8 @@ fn partition_sweep(gpu: &common::Gpu, batches: &str) {
         }
         for bs in [16, ctx] {
             let d = 128;
-            let blocks_per_seq = ctx / bs;
-            let num_blocks = batch * blocks_per_seq;
-            let mut params = PagedAttentionParams {
-                dtype: DType::F16,
-                batch,
-                q_len: 1,
-                num_q_heads: hq,
-                num_kv_heads: hkv,
-                head_size: d,
-                num_blocks,
-                block_size: bs,
-                max_blocks_per_seq: blocks_per_seq,
-                max_context_len: ctx,
-                scale: 1.0 / (d as f32).sqrt(),
-                softcap: 0.0,
-                window: 0,
-                alibi: false,
-                partition: 0,
-            };
+            let mut params = decode_params(batch, hq, hkv, ctx, d, bs);
+            let num_blocks = params.num_blocks;
             let limits = DecodeLimits::of(&gpu.device, params.dtype, params.head_size).expect("limits");
             let planned = params.plan(limits).expect("plan").partition;
             let kv_bytes = (2 * batch * ctx * hkv * d * 2) as u64;
