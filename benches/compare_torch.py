@@ -89,28 +89,41 @@ def rmsnorm_records():
 
 def paged_attention_records():
     """PyTorch SDPA on a contiguous cache of the same sizes (the issue's baseline), flash and
-    cuDNN backends. dlkern's own numbers come from the criterion bench (benches/paged_attention.rs)."""
+    cuDNN backends, on the rows of benches/paged_attention.rs (dlkern's numbers come from that
+    criterion bench). One measurement serves both of its block sizes (SDPA's cache is
+    contiguous); caches smaller than a few L2s rotate through copies. Several query tokens per
+    sequence attend to the whole cache (no mask): the same bytes, a lower bound on a masked call."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     out = []
-    for batch, hq, hkv, ctx, d in [(64, 32, 8, 4096, 128), (16, 32, 32, 4096, 128), (1, 32, 8, 65536, 128), (256, 32, 8, 1024, 128)]:
+    for batch, hq, hkv, ctx, q_len in [(1, 32, 8, 8192, 1), (1, 32, 8, 32768, 1), (1, 32, 8, 65536, 1),
+                                       (1, 32, 8, 131072, 1), (16, 32, 8, 4096, 1), (16, 32, 32, 4096, 1),
+                                       (64, 32, 8, 4096, 1), (256, 32, 8, 1024, 1), (64, 32, 8, 4096, 4)]:
+        d = 128
         g = torch.Generator(device="cuda").manual_seed(ctx + batch)
-        q = torch.randn(batch, hq, 1, d, device="cuda", dtype=torch.float16, generator=g)
-        k = torch.randn(batch, hkv, ctx, d, device="cuda", dtype=torch.float16, generator=g)
-        v = torch.randn(batch, hkv, ctx, d, device="cuda", dtype=torch.float16, generator=g)
         kv_bytes = 2 * batch * ctx * hkv * d * 2
+        sets = rotation(kv_bytes)
+        q = torch.randn(batch, hq, q_len, d, device="cuda", dtype=torch.float16, generator=g)
+        ks = [torch.randn(batch, hkv, ctx, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(sets)]
+        vs = [torch.randn(batch, hkv, ctx, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(sets)]
+        queries = f" q{q_len}" if q_len > 1 else ""
         for name, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
+            turn = [0]
+
             def call():
+                i = turn[0] = (turn[0] + 1) % sets
                 with sdpa_kernel(backend):
-                    torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
+                    torch.nn.functional.scaled_dot_product_attention(q, ks[i], vs[i], enable_gqa=hq != hkv)
             try:
-                t = graph_time_us(call)
+                t = graph_time_us(call, max(CALLS_PER_GRAPH, sets))
             except Exception as e:  # a backend that does not take this shape
-                print(f"paged_attention baseline {name} B{batch}: {e}", file=sys.stderr)
+                print(f"paged_attention baseline {name} B{batch} ctx{ctx}: {e}", file=sys.stderr)
                 continue
-            out.append({"family": "paged_attention", "implementation": name, "shape": f"B{batch} Hq{hq} Hkv{hkv} ctx{ctx} D{d}",
-                        "dtype": "f16", "time_us": t, "bytes": kv_bytes, "flops": 4 * batch * hq * ctx * d})
-        del q, k, v
+            for block in (16, 128):
+                out.append({"family": "paged_attention", "implementation": name,
+                            "shape": f"B{batch} Hq{hq} Hkv{hkv} ctx{ctx} D{d} block{block}{queries}",
+                            "dtype": "f16", "time_us": t, "bytes": kv_bytes, "flops": 4 * batch * q_len * hq * ctx * d})
+        del q, ks, vs
         torch.cuda.empty_cache()
     return out
 

@@ -1,6 +1,8 @@
 //! PagedAttention decode: bound by reading the KV cache, so reported as KV bytes read per
-//! second (the issue's shapes, fp16, block 16), next to the copy ceiling of the same run.
-//! Caches are larger than L2 at every shape, so each step reads device memory.
+//! second, next to the copy ceiling of the same run. Issue 42's rows (batch 1 at 8k-128k,
+//! batched at 1k-4k, 8 and 32 KV heads, one row of 4 queries per sequence), f16, blocks of 16
+//! and 128; caches smaller than a few L2s rotate through copies, so each launch reads device
+//! memory.
 
 mod common;
 
@@ -12,9 +14,19 @@ use dlkern::ops::paged_attention::launch::{
 };
 use half::f16;
 
-/// (batch, q heads, kv heads, context, head size)
-const SHAPES: &[(usize, usize, usize, usize, usize)] =
-    &[(64, 32, 8, 4096, 128), (16, 32, 32, 4096, 128), (1, 32, 8, 65536, 128), (256, 32, 8, 1024, 128)];
+/// Issue 42's rows: (batch, q heads, kv heads, context, query tokens per sequence), head 128,
+/// each over blocks of 16 and of 128 tokens.
+const SHAPES: &[(usize, usize, usize, usize, usize)] = &[
+    (1, 32, 8, 8192, 1),
+    (1, 32, 8, 32768, 1),
+    (1, 32, 8, 65536, 1),
+    (1, 32, 8, 131072, 1),
+    (16, 32, 8, 4096, 1),
+    (16, 32, 32, 4096, 1),
+    (64, 32, 8, 4096, 1),
+    (256, 32, 8, 1024, 1),
+    (64, 32, 8, 4096, 4),
+];
 
 /// One f16 decode step of `batch` sequences of `ctx` tokens over blocks of `bs` (as many as
 /// the sequences need), planned by the launcher.
@@ -41,63 +53,78 @@ fn decode_params(batch: usize, hq: usize, hkv: usize, ctx: usize, d: usize, bs: 
 fn benches(c: &mut Criterion) {
     let Some(gpu) = common::gpu() else { return };
     let mut group = c.benchmark_group("paged_attention");
-    for &(batch, hq, hkv, ctx, d) in SHAPES {
-        let bs = 16;
-        let params = decode_params(batch, hq, hkv, ctx, d, bs);
-        let num_blocks = params.num_blocks;
-        let plan =
-            params.plan(DecodeLimits::of(&gpu.device, params.dtype, params.head_size).expect("limits")).expect("plan");
-        let cache_elems = num_blocks * bs * hkv * d;
-        let pattern = |n: usize| -> Vec<f16> {
-            (0..n).map(|i| f16::from_f32(((i * 2_654_435_761) % 2039) as f32 / 1019.5 - 1.0)).collect()
-        };
-        let k = gpu.stream.clone_htod(&pattern(cache_elems)).expect("alloc");
-        let v = gpu.stream.clone_htod(&pattern(cache_elems + 7)[7..].to_vec()).expect("alloc");
-        let q = gpu.stream.clone_htod(&pattern(batch * hq * d)).expect("alloc");
-        let mut out = gpu.stream.alloc_zeros::<f16>(batch * hq * d).expect("alloc");
-        // Each sequence's blocks scattered over the cache (a fixed permutation).
-        let tables: Vec<i32> = (0..num_blocks).map(|i| ((i * 7919) % num_blocks) as i32).collect();
-        let tables = gpu.stream.clone_htod(&tables).expect("alloc");
-        let lens = gpu.stream.clone_htod(&vec![ctx as i32; batch]).expect("alloc");
-        let workspace = gpu.stream.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
-        let mut status = gpu.stream.alloc_zeros::<u32>(1).expect("alloc");
-        let kv_bytes = (2 * batch * ctx * hkv * d * 2) as u64;
-        let id = format!("dlkern_f16/b{batch}_hq{hq}_hkv{hkv}_ctx{ctx}_d{d}");
-        group.throughput(Throughput::Bytes(kv_bytes));
-        common::record(&common::Meta {
-            family: "paged_attention",
-            id: format!("paged_attention/{id}"),
-            implementation: "dlkern",
-            shape: format!("B{batch} Hq{hq} Hkv{hkv} ctx{ctx} D{d}"),
-            dtype: "f16",
-            bytes: kv_bytes,
-            flops: (4 * batch * hq * ctx * d) as u64,
-            workspace_bytes: plan.workspace_bytes as u64,
-        });
-        let s = &gpu.stream;
-        let ptrs = PagedAttentionPointers {
-            q: q.device_ptr(s).0,
-            key_cache: k.device_ptr(s).0,
-            value_cache: v.device_ptr(s).0,
-            block_tables: tables.device_ptr(s).0,
-            context_lens: lens.device_ptr(s).0,
-            alibi: 0,
-            out: out.device_ptr_mut(s).0,
-            workspace: workspace.device_ptr(s).0,
-            arrivals: 0,
-            status: status.device_ptr_mut(s).0,
-        };
-        group.bench_function(&id, |b| {
-            b.iter_custom(|iters| {
-                // SAFETY: all buffers above outlive the timed launches and match the params.
-                gpu.time(iters, || {
-                    unsafe { paged_attention_raw(&gpu.device, s.cu_stream(), &params, &ptrs) }
-                        .map(|_| ())
-                        .expect("launch")
+    let s = &gpu.stream;
+    let pattern = |n: usize, skew: usize| -> Vec<f16> {
+        (skew..n + skew).map(|i| f16::from_f32(((i * 2_654_435_761) % 2039) as f32 / 1019.5 - 1.0)).collect()
+    };
+    for &(batch, hq, hkv, ctx, q_len) in SHAPES {
+        for bs in [16, 128] {
+            let d = 128;
+            let params = PagedAttentionParams { q_len, ..decode_params(batch, hq, hkv, ctx, d, bs) };
+            let num_blocks = params.num_blocks;
+            let plan = params
+                .plan(DecodeLimits::of(&gpu.device, params.dtype, params.head_size).expect("limits"))
+                .expect("plan");
+            let kv_bytes = (2 * batch * ctx * hkv * d * 2) as u64;
+            // Caches smaller than L2 several times over rotate, so each launch reads memory.
+            let cache_elems = num_blocks * bs * hkv * d;
+            let caches: Vec<_> = (0..gpu.rotation(kv_bytes))
+                .map(|c| {
+                    let k = s.clone_htod(&pattern(cache_elems, c)).expect("alloc");
+                    (k, s.clone_htod(&pattern(cache_elems, c + 7)).expect("alloc"))
                 })
-            })
-        });
-        dlkern::ops::paged_attention::launch::check_status(&gpu.stream, &status).expect("status");
+                .collect();
+            let q = s.clone_htod(&pattern(batch * q_len * hq * d, 3)).expect("alloc");
+            let mut out = s.alloc_zeros::<f16>(batch * q_len * hq * d).expect("alloc");
+            // Each sequence's blocks scattered over the cache (a fixed permutation).
+            let tables: Vec<i32> = (0..num_blocks).map(|i| ((i * 7919) % num_blocks) as i32).collect();
+            let tables = s.clone_htod(&tables).expect("alloc");
+            let lens = s.clone_htod(&vec![ctx as i32; batch]).expect("alloc");
+            let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
+            let mut status = s.alloc_zeros::<u32>(1).expect("alloc");
+            let queries = if q_len > 1 { format!(" q{q_len}") } else { String::new() };
+            let id = format!("dlkern_f16/b{batch}_hq{hq}_hkv{hkv}_ctx{ctx}_d{d}_bs{bs}_q{q_len}");
+            group.throughput(Throughput::Bytes(kv_bytes));
+            common::record(&common::Meta {
+                family: "paged_attention",
+                id: format!("paged_attention/{id}"),
+                implementation: "dlkern",
+                shape: format!("B{batch} Hq{hq} Hkv{hkv} ctx{ctx} D{d} block{bs}{queries}"),
+                dtype: "f16",
+                bytes: kv_bytes,
+                flops: (4 * batch * q_len * hq * ctx * d) as u64,
+                workspace_bytes: plan.workspace_bytes as u64,
+            });
+            let ptrs: Vec<PagedAttentionPointers> = caches
+                .iter()
+                .map(|(k, v)| PagedAttentionPointers {
+                    q: q.device_ptr(s).0,
+                    key_cache: k.device_ptr(s).0,
+                    value_cache: v.device_ptr(s).0,
+                    block_tables: tables.device_ptr(s).0,
+                    context_lens: lens.device_ptr(s).0,
+                    alibi: 0,
+                    out: out.device_ptr_mut(s).0,
+                    workspace: workspace.device_ptr(s).0,
+                    arrivals: 0,
+                    status: status.device_ptr_mut(s).0,
+                })
+                .collect();
+            let mut turn = 0;
+            group.bench_function(&id, |b| {
+                b.iter_custom(|iters| {
+                    gpu.time(iters, || {
+                        turn += 1;
+                        // SAFETY: all buffers above outlive the timed launches and match the
+                        // params.
+                        unsafe { paged_attention_raw(&gpu.device, s.cu_stream(), &params, &ptrs[turn % ptrs.len()]) }
+                            .map(|_| ())
+                            .expect("launch")
+                    })
+                })
+            });
+            dlkern::ops::paged_attention::launch::check_status(s, &status).expect("status");
+        }
     }
     group.finish();
     op_benches(c, &gpu);
