@@ -1,7 +1,7 @@
 //! The machine's measured ceilings, in the same run as the kernel benches: device-to-device copy
 //! bandwidth (bytes read + written per second), the bar for every memory-bound kernel; the
 //! read-only rate of a chain of launches that read as many bytes as the matmul_nbits weights of its
-//! shapes (`probe_stream_read`: plain launches, programmatic dependents that wait before
+//! shapes, and 1 GiB for the decode caches (`probe_stream_read`: plain launches, programmatic dependents that wait before
 //! reading, and ones that read before the wait as the matmul_nbits decode kernels copy their first
 //! weights), the bound of those kernels; and cuBLAS GEMM rates (bf16, fp16 at 8192^3; the fp16
 //! 1x8192x8192 GEMV), the bars for the matmul and attention kernels.
@@ -65,10 +65,12 @@ fn stream_read_rates(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("ceilings");
     // The 4-bit weights and f16 scales (blocks of 128) of the matmul_nbits bench's shapes:
-    // N = K = 8192, and N or K = 28672.
+    // N = K = 8192, and N or K = 28672; and 1 GiB, the size of the decode benches' largest KV
+    // caches (the paged_attention table's ceiling).
     for (name, what, bytes) in [
         ("matmul_nbits_8192x8192", "matmul_nbits N = K = 8192", 8192 * 4096 + 8192 * 64 * 2),
         ("matmul_nbits_28672x8192", "matmul_nbits N or K = 28672", 28672 * 4096 + 28672 * 64 * 2),
+        ("decode_kv_1g", "decode KV caches", 1 << 30),
     ] {
         let plan = StreamReadPlan::new(bytes, blocks).expect("plan");
         // Copies rotated so that every launch reads device memory, not L2.

@@ -22,6 +22,48 @@ def ceiling_tbps(results):
     return best
 
 
+def dense_tflops(results, dtype):
+    """cuBLAS's dense rate for `dtype` at 8192^3 in the same run (the tensor cores' ceiling), or
+    None when the run has no such row."""
+    meta = {m["id"]: m for m in results["meta"]}
+    for c in results["criterion"]:
+        m = meta.get(c["id"])
+        if m and m["family"] == "ceilings" and m["flops"] and m["dtype"] == dtype and m["shape"] == "8192x8192x8192":
+            return m["flops"] / c["median_ns"] / 1e3
+    return None
+
+
+def read_ceiling_tbps(results, name):
+    """The read-only stream rate (`probe_stream_read`, plain launches) of the ceiling `name`
+    measured in the same run, or None."""
+    meta = {m["id"]: m for m in results["meta"]}
+    for c in results["criterion"]:
+        m = meta.get(c["id"])
+        if m and c["id"] == f"ceilings/stream_read_serialized/{name}":
+            return m["bytes"] / c["median_ns"] / 1e3
+    return None
+
+
+def family_ceiling(results, family, copy):
+    """What a family's "% of ceiling" divides by: (a function of the row's dtype giving the
+    ceiling and its unit, the note under the family's heading, or None for the copy rate).
+    Attention (compute bound) divides its FLOP rate by cuBLAS's dense rate of the same dtype;
+    decode divides its KV-read rate by the read-only stream rate at 1 GiB where the run has it;
+    every other family its bytes moved by the copy rate."""
+    if family == "attention":
+        rates = {d: dense_tflops(results, d) for d in ("f16", "bf16")}
+        if all(rates.values()):
+            note = ("% of ceiling: dlkern's TFLOP/s over cuBLAS's dense rate of the same dtype at 8192^3 in this run ("
+                    + ", ".join(f"{d} {r:.1f} TFLOP/s" for d, r in rates.items()) + ").")
+            return (lambda dtype: (rates.get(dtype), "flops")), note
+    if family == "paged_attention":
+        read = read_ceiling_tbps(results, "decode_kv_1g")
+        if read:
+            note = f"% of ceiling: KV bytes read per second over the read-only stream rate at 1 GiB in this run ({read:.2f} TB/s)."
+            return (lambda dtype: (read, "bytes")), note
+    return (lambda dtype: (copy, "bytes")), None
+
+
 def rows_by_family(results):
     """(family, dtype, shape) -> {implementation: record} from criterion runs and the PyTorch
     comparison (which also times dlkern, through the C ABI)."""
@@ -250,6 +292,9 @@ def render(results, plots_dir=None, plots_rel=None):
     families = sorted({k[0] for k in table})
     for family in families:
         lines += [f"## {family}", ""]
+        ceiling_of, ceiling_note = family_ceiling(results, family, ceiling)
+        if ceiling_note:
+            lines += [ceiling_note, ""]
         lines += ["| dtype | shape | dlkern (criterion) | dlkern (C ABI, graph) | baseline | baseline time | ratio | dlkern rate | % of ceiling | extra device memory | other baselines |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         plot_points = collections.defaultdict(list)
@@ -272,7 +317,8 @@ def render(results, plots_dir=None, plots_rel=None):
             # Like for like where possible: the C ABI run is timed the way the baselines are.
             ratio = f"{base['time_us'] / (via_abi or best)['time_us']:.2f}" if base else "n/a"
             others = ", ".join(f"{n} {r['time_us']:.2f} us" for n, r in sorted(baselines.items()) if n != base_name)
-            pct = f"{100 * best['bytes'] / best['time_us'] / 1e6 / ceiling:.0f}%" if ceiling else "n/a"
+            limit, unit = ceiling_of(key[1])
+            pct = f"{100 * best[unit] / best['time_us'] / 1e6 / limit:.0f}%" if limit else "n/a"
             def us(rec):
                 return f"{rec['time_us']:.2f} us" if rec else "n/a"
 

@@ -157,3 +157,39 @@ def test_a_run_on_another_gpu_is_kept_whole_under_its_own_header():
     assert "- later partial run: d2 on H100 (host cost), at the end" in head and "M 1 main" in head
     assert "### Host time per call" in tail and "| call x | 3.21 us |" in tail
     assert "### Host time per ORT node" in tail and "| 3.50 us | 4.50 us |" in tail and "M 1 main" not in tail
+
+
+def test_attention_and_decode_divide_by_their_own_ceilings():
+    """Attention's "% of ceiling" is its FLOP rate over cuBLAS's dense rate of the same dtype;
+    decode's is its KV-read rate over the read-only stream rate at 1 GiB; without those rows,
+    the copy rate (as before)."""
+    ceiling = lambda cid, impl, shape, dtype, nbytes, flops: (
+        {"id": cid, "median_ns": 1000.0},
+        {"family": "ceilings", "id": cid, "implementation": impl, "shape": shape, "dtype": dtype, "bytes": nbytes, "flops": flops, "workspace_bytes": 0},
+    )
+    rows = [
+        ceiling("ceilings/copy", "copy", "s", "u8", 4_000_000, 0),  # 4 TB/s
+        ceiling("ceilings/gemm_f16", "cuBLAS", "8192x8192x8192", "f16", 0, 500_000_000),  # 500 TFLOP/s
+        ceiling("ceilings/gemm_bf16", "cuBLAS", "8192x8192x8192", "bf16", 0, 400_000_000),
+        ceiling("ceilings/stream_read_serialized/decode_kv_1g", "probe_stream_read (plain launches)", "1 GiB", "u8", 5_000_000, 0),
+    ]
+    kernel = lambda cid, family, shape, dtype, nbytes, flops: (
+        {"id": cid, "median_ns": 2000.0},
+        {"family": family, "id": cid, "implementation": "dlkern", "shape": shape, "dtype": dtype, "bytes": nbytes, "flops": flops, "workspace_bytes": 0},
+    )
+    rows += [
+        kernel("attention/a", "attention", "S1", "f16", 1_000_000, 500_000_000),  # 250 TFLOP/s: 50% of f16
+        kernel("attention/b", "attention", "S1", "bf16", 1_000_000, 500_000_000),  # 250 of 400: 62%
+        kernel("paged_attention/p", "paged_attention", "B1", "f16", 4_000_000, 1),  # 2 TB/s of 5: 40%
+        kernel("rmsnorm/r", "rmsnorm", "8x8", "f16", 4_000_000, 1),  # 2 TB/s of the 4 TB/s copy: 50%
+    ]
+    results = {"date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c",
+               "criterion": [c for c, _ in rows], "meta": [m for _, m in rows], "comparison": []}
+    text = bench_report.render(results)
+    row = lambda prefix: [l for l in text.splitlines() if l.startswith(prefix)][0]
+    assert "| 50% |" in row("| f16 | S1 |") and "| 62% |" in row("| bf16 | S1 |")
+    assert "| 40% |" in row("| f16 | B1 |") and "| 50% |" in row("| f16 | 8x8 |")
+    assert "cuBLAS's dense rate" in text and "read-only stream rate at 1 GiB in this run (5.00 TB/s)" in text
+    # Without the 1 GiB read row, decode falls back to the copy rate: 2 of 4 TB/s.
+    results["criterion"] = [c for c in results["criterion"] if "decode_kv" not in c["id"]]
+    assert "| 50% |" in [l for l in bench_report.render(results).splitlines() if l.startswith("| f16 | B1 |")][0]
