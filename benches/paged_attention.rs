@@ -7,7 +7,9 @@
 mod common;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use dlkern::DType;
 use dlkern::ops::paged_attention::launch::{
     DecodeLimits, PagedAttentionParams, PagedAttentionPointers, paged_attention_raw,
@@ -50,38 +52,78 @@ fn decode_params(batch: usize, hq: usize, hkv: usize, ctx: usize, d: usize, bs: 
     }
 }
 
+/// A decode step's buffers on the device: `copies` K/V caches to rotate through (each
+/// sequence's blocks scattered by a fixed permutation), the queries, the output, the block
+/// table, the lengths (every sequence at `max_context_len`) and the status word.
+struct DecodeBuffers {
+    caches: Vec<(CudaSlice<f16>, CudaSlice<f16>)>,
+    q: CudaSlice<f16>,
+    out: CudaSlice<f16>,
+    tables: CudaSlice<i32>,
+    lens: CudaSlice<i32>,
+    status: CudaSlice<u32>,
+}
+
+impl DecodeBuffers {
+    fn new(s: &Arc<CudaStream>, p: &PagedAttentionParams, copies: usize) -> Self {
+        let pattern = |n: usize, skew: usize| -> Vec<f16> {
+            (skew..n + skew).map(|i| f16::from_f32(((i * 2_654_435_761) % 2039) as f32 / 1019.5 - 1.0)).collect()
+        };
+        let cache_elems = p.num_blocks * p.block_size * p.num_kv_heads * p.head_size;
+        let queries = p.batch * p.q_len * p.num_q_heads * p.head_size;
+        let tables: Vec<i32> = (0..p.num_blocks).map(|i| ((i * 7919) % p.num_blocks) as i32).collect();
+        DecodeBuffers {
+            caches: (0..copies)
+                .map(|c| {
+                    let k = s.clone_htod(&pattern(cache_elems, c)).expect("alloc");
+                    (k, s.clone_htod(&pattern(cache_elems, c + 7)).expect("alloc"))
+                })
+                .collect(),
+            q: s.clone_htod(&pattern(queries, 3)).expect("alloc"),
+            out: s.alloc_zeros::<f16>(queries).expect("alloc"),
+            tables: s.clone_htod(&tables).expect("alloc"),
+            lens: s.clone_htod(&vec![p.max_context_len as i32; p.batch]).expect("alloc"),
+            status: s.alloc_zeros::<u32>(1).expect("alloc"),
+        }
+    }
+
+    /// One set of pointers per cache copy, with `workspace` and `arrivals` (0: the combine
+    /// kernel merges).
+    fn pointers(&mut self, s: &Arc<CudaStream>, workspace: u64, arrivals: u64) -> Vec<PagedAttentionPointers> {
+        let (out, status) = (self.out.device_ptr_mut(s).0, self.status.device_ptr_mut(s).0);
+        self.caches
+            .iter()
+            .map(|(k, v)| PagedAttentionPointers {
+                q: self.q.device_ptr(s).0,
+                key_cache: k.device_ptr(s).0,
+                value_cache: v.device_ptr(s).0,
+                block_tables: self.tables.device_ptr(s).0,
+                context_lens: self.lens.device_ptr(s).0,
+                alibi: 0,
+                out,
+                workspace,
+                arrivals,
+                status,
+            })
+            .collect()
+    }
+}
+
 fn benches(c: &mut Criterion) {
     let Some(gpu) = common::gpu() else { return };
     let mut group = c.benchmark_group("paged_attention");
     let s = &gpu.stream;
-    let pattern = |n: usize, skew: usize| -> Vec<f16> {
-        (skew..n + skew).map(|i| f16::from_f32(((i * 2_654_435_761) % 2039) as f32 / 1019.5 - 1.0)).collect()
-    };
     for &(batch, hq, hkv, ctx, q_len) in SHAPES {
         for bs in [16, 128] {
             let d = 128;
             let params = PagedAttentionParams { q_len, ..decode_params(batch, hq, hkv, ctx, d, bs) };
-            let num_blocks = params.num_blocks;
             let plan = params
                 .plan(DecodeLimits::of(&gpu.device, params.dtype, params.head_size).expect("limits"))
                 .expect("plan");
             let kv_bytes = (2 * batch * ctx * hkv * d * 2) as u64;
             // Caches smaller than L2 several times over rotate, so each launch reads memory.
-            let cache_elems = num_blocks * bs * hkv * d;
-            let caches: Vec<_> = (0..gpu.rotation(kv_bytes))
-                .map(|c| {
-                    let k = s.clone_htod(&pattern(cache_elems, c)).expect("alloc");
-                    (k, s.clone_htod(&pattern(cache_elems, c + 7)).expect("alloc"))
-                })
-                .collect();
-            let q = s.clone_htod(&pattern(batch * q_len * hq * d, 3)).expect("alloc");
-            let mut out = s.alloc_zeros::<f16>(batch * q_len * hq * d).expect("alloc");
-            // Each sequence's blocks scattered over the cache (a fixed permutation).
-            let tables: Vec<i32> = (0..num_blocks).map(|i| ((i * 7919) % num_blocks) as i32).collect();
-            let tables = s.clone_htod(&tables).expect("alloc");
-            let lens = s.clone_htod(&vec![ctx as i32; batch]).expect("alloc");
+            let mut buffers = DecodeBuffers::new(s, &params, gpu.rotation(kv_bytes));
             let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
-            let mut status = s.alloc_zeros::<u32>(1).expect("alloc");
             let queries = if q_len > 1 { format!(" q{q_len}") } else { String::new() };
             let id = format!("dlkern_f16/b{batch}_hq{hq}_hkv{hkv}_ctx{ctx}_d{d}_bs{bs}_q{q_len}");
             group.throughput(Throughput::Bytes(kv_bytes));
@@ -95,21 +137,7 @@ fn benches(c: &mut Criterion) {
                 flops: (4 * batch * q_len * hq * ctx * d) as u64,
                 workspace_bytes: plan.workspace_bytes as u64,
             });
-            let ptrs: Vec<PagedAttentionPointers> = caches
-                .iter()
-                .map(|(k, v)| PagedAttentionPointers {
-                    q: q.device_ptr(s).0,
-                    key_cache: k.device_ptr(s).0,
-                    value_cache: v.device_ptr(s).0,
-                    block_tables: tables.device_ptr(s).0,
-                    context_lens: lens.device_ptr(s).0,
-                    alibi: 0,
-                    out: out.device_ptr_mut(s).0,
-                    workspace: workspace.device_ptr(s).0,
-                    arrivals: 0,
-                    status: status.device_ptr_mut(s).0,
-                })
-                .collect();
+            let ptrs = buffers.pointers(s, workspace.device_ptr(s).0, 0);
             let mut turn = 0;
             group.bench_function(&id, |b| {
                 b.iter_custom(|iters| {
@@ -123,7 +151,7 @@ fn benches(c: &mut Criterion) {
                     })
                 })
             });
-            dlkern::ops::paged_attention::launch::check_status(s, &status).expect("status");
+            dlkern::ops::paged_attention::launch::check_status(s, &buffers.status).expect("status");
         }
     }
     group.finish();
@@ -159,23 +187,10 @@ fn partition_sweep(gpu: &common::Gpu, batches: &str) {
         for bs in [16, ctx] {
             let d = 128;
             let mut params = decode_params(batch, hq, hkv, ctx, d, bs);
-            let num_blocks = params.num_blocks;
             let limits = DecodeLimits::of(&gpu.device, params.dtype, params.head_size).expect("limits");
             let planned = params.plan(limits).expect("plan").partition;
             let kv_bytes = (2 * batch * ctx * hkv * d * 2) as u64;
-            let copies = gpu.rotation(kv_bytes / 2);
-            let cache_elems = num_blocks * bs * hkv * d;
-            let fill: Vec<f16> =
-                (0..cache_elems).map(|i| f16::from_f32(((i * 2_654_435_761) % 2039) as f32 / 1019.5 - 1.0)).collect();
-            let caches: Vec<_> = (0..copies)
-                .map(|_| (s.clone_htod(&fill).expect("alloc"), s.clone_htod(&fill).expect("alloc")))
-                .collect();
-            let q = s.clone_htod(&fill[..batch * hq * d]).expect("alloc");
-            let mut out = s.alloc_zeros::<f16>(batch * hq * d).expect("alloc");
-            let tables: Vec<i32> = (0..num_blocks).map(|i| ((i * 7919) % num_blocks) as i32).collect();
-            let tables = s.clone_htod(&tables).expect("alloc");
-            let lens = s.clone_htod(&vec![ctx as i32; batch]).expect("alloc");
-            let mut status = s.alloc_zeros::<u32>(1).expect("alloc");
+            let mut buffers = DecodeBuffers::new(s, &params, gpu.rotation(kv_bytes));
             let mut partitions: Vec<usize> =
                 [64, 128, 256, 512, 1024, 2048, 4096, 8192].into_iter().filter(|&p| p <= ctx).collect();
             if !partitions.contains(&planned) {
@@ -188,21 +203,8 @@ fn partition_sweep(gpu: &common::Gpu, batches: &str) {
                 let arrivals = s.alloc_zeros::<u32>(plan.arrival_words.max(1)).expect("alloc");
                 let merges: &[bool] = if plan.arrival_words > 0 { &[false, true] } else { &[false] };
                 for &merge in merges {
-                    let ptrs: Vec<PagedAttentionPointers> = caches
-                        .iter()
-                        .map(|(k, v)| PagedAttentionPointers {
-                            q: q.device_ptr(s).0,
-                            key_cache: k.device_ptr(s).0,
-                            value_cache: v.device_ptr(s).0,
-                            block_tables: tables.device_ptr(s).0,
-                            context_lens: lens.device_ptr(s).0,
-                            alibi: 0,
-                            out: out.device_ptr_mut(s).0,
-                            workspace: workspace.device_ptr(s).0,
-                            arrivals: if merge { arrivals.device_ptr(s).0 } else { 0 },
-                            status: status.device_ptr_mut(s).0,
-                        })
-                        .collect();
+                    let arrivals = if merge { arrivals.device_ptr(s).0 } else { 0 };
+                    let ptrs = buffers.pointers(s, workspace.device_ptr(s).0, arrivals);
                     let mut i = 0;
                     let mut launch = || {
                         // SAFETY: all buffers above outlive the timed launches and match the
@@ -223,7 +225,7 @@ fn partition_sweep(gpu: &common::Gpu, batches: &str) {
                     );
                 }
             }
-            dlkern::ops::paged_attention::launch::check_status(s, &status).expect("status");
+            dlkern::ops::paged_attention::launch::check_status(s, &buffers.status).expect("status");
         }
     }
 }
