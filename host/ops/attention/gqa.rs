@@ -696,7 +696,7 @@ fn compute_cuda(
         let status = decode.is_some().then(|| workspace.address() + (q_bytes + partials) as u64);
         rotary_jobs_raw(&device, stream, &jobs, (status.unwrap_or(0), status_words))?;
         let tensors = [q_ptr, present_k.data_address(), present_v.data_address(), out.data_address(), seqlens];
-        if let (Some(params), Some(status)) = (&decode, status) {
+        if let (Some(params), Some(plan), Some(status)) = (&decode, decode_plan, status) {
             let ptrs = PagedAttentionPointers {
                 q: q_ptr,
                 key_cache: present_k.data_address(),
@@ -709,7 +709,7 @@ fn compute_cuda(
                 arrivals: if status_words > 1 { status + 4 } else { 0 },
                 status,
             };
-            paged_attention_bnsh_raw(&device, stream, params, &ptrs)?;
+            paged_attention_bnsh_raw(&device, stream, params, plan, &ptrs)?;
             drop(workspace);
             return Ok(());
         }

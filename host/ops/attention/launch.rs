@@ -538,10 +538,8 @@ pub unsafe fn rotary_jobs_raw(
     if heads > 65535 {
         return Err(bad(format!("rotary: {heads} heads over the jobs (at most 65535 in one launch)")));
     }
-    if status != 0 {
-        check_pointer(KERNEL, "status", status, 4)?;
-    }
     let words = if status != 0 {
+        check_pointer(KERNEL, "status", status, 4)?;
         u32::try_from(words).map_err(|_| bad(format!("rotary: {words} status words to clear")))?
     } else {
         0

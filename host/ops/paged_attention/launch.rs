@@ -377,18 +377,19 @@ impl BnshAttentionParams {
     }
 }
 
-/// [`BnshAttentionParams`] on raw device pointers, on `stream`: `ptrs.block_tables` is unused
-/// (0) and `ptrs.context_lens` holds `seqlens_k`.
+/// [`BnshAttentionParams`] on raw device pointers, on `stream`, as `plan` (what
+/// `params.plan` gave for `device`; the caller sized the workspace by it): `ptrs.block_tables` is
+/// unused (0) and `ptrs.context_lens` holds `seqlens_k`.
 ///
 /// # Safety
-/// As [`paged_attention_raw`].
+/// As [`paged_attention_raw`]; `plan` is `params.plan(DecodeLimits::of(device, ..))`'s.
 pub unsafe fn paged_attention_bnsh_raw(
     device: &Device,
     stream: CUstream,
     params: &BnshAttentionParams,
+    plan: PagedAttentionPlan,
     ptrs: &PagedAttentionPointers,
 ) -> Result<PagedAttentionPlan> {
-    let plan = params.plan(DecodeLimits::of(device, params.dtype, params.head_size)?)?;
     let ptrs = PagedAttentionPointers { block_tables: 0, ..*ptrs };
     // SAFETY: forwarded; a null block table makes the kernels read sequence b's block b.
     unsafe { launch_plan(device, stream, &params.paged(), plan, &ptrs) }

@@ -520,15 +520,17 @@ unsafe fn attention_partition<
         // the caller cleared `arrivals` (else the combine kernel follows). Its partials were
         // published by each block's barrier and the release of its arrival.
         if np > 1 && !arrivals.is_null() {
+            // The partitions that run for this sequence: those before its end, or all of them
+            // for a bad length (each writes NaN).
+            let parts = match ctx {
+                Some(c) => div(c as usize + p.partition as usize - 1, p.partition),
+                None => np,
+            };
             sync::sync_threads();
             let mut last = false;
             if tid == 0 {
-                let blocks = match ctx {
-                    Some(c) => div(c as usize + p.partition as usize - 1, p.partition),
-                    None => np,
-                } * SPLIT;
                 let word = arrivals.add((b * p.kv_heads as usize + h) * p.m_tiles as usize + mt);
-                last = sync::atom_add_acq_rel_gpu_u32(word, 1) as usize + 1 == blocks;
+                last = sync::atom_add_acq_rel_gpu_u32(word, 1) as usize + 1 == parts * SPLIT;
                 if last {
                     // Every other block of the tile has arrived: back to zero for the next
                     // launch on the same counters.
@@ -536,10 +538,6 @@ unsafe fn attention_partition<
                 }
             }
             if sync::sync_threads_or(last) {
-                let parts = match ctx {
-                    Some(c) => div(c as usize + p.partition as usize - 1, p.partition),
-                    None => np,
-                };
                 merge_partitions::<T, D>(out, partial, &p, b, h, row0, rows_here, parts, ctx.is_none());
             }
         }
