@@ -1,6 +1,8 @@
 //! Attention (prefill) forward: the shapes (B16 H16 S2048 D128, B4 H16 S8192 D128,
-//! B8 H32 S4096 D64), causal and not, f16 and bf16, reported in TFLOP/s (4 B H S^2 D, halved
-//! when causal). PyTorch SDPA (flash and cuDNN backends) on the same shapes comes from
+//! B8 H32 S4096 D64, B4 H16 S4096 D256), causal and not, f16 and bf16, reported in TFLOP/s
+//! (4 B H S^2 D, halved when causal). The kernel each GPU runs by default ("dlkern": the
+//! `wgmma` kernel on Hopper up to head size 128), and on Hopper the mma.sync kernel too
+//! ("dlkern mma.sync"). PyTorch SDPA (flash and cuDNN backends) on the same shapes comes from
 //! `benches/compare_torch.py` in the same run.
 
 mod common;
@@ -8,12 +10,13 @@ mod common;
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use dlkern::DType;
-use dlkern::ops::attention::launch::{AttentionParams, AttentionPointers, Batch, attention_raw};
+use dlkern::ops::attention::launch::{AttentionParams, AttentionPointers, Batch, attention_raw_planned};
 use half::{bf16, f16};
 use std::time::Duration;
 
 /// (batch, heads, seqlen, head dim)
-const SHAPES: &[(usize, usize, usize, usize)] = &[(16, 16, 2048, 128), (4, 16, 8192, 128), (8, 32, 4096, 64)];
+const SHAPES: &[(usize, usize, usize, usize)] =
+    &[(16, 16, 2048, 128), (4, 16, 8192, 128), (8, 32, 4096, 64), (4, 16, 4096, 256)];
 
 fn bench_dtype<T: dlkern::Element + cudarc::driver::DeviceRepr>(
     c: &mut Criterion,
@@ -51,17 +54,6 @@ fn bench_dtype<T: dlkern::Element + cudarc::driver::DeviceRepr>(
             };
             let flops = (4 * b * h * seq * seq * d / if causal { 2 } else { 1 }) as u64;
             let shape = format!("B{b} H{h} S{seq} D{d}{}", if causal { " causal" } else { "" });
-            let id = format!("dlkern_{name}/b{b}_h{h}_s{seq}_d{d}{}", if causal { "_causal" } else { "" });
-            common::record(&common::Meta {
-                family: "attention",
-                id: format!("attention/{id}"),
-                implementation: "dlkern",
-                shape,
-                dtype: name,
-                bytes: (4 * n * std::mem::size_of::<T>()) as u64,
-                flops,
-                workspace_bytes: 0,
-            });
             let ptrs = AttentionPointers {
                 q: q.device_ptr(s).0,
                 k: k.device_ptr(s).0,
@@ -71,14 +63,33 @@ fn bench_dtype<T: dlkern::Element + cudarc::driver::DeviceRepr>(
                 cu_seqlens_q: 0,
                 cu_seqlens_k: 0,
             };
-            group.bench_function(&id, |bench| {
-                bench.iter_custom(|iters| {
-                    gpu.time(iters, || {
-                        // SAFETY: buffers sized by the params above, alive for the bench.
-                        unsafe { attention_raw(&gpu.device, s.cu_stream(), &params, &ptrs) }.expect("launch");
+            let default = params.plan().expect("plan").on(&gpu.device);
+            let mut plans = vec![("dlkern", name.to_string(), default)];
+            if default.is_hopper() {
+                plans.push(("dlkern mma.sync", format!("mma_sync_{name}"), params.plan().expect("plan")));
+            }
+            for (implementation, prefix, plan) in plans {
+                let id = format!("dlkern_{prefix}/b{b}_h{h}_s{seq}_d{d}{}", if causal { "_causal" } else { "" });
+                common::record(&common::Meta {
+                    family: "attention",
+                    id: format!("attention/{id}"),
+                    implementation,
+                    shape: shape.clone(),
+                    dtype: name,
+                    bytes: (4 * n * std::mem::size_of::<T>()) as u64,
+                    flops,
+                    workspace_bytes: 0,
+                });
+                group.bench_function(&id, |bench| {
+                    bench.iter_custom(|iters| {
+                        gpu.time(iters, || {
+                            // SAFETY: buffers sized by the params above, alive for the bench.
+                            unsafe { attention_raw_planned(&gpu.device, s.cu_stream(), &params, &plan, &ptrs) }
+                                .expect("launch");
+                        })
                     })
-                })
-            });
+                });
+            }
         }
     }
     group.finish();

@@ -135,7 +135,7 @@ def attention_records():
 
     out = []
     for dtype, name in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
-        for b, h, seq, d in [(16, 16, 2048, 128), (4, 16, 8192, 128), (8, 32, 4096, 64)]:
+        for b, h, seq, d in [(16, 16, 2048, 128), (4, 16, 8192, 128), (8, 32, 4096, 64), (4, 16, 4096, 256)]:
             g = torch.Generator(device="cuda").manual_seed(seq + b)
             q, k, v = (torch.randn(b, h, seq, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
             for causal in (False, True):
@@ -219,7 +219,14 @@ def int4pack_mm_records():
 
 
 def main():
-    records = rmsnorm_records() + paged_attention_records() + attention_records() + int_mm_records() + int4pack_mm_records()
+    # DLKERN_TORCH_FAMILIES (comma-separated, default all) picks the baselines a partial run needs.
+    families = {"rmsnorm": rmsnorm_records, "paged_attention": paged_attention_records, "attention": attention_records,
+                "int_mm": int_mm_records, "int4pack_mm": int4pack_mm_records}
+    wanted = os.environ.get("DLKERN_TORCH_FAMILIES", ",".join(families)).split(",")
+    unknown = [w for w in wanted if w not in families]
+    if unknown:
+        sys.exit(f"DLKERN_TORCH_FAMILIES: unknown {unknown}; known {list(families)}")
+    records = [r for name in wanted for r in families[name]()]
     text = json.dumps(records, indent=1)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:

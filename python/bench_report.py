@@ -51,8 +51,8 @@ def family_ceiling(results, family, copy):
     decode divides its KV-read rate by the read-only stream rate at 1 GiB where the run has it;
     every other family its bytes moved by the copy rate."""
     if family == "attention":
-        rates = {d: dense_tflops(results, d) for d in ("f16", "bf16")}
-        if all(rates.values()):
+        rates = {d: r for d in ("f16", "bf16") if (r := dense_tflops(results, d))}
+        if rates:
             note = ("% of ceiling: dlkern's TFLOP/s over cuBLAS's dense rate of the same dtype at 8192^3 in this run ("
                     + ", ".join(f"{d} {r:.1f} TFLOP/s" for d, r in rates.items()) + ").")
             return (lambda dtype: (rates.get(dtype), "flops")), note
@@ -278,16 +278,39 @@ def render(results, plots_dir=None, plots_rel=None):
         "second (for attention decode: KV-cache bytes read).",
         "",
     ]
-    lines += ["## Measured ceilings", "", "| measurement | implementation | time | rate |", "| --- | --- | --- | --- |"]
+    lines += render_ceilings(results)
+    lines += render_host_cost(results)
+    lines += render_families(results, ceiling, plots_dir, plots_rel)
+    lines += render_ort(results.get("ort_comparison") or [])
+    lines += render_ort_host(results.get("ort_comparison") or [])
+    lines += render_e2e(results.get("e2e") or {})
+    for supplement in results.get("supplements", []):
+        lines += render_supplement(supplement)
+    if os.path.exists(PRUNED):
+        with open(PRUNED) as f:
+            lines += [f.read().rstrip("\n"), ""]
+    return "\n".join(lines) + "\n"
+
+
+def render_ceilings(results):
+    """The run's measured ceilings (copy, read-only streams, cuBLAS's dense rates), if any."""
     meta = {m["id"]: m for m in results["meta"]}
+    rows = []
     for c in results["criterion"]:
         m = meta.get(c["id"])
         if m and m["family"] == "ceilings":
             rec = dict(m, time_us=c["median_ns"] / 1e3)
             rate = fmt_rate(rec) if not m["flops"] else f"{m['flops'] / rec['time_us'] / 1e6:.1f} TFLOP/s"
-            lines.append(f"| {m['dtype']} {m['shape']} | {m['implementation']} | {rec['time_us']:.2f} us | {rate} |")
-    lines.append("")
-    lines += render_host_cost(results)
+            rows.append(f"| {m['dtype']} {m['shape']} | {m['implementation']} | {rec['time_us']:.2f} us | {rate} |")
+    if not rows:
+        return []
+    return ["## Measured ceilings", "", "| measurement | implementation | time | rate |", "| --- | --- | --- | --- |"] + rows + [""]
+
+
+def render_families(results, ceiling, plots_dir=None, plots_rel=None):
+    """A table per kernel family: dlkern's rows against the same run's baselines (and a plot
+    each where `plots_dir` is given)."""
+    lines = []
     table = rows_by_family(results)
     families = sorted({k[0] for k in table})
     for family in families:
@@ -334,20 +357,13 @@ def render(results, plots_dir=None, plots_rel=None):
             png = plot(family, plot_points, ceiling, plots_dir)
             if png:
                 lines += [f"![{family}]({os.path.join(plots_rel or plots_dir, os.path.basename(png))})", ""]
-    lines += render_ort(results.get("ort_comparison") or [])
-    lines += render_ort_host(results.get("ort_comparison") or [])
-    lines += render_e2e(results.get("e2e") or {})
-    for supplement in results.get("supplements", []):
-        lines += render_supplement(supplement)
-    if os.path.exists(PRUNED):
-        with open(PRUNED) as f:
-            lines += [f.read().rstrip("\n"), ""]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def render_supplement(run):
     """A later partial run on another GPU than the main one (`merge_results.py --supplement`):
-    its own header, then its host-cost, ORT and end-to-end tables, a heading level down."""
+    its own header, then its ceilings, host-cost, family, ORT and end-to-end tables, a heading
+    level down (no plots: the main run's stand)."""
     lines = [
         f"## Later partial run: {run['date']}, {run['gpu']}",
         "",
@@ -359,7 +375,9 @@ def render_supplement(run):
         "",
     ]
     ort = run.get("ort_comparison") or []
-    for section in (render_host_cost(run), render_ort(ort), render_ort_host(ort), render_e2e(run.get("e2e") or {})):
+    sections = (render_ceilings(run), render_host_cost(run), render_families(run, ceiling_tbps(run)), render_ort(ort),
+                render_ort_host(ort), render_e2e(run.get("e2e") or {}))
+    for section in sections:
         lines += ["#" + line if line.startswith("## ") else line for line in section]
     return lines
 

@@ -7,7 +7,8 @@
 # DLKERN_BENCH_SECONDS="warm-up measurement" shortens (or lengthens) every bench (default "1 2").
 # A partial run (one family with its baselines, same process environment):
 #   DLKERN_BENCHES="ceilings matmul_nbits" picks the bench executables by name,
-#   DLKERN_BENCH_FILTER='REGEX' passes criterion a filter, DLKERN_BENCH_TORCH=0 skips PyTorch,
+#   DLKERN_BENCH_FILTER='REGEX' passes criterion a filter, DLKERN_BENCH_TORCH=0 skips PyTorch
+#   (DLKERN_TORCH_FAMILIES=attention,... runs some of its baselines),
 #   DLKERN_BENCH_ORT=0 the ORT drop-in comparison; "e2e" in DLKERN_BENCHES (or no DLKERN_BENCHES)
 #   runs the end-to-end generation through onnxruntime-genai-cuda when it is staged
 #   (benches/e2e_genai.py, a few minutes: e.g. DLKERN_BENCHES=e2e DLKERN_BENCH_TORCH=0 DLKERN_BENCH_ORT=0).
@@ -68,7 +69,7 @@ meta += python_call["meta"]
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
 import torch
 json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].strip(), "driver": smi.split(",")[-1].strip(),
-           "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; " + "".join(f"{k}='{os.environ[k]}' " for k in ("DLKERN_BENCHES", "DLKERN_BENCH_FILTER", "DLKERN_BENCH_TORCH", "DLKERN_BENCH_ORT", "DLKERN_ORT_OPS") if k in os.environ) + f"DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
+           "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; " + "".join(f"{k}='{os.environ[k]}' " for k in ("DLKERN_BENCHES", "DLKERN_BENCH_FILTER", "DLKERN_BENCH_TORCH", "DLKERN_TORCH_FAMILIES", "DLKERN_BENCH_ORT", "DLKERN_ORT_OPS") if k in os.environ) + f"DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
            "criterion": sorted(crit, key=lambda r: r["id"]), "meta": meta,
            "comparison": json.load(open(os.path.join(work, "torch.json"))),
            "ort_comparison": json.load(open(os.path.join(work, "ort.json"))),

@@ -245,9 +245,10 @@ mod gpu {
             self.lens_q.windows(2).all(|w| w[0] == w[1]) && self.lens_k.windows(2).all(|w| w[0] == w[1])
         }
 
-        /// Runs the kernel (padded layout when the lengths allow, else packed): (out, lse in the
-        /// reference's [H, total_q] order).
-        fn run(&self, force_packed: bool) -> (Vec<T>, Vec<f32>) {
+        /// Runs the mma.sync kernel, or the Hopper kernel when `hopper` (None where the device
+        /// or the head size has none), on the padded layout when the lengths allow, else
+        /// packed: (out, lse in the reference's [H, total_q] order).
+        fn run(&self, force_packed: bool, hopper: bool) -> Option<(Vec<T>, Vec<f32>)> {
             let (device, stream) = gpu();
             let o = &self.opts;
             let (cu_q, cu_k) = (cumulative(&self.lens_q), cumulative(&self.lens_k));
@@ -293,9 +294,11 @@ mod gpu {
                     cu_seqlens_q: cuq_d.device_ptr(s).0,
                     cu_seqlens_k: cuk_d.device_ptr(s).0,
                 };
+                let plan = params.plan().unwrap();
+                let plan = if hopper { plan.hopper().filter(|_| device.has_wgmma())? } else { plan };
                 // SAFETY: buffers of the described extents, valid cumulative lengths.
-                unsafe { attention_raw(&device, s.cu_stream(), &params, &ptrs) }
-                    .unwrap_or_else(|e| panic!("{params:?}: {e}"));
+                unsafe { attention_raw_planned(&device, s.cu_stream(), &params, &plan, &ptrs) }
+                    .unwrap_or_else(|e| panic!("{params:?} on {}: {e}", plan.kernel));
             }
             stream.synchronize().unwrap();
             let (out, lse) = (stream.clone_dtoh(&out).unwrap(), stream.clone_dtoh(&lse).unwrap());
@@ -311,7 +314,7 @@ mod gpu {
             } else {
                 lse
             };
-            (out, lse)
+            Some((out, lse))
         }
 
         /// What a same-precision implementation computes: f32 math, probabilities and output
@@ -365,7 +368,14 @@ mod gpu {
         /// naive same-precision implementation's, plus a floor of two roundoffs; and the lse
         /// within 1e-3 of the reference's.
         fn check(&self, force_packed: bool) {
-            let (got, lse) = self.run(force_packed);
+            for hopper in [false, true] {
+                if let Some((got, lse)) = self.run(force_packed, hopper) {
+                    self.check_result(&got, &lse, hopper);
+                }
+            }
+        }
+
+        fn check_result(&self, got: &[T], lse: &[f32], hopper: bool) {
             let (cu_q, cu_k) = (cumulative(&self.lens_q), cumulative(&self.lens_k));
             let (want, want_lse) = attention_varlen(&self.q, &self.k, &self.v, &cu_q, &cu_k, &self.opts);
             let err = |a: &[f64]| a.iter().zip(&want).map(|(x, w)| (x - w).abs()).fold(0.0, f64::max);
@@ -373,7 +383,8 @@ mod gpu {
             let got64: Vec<f64> = got.iter().map(|x| x.to_f64()).collect();
             let gpu_err = err(&got64);
             let bound = 2.0 * naive_err + 2.0 * unit_roundoff(T::DTYPE);
-            let what = format!("{:?} lens_q {:?} lens_k {:?}", self.opts, self.lens_q, self.lens_k);
+            let kernel = if hopper { "wgmma" } else { "mma.sync" };
+            let what = format!("{kernel}: {:?} lens_q {:?} lens_k {:?}", self.opts, self.lens_q, self.lens_k);
             assert!(gpu_err <= bound, "{what}: error {gpu_err:.3e} > 2 x naive {naive_err:.3e} + floor");
             for (i, (g, w)) in lse.iter().zip(&want_lse).enumerate() {
                 let ok = if w.is_finite() {
@@ -422,6 +433,20 @@ mod gpu {
         problem::<bf16>(&[300, 300], &[700, 700], windowed, 5).check(false);
     }
 
+    /// Small problems of every kernel variant for compute-sanitizer (memcheck, racecheck,
+    /// synccheck): a lone query, lengths past one block and one key tile, partial tiles, GQA,
+    /// causal, window and soft cap.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_small_problems_of_every_variant() {
+        for d in HEAD_DIMS {
+            problem::<f16>(&[1, 130], &[7, 200], opts(4, 2, d, true), 11).check(true);
+        }
+        let o = AttentionOptions { window_left: Some(50), softcap: 4.0, ..opts(4, 1, 128, true) };
+        problem::<bf16>(&[97], &[260], o, 12).check(false);
+        problem::<bf16>(&[129], &[129], opts(2, 2, 64, false), 13).check(false);
+    }
+
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_packed_batches() {
@@ -433,7 +458,11 @@ mod gpu {
         problem::<f16>(&lens_q, &lens_k, opts(8, 8, 80, false), 7).check(true);
         // Padded data through the packed path gives the same answer as the padded path.
         let p = problem::<f16>(&[50, 50], &[60, 60], opts(4, 2, 64, true), 8);
-        assert_eq!(p.run(false).0, p.run(true).0);
+        for hopper in [false, true] {
+            if let (Some(padded), Some(packed)) = (p.run(false, hopper), p.run(true, hopper)) {
+                assert_eq!(padded.0, packed.0, "hopper {hopper}");
+            }
+        }
     }
 
     proptest! {
@@ -470,6 +499,17 @@ mod gpu {
         assert_eq!(plan.dims.grid, (1, 8, 2)); // 128 query rows per block up to head dim 128
         let d256 = AttentionParams { head_dim: 256, ..ok }.plan().unwrap();
         assert_eq!(d256.dims.grid, (2, 8, 2)); // 64 at 256
+        // The Hopper kernel: 128 rows per block of 256 threads, for head sizes 64 and 128 only.
+        let hopper = plan.hopper().unwrap();
+        assert!(hopper.is_hopper() && !plan.is_hopper());
+        assert_eq!((hopper.dims.grid, hopper.dims.block), ((1, 8, 2), (256, 1, 1)));
+        assert!(hopper.kernel.contains("wgmma_f16_d128"), "{}", hopper.kernel);
+        let long = AttentionParams { layout: Batch::Padded { seqlen_q: 4097, seqlen_k: 4097 }, ..ok }.plan().unwrap();
+        assert_eq!(long.hopper().unwrap().dims.grid.0, 33);
+        assert!(d256.hopper().is_none());
+        assert!(AttentionParams { head_dim: 80, ..ok }.plan().unwrap().hopper().is_none());
+        let d64 = AttentionParams { head_dim: 64, dtype: DType::BF16, ..ok }.plan().unwrap();
+        assert!(d64.hopper().unwrap().kernel.ends_with("wgmma_bf16_d64"));
         let err = |p: AttentionParams| p.plan().unwrap_err().to_string();
         assert!(err(AttentionParams { head_dim: 72, ..ok }).contains("head dim 72"));
         assert!(err(AttentionParams { kv_heads: 3, ..ok }).contains("not a multiple"));

@@ -54,7 +54,9 @@ fn names<K>(table: &'static [(K, &'static str)]) -> impl Iterator<Item = &'stati
 /// ones in that module only.
 fn table_entries(module: &ptx::Module) -> BTreeSet<&'static str> {
     let w8a8 = matmul_w8a8::ENTRIES.iter().filter(|(e, _)| module.arch_specific || !e.arch_specific());
-    let families = names(rmsnorm::ENTRIES).chain(names(attention::ENTRIES)).chain(names(paged_attention::ENTRIES));
+    let attention = attention::ENTRIES.iter().filter(|(e, _)| module.arch_specific || !e.arch_specific());
+    let families =
+        names(rmsnorm::ENTRIES).chain(attention.map(|&(_, name)| name)).chain(names(paged_attention::ENTRIES));
     let nbits_hopper: &[&str] = if module.arch_specific { matmul_nbits::HOPPER_ENTRIES } else { &[] };
     let nbits = matmul_nbits::ENTRIES.iter().chain(nbits_hopper).copied();
     families.chain(w8a8.map(|&(_, name)| name)).chain(nbits).collect()
@@ -138,6 +140,11 @@ fn kernels_use_the_intended_instructions() {
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16",
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16",
+        // The attention kernel: P V with V transposed by the instruction (d128, d64).
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {",
+        ", p, 1, 1, 1; }",
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
+        ", p, 1, 1, 0, 0; }",
         "wgmma.fence.sync.aligned",
         "wgmma.commit_group.sync.aligned",
         "wgmma.wait_group.sync.aligned",

@@ -159,6 +159,31 @@ def test_a_run_on_another_gpu_is_kept_whole_under_its_own_header():
     assert "### Host time per ORT node" in tail and "| 3.50 us | 4.50 us |" in tail and "M 1 main" not in tail
 
 
+def test_a_supplement_renders_its_family_tables_against_its_own_ceilings():
+    """A partial run on another GPU that timed a kernel family (attention against SDPA and
+    cuBLAS's dense rate) shows that table under its own header, divided by its own ceiling."""
+    import merge_results
+
+    base = {"date": "d1", "gpu": "H200", "driver": "1", "torch": "t", "command": "full", "criterion": [], "meta": [],
+            "comparison": []}
+    meta = lambda family, impl, i, shape, flops: {"family": family, "id": i, "implementation": impl, "shape": shape,
+                                                  "dtype": "f16", "bytes": 1_000_000, "flops": flops, "workspace_bytes": 0}
+    part = {"date": "d2", "gpu": "H100", "driver": "2", "torch": "t", "command": "part",
+            "criterion": [{"id": "ceilings/cublas_gemm_f16/8192x8192x8192", "median_ns": 2_000_000.0},
+                          {"id": "attention/a", "median_ns": 1_000_000.0}, {"id": "attention/b", "median_ns": 2_000_000.0}],
+            "meta": [meta("ceilings", "cuBLAS", "ceilings/cublas_gemm_f16/8192x8192x8192", "8192x8192x8192", 2 * 8192 ** 3),
+                     meta("attention", "dlkern", "attention/a", "B1", 400_000_000_000),
+                     meta("attention", "dlkern mma.sync", "attention/b", "B1", 400_000_000_000)],
+            "comparison": [{"family": "attention", "implementation": "SDPA cuDNN", "shape": "B1", "dtype": "f16",
+                            "time_us": 800.0, "bytes": 1_000_000, "flops": 400_000_000_000}]}
+    text = bench_report.render(merge_results.add_supplement(base, part, "attention"))
+    head, tail = text.split("## Later partial run: d2, H100")
+    assert "## attention" not in head and "### Measured ceilings" in tail and "549.8 TFLOP/s" in tail
+    rows = [l for l in tail.splitlines() if l.startswith("| f16 | B1")]
+    assert len(rows) == 2 and "| SDPA cuDNN | 800.00 us | 0.80 |" in rows[0] and "73%" in rows[0], rows
+    assert "(mma.sync)" in rows[1] and "| 0.40 |" in rows[1], rows
+
+
 def test_attention_and_decode_divide_by_their_own_ceilings():
     """Attention's "% of ceiling" is its FLOP rate over cuBLAS's dense rate of the same dtype;
     decode's is its KV-read rate over the read-only stream rate at 1 GiB; without those rows,

@@ -57,6 +57,44 @@ pub struct AttentionPlan {
     args: Dims,
 }
 
+impl AttentionPlan {
+    /// The same call on the Hopper kernel (`attention_fwd{,_cache}_wgmma_*`, sm_90a only), where
+    /// it has an instantiation for the dtype and head size: two warpgroups of `wgmma`, 128 query
+    /// rows per block.
+    pub fn hopper(&self) -> Option<AttentionPlan> {
+        let entry = layout::ENTRIES.iter().find(|&&(_, name)| name == self.kernel)?.0;
+        let (hopper, d) = match entry {
+            layout::Entry::Fwd(t, d) => (layout::Entry::Hopper(t, d), d),
+            layout::Entry::FwdCache(t, d) => (layout::Entry::HopperCache(t, d), d),
+            _ => return None,
+        };
+        let kernel = layout::entry(hopper)?;
+        let rows = (self.dims.grid.0 as usize * block_m(d)).div_ceil(layout::HOPPER_BLOCK_M);
+        let dims = LaunchDims {
+            grid: (rows.max(1) as u32, self.dims.grid.1, self.dims.grid.2),
+            block: (layout::HOPPER_THREADS as u32, 1, 1),
+            shared_bytes: layout::hopper_shared_bytes(d) as u32,
+        };
+        Some(AttentionPlan { kernel, dims, args: self.args })
+    }
+
+    /// Whether this plan runs the Hopper kernel.
+    pub fn is_hopper(&self) -> bool {
+        self.dims.block.0 == layout::HOPPER_THREADS as u32
+    }
+
+    /// The kernel `device` runs for this call: the Hopper kernel where the device runs the
+    /// sm_90a module and it has the instantiation, this plan otherwise. The environment
+    /// variable `DLKERN_ATTENTION_KERNEL=mma_sync` (read once) keeps the mma.sync kernel
+    /// everywhere: for comparisons, and a way around a fault in the newer kernel.
+    pub fn on(self, device: &Device) -> AttentionPlan {
+        static MMA_SYNC_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let mma_sync_only =
+            *MMA_SYNC_ONLY.get_or_init(|| std::env::var("DLKERN_ATTENTION_KERNEL").is_ok_and(|v| v == "mma_sync"));
+        if device.has_wgmma() && !mma_sync_only { self.hopper().unwrap_or(self) } else { self }
+    }
+}
+
 fn kernel_name(dtype: DType, d: usize) -> Option<&'static str> {
     layout::Dtype::from_name(dtype.name()).and_then(|t| layout::entry(layout::Entry::Fwd(t, d)))
 }
@@ -166,7 +204,24 @@ pub unsafe fn attention_raw(
     params: &AttentionParams,
     ptrs: &AttentionPointers,
 ) -> Result<AttentionPlan> {
-    let plan = params.plan()?;
+    let plan = params.plan()?.on(device);
+    // SAFETY: forwarded contract; the plan is this call's.
+    unsafe { attention_raw_planned(device, stream, params, &plan, ptrs)? };
+    Ok(plan)
+}
+
+/// [`attention_raw`] with the caller's plan: `params.plan()` (the mma.sync kernel, any GPU) or
+/// its [`AttentionPlan::hopper`] variant (sm_90a), which the tests and benches compare.
+///
+/// # Safety
+/// As [`attention_raw`]; `plan` must be one of `params`'s plans.
+pub unsafe fn attention_raw_planned(
+    device: &Device,
+    stream: CUstream,
+    params: &AttentionParams,
+    plan: &AttentionPlan,
+    ptrs: &AttentionPointers,
+) -> Result<()> {
     for (name, ptr) in [("q", ptrs.q), ("k", ptrs.k), ("v", ptrs.v), ("out", ptrs.out)] {
         check_pointer(KERNEL, name, ptr, 16)?;
     }
@@ -190,8 +245,7 @@ pub unsafe fn attention_raw(
         ])
         .value(plan.args);
     // SAFETY: seven pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
-    Ok(plan)
+    unsafe { device.launch(plan.kernel, plan.dims, stream, args) }
 }
 
 /// Attention forward over cudarc slices for a padded batch (safe: lengths are checked against
@@ -326,17 +380,32 @@ pub unsafe fn attention_cache_raw(
     device: &Device,
     stream: CUstream,
     params: &CacheAttentionParams,
-    [q, k_cache, v_cache, out, seqlens_k]: [u64; 5],
+    ptrs: [u64; 5],
 ) -> Result<AttentionPlan> {
-    let plan = params.plan()?;
+    let plan = params.plan()?.on(device);
+    // SAFETY: forwarded contract; the plan is this call's.
+    unsafe { attention_cache_raw_planned(device, stream, &plan, ptrs)? };
+    Ok(plan)
+}
+
+/// [`attention_cache_raw`] with the caller's plan (`params.plan()` or its
+/// [`AttentionPlan::hopper`] variant).
+///
+/// # Safety
+/// As [`attention_cache_raw`]; `plan` must be one of the call's plans.
+pub unsafe fn attention_cache_raw_planned(
+    device: &Device,
+    stream: CUstream,
+    plan: &AttentionPlan,
+    [q, k_cache, v_cache, out, seqlens_k]: [u64; 5],
+) -> Result<()> {
     for (name, ptr) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)] {
         check_pointer(KERNEL, name, ptr, 16)?;
     }
     check_pointer(KERNEL, "seqlens_k", seqlens_k, 4)?;
     let args = KernelParams::new().pointers(&[q, k_cache, v_cache, out, 0, 0, seqlens_k]).value(plan.args);
     // SAFETY: seven pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, args)? };
-    Ok(plan)
+    unsafe { device.launch(plan.kernel, plan.dims, stream, args) }
 }
 
 /// Where rotary takes positions from, and where it writes each token.

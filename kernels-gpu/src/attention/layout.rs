@@ -40,6 +40,38 @@ pub const fn shared_bytes(d: usize) -> usize {
     (block_m(d) + 4 * block_n(d)) * row_bytes(d)
 }
 
+/// The Hopper kernel (`attention_fwd_wgmma_*`, sm_90a module only): a block is two consumer
+/// warpgroups of 64 query rows each, so [`HOPPER_BLOCK_M`] rows.
+pub const HOPPER_BLOCK_M: usize = 128;
+
+/// Threads per block of the Hopper kernel: two warpgroups.
+pub const HOPPER_THREADS: usize = 256;
+
+/// Head sizes of the Hopper kernel: multiples of 64 (a 128-byte swizzle row) up to 128. The
+/// others stay on the mma.sync kernel: at 256 the output tile alone takes 128 registers per
+/// thread, and this two-warpgroup design spills there (ptxas 13).
+pub const HOPPER_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Keys per tile of the Hopper kernel: its score tile is a `wgmma` N of 128 (64 x 128 f32, 64
+/// registers per thread).
+pub const fn hopper_block_n(_d: usize) -> usize {
+    128
+}
+
+/// Stages of the Hopper kernel's K ring: the tile being multiplied and the one landing.
+pub const HOPPER_K_STAGES: usize = 2;
+
+/// Stages of its V ring: one more than K's, because `P V` of tile `t - 1` runs while the scores
+/// of tile `t` are computed and tile `t + 1` lands.
+pub const HOPPER_V_STAGES: usize = 3;
+
+/// Dynamic shared memory of the Hopper kernel: Q `[128][D]`, K and V rings of
+/// `[hopper_block_n][D]` tiles (all in 128-byte-swizzle blocks of 64 columns), plus the 1024
+/// bytes that align them to a swizzle atom.
+pub const fn hopper_shared_bytes(d: usize) -> usize {
+    (HOPPER_BLOCK_M + (HOPPER_K_STAGES + HOPPER_V_STAGES) * hopper_block_n(d)) * d * 2 + 1024
+}
+
 /// Scalar arguments. The host launcher passes this very type.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[repr(C)]
@@ -84,11 +116,22 @@ pub enum Entry {
     Fwd(Dtype, usize),
     /// `attention_fwd_cache_{dtype}_d{head_dim}`: the same kernel over a BNSH KV cache.
     FwdCache(Dtype, usize),
+    /// `attention_fwd_wgmma_{dtype}_d{head_dim}`: the Hopper kernel (sm_90a module only).
+    Hopper(Dtype, usize),
+    /// `attention_fwd_cache_wgmma_{dtype}_d{head_dim}`: the Hopper kernel over a BNSH KV cache.
+    HopperCache(Dtype, usize),
     /// `attention_rotary_{dtype}`: rotary embedding over strided heads (f32 too).
     Rotary(Dtype),
     /// `attention_rotary_jobs_{dtype}`: up to [`ROTARY_JOBS`] rotary calls over the same tokens
     /// in one launch (GroupQueryAttention's queries, keys and values).
     RotaryJobs(Dtype),
+}
+
+impl Entry {
+    /// Whether the entry is in the arch-specific (sm_90a) module only.
+    pub const fn arch_specific(self) -> bool {
+        matches!(self, Entry::Hopper(..) | Entry::HopperCache(..))
+    }
 }
 
 /// Most rotary calls one `attention_rotary_jobs_*` launch makes.
@@ -161,6 +204,14 @@ pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::FwdCache(Dtype::Bf16, 96), "attention_fwd_cache_bf16_d96"),
     (Entry::FwdCache(Dtype::Bf16, 128), "attention_fwd_cache_bf16_d128"),
     (Entry::FwdCache(Dtype::Bf16, 256), "attention_fwd_cache_bf16_d256"),
+    (Entry::Hopper(Dtype::F16, 64), "attention_fwd_wgmma_f16_d64"),
+    (Entry::Hopper(Dtype::F16, 128), "attention_fwd_wgmma_f16_d128"),
+    (Entry::Hopper(Dtype::Bf16, 64), "attention_fwd_wgmma_bf16_d64"),
+    (Entry::Hopper(Dtype::Bf16, 128), "attention_fwd_wgmma_bf16_d128"),
+    (Entry::HopperCache(Dtype::F16, 64), "attention_fwd_cache_wgmma_f16_d64"),
+    (Entry::HopperCache(Dtype::F16, 128), "attention_fwd_cache_wgmma_f16_d128"),
+    (Entry::HopperCache(Dtype::Bf16, 64), "attention_fwd_cache_wgmma_bf16_d64"),
+    (Entry::HopperCache(Dtype::Bf16, 128), "attention_fwd_cache_wgmma_bf16_d128"),
     (Entry::Rotary(Dtype::F32), "attention_rotary_f32"),
     (Entry::Rotary(Dtype::F16), "attention_rotary_f16"),
     (Entry::Rotary(Dtype::Bf16), "attention_rotary_bf16"),

@@ -29,6 +29,8 @@
 //!   queries are rows `b * seqlen_q ..` of which the first `min(seqlen_q, T)` are written:
 //!   query `i` sits at key position `T - min(seqlen_q, T) + i` (bottom-right alignment).
 
+#[cfg(dlkern_arch_specific)]
+pub mod hopper;
 pub mod layout;
 pub mod rotary;
 
@@ -65,6 +67,88 @@ pub const fn copy_at(d: usize) -> usize {
 #[inline(always)]
 fn tanh(x: f32) -> f32 {
     1.0 - 2.0 * math::rcp_approx(math::ex2_approx(2.0 * LOG2_E * x) + 1.0)
+}
+
+/// Query rows `q0..q1` and key rows `k0..k1` of sequence `b` (the launch contract's batch
+/// modes), clamped so that no value of `cu_q` / `cu_k` / `seqlens_k` can send an access
+/// outside the tensors.
+///
+/// # Safety
+/// `cu_k` (KV-cache mode) or `cu_q` and `cu_k` (packed, when not null) hold entries for `b`.
+#[inline(always)]
+unsafe fn sequence_rows<const CACHE: bool>(b: usize, cu_q: *const i32, cu_k: *const i32, p: &Dims) -> [u32; 4] {
+    // SAFETY: the caller guarantees the lengths' extents.
+    unsafe {
+        if CACHE {
+            let total = (cu_k.add(b).read() as i64 + 1).clamp(0, p.cache_capacity as i64) as u32;
+            let q0 = b as u32 * p.seqlen_q;
+            [q0, q0 + p.seqlen_q.min(total), 0, total]
+        } else if cu_q.is_null() {
+            let (sq, sk, b) = (p.seqlen_q, p.seqlen_k, b as u32);
+            [b * sq, (b + 1) * sq, b * sk, (b + 1) * sk]
+        } else {
+            let clamp = |cu: *const i32, total: u32| {
+                let lo = (cu.add(b).read().max(0) as u32).min(total);
+                let hi = (cu.add(b + 1).read().max(0) as u32).clamp(lo, total);
+                (lo, hi)
+            };
+            let ((q0, q1), (k0, k1)) = (clamp(cu_q, p.total_q), clamp(cu_k, p.total_k));
+            [q0, q1, k0, k1]
+        }
+    }
+}
+
+/// How raw scores `q.k` become base-2 logits: scaled in the exponent's FMA (`units`), or, with
+/// a soft cap or a scale <= 0 (which would turn the row max into a min), up front on the
+/// masking path (`units` 1).
+#[derive(Clone, Copy)]
+struct Logits {
+    capped: bool,
+    prescaled: bool,
+    units: f32,
+    inv_cap: f32,
+}
+
+impl Logits {
+    #[inline(always)]
+    fn of(p: &Dims) -> Self {
+        let capped = p.softcap > 0.0;
+        let prescaled = capped || !(p.scale > 0.0);
+        let units = if prescaled { 1.0 } else { p.scale * LOG2_E };
+        let inv_cap = if capped { math::rcp_approx(p.softcap) } else { 0.0 };
+        Logits { capped, prescaled, units, inv_cap }
+    }
+
+    /// Score `x` of key `j` for the query at key position `diag`: capped or prescaled as the
+    /// call asks, `-inf` where the key is masked.
+    #[inline(always)]
+    fn masked(&self, x: f32, j: i64, diag: i64, sk: u32, p: &Dims) -> f32 {
+        let visible = j < sk as i64 && (p.causal == 0 || j <= diag) && (p.window_left < 0 || j >= diag - p.window_left as i64);
+        let x = if self.capped {
+            p.softcap * LOG2_E * tanh(x * p.scale * self.inv_cap)
+        } else if self.prescaled {
+            x * (p.scale * LOG2_E)
+        } else {
+            x
+        };
+        if visible { x } else { f32::NEG_INFINITY }
+    }
+
+    /// The new running maximum of a row (from `m` and this tile's maximum `tile_max`), the
+    /// exponent offset for this tile's scores, and the factor that rescales the old sums.
+    #[inline(always)]
+    fn rescale(&self, m: f32, tile_max: f32) -> (f32, f32, f32) {
+        let m_new = m.max(tile_max);
+        // A row that has seen no key yet: keep exponents finite (all e = 0).
+        let m_scaled = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new * self.units };
+        (m_new, m_scaled, math::ex2_approx(math::fma(m, self.units, -m_scaled)))
+    }
+
+    /// A row's natural-log log-sum-exp from its maximum and sum, `-inf` for a row that saw no key.
+    #[inline(always)]
+    fn lse(&self, m: f32, sum: f32) -> f32 {
+        if sum > 0.0 { (m * self.units + math::lg2_approx(sum)) * LN_2 } else { f32::NEG_INFINITY }
+    }
 }
 
 /// Copies `ROWS` rows (of `D` halves) starting at `src`, `stride` elements apart, into shared
@@ -155,31 +239,15 @@ unsafe fn attention_fwd<
     unsafe {
         // Row indices and element offsets are u32 (the host bounds every tensor by i32::MAX
         // elements): half the registers of usize, which the main loop needs.
-        let (q0, q1, k0, k1) = if CACHE {
-            // A bad `seqlens_k` is clamped to the cache, so it can never send an access outside.
-            let total = (cu_k.add(b).read() as i64 + 1).clamp(0, p.cache_capacity as i64) as u32;
-            let q0 = b as u32 * p.seqlen_q;
-            (q0, q0 + p.seqlen_q.min(total), 0, total)
-        } else if cu_q.is_null() {
-            let (sq, sk, b) = (p.seqlen_q, p.seqlen_k, b as u32);
-            (b * sq, (b + 1) * sq, b * sk, (b + 1) * sk)
-        } else {
-            // Clamped to the tensors, so bad lengths can never send a read or write outside.
-            let clamp = |cu: *const i32, total: u32| {
-                let lo = (cu.add(b).read().max(0) as u32).min(total);
-                let hi = (cu.add(b + 1).read().max(0) as u32).clamp(lo, total);
-                (lo, hi)
-            };
-            let ((q0, q1), (k0, k1)) = (clamp(cu_q, p.total_q), clamp(cu_k, p.total_k));
-            (q0, q1, k0, k1)
-        };
+        let [q0, q1, k0, k1] = sequence_rows::<CACHE>(b, cu_q, cu_k, &p);
         let (sq, sk) = (q1.saturating_sub(q0), k1.saturating_sub(k0));
         let m0 = (mb * block_m) as u32;
         if m0 >= sq {
             return;
         }
-        let shift = sk as i64 - sq as i64; // key position of query 0
-        // Key tiles this block can see.
+        // Key position of query 0, and the key tiles this block can see: inline here, not through
+        // `hopper::VisibleKeys` (with it ptxas spilled 40-64 bytes at d80 and d96, 2026-12-06).
+        let shift = sk as i64 - sq as i64;
         let last_row = (m0 + block_m as u32 - 1).min(sq - 1) as i64;
         let hi = if p.causal != 0 { (last_row + shift + 1).max(0).min(sk as i64) as u32 } else { sk };
         let lo = if p.window_left >= 0 { (m0 as i64 + shift - p.window_left as i64).max(0) as u32 } else { 0 };
@@ -222,14 +290,9 @@ unsafe fn attention_fwd<
         let k_row = (lane % 8 + 8 * (lane / 16)) * row_bytes(D) + ((lane / 8) % 2) * 16;
         let v_row = (lane % 16) * row_bytes(D) + (lane / 16) * 16;
 
-        // Scores stay raw q.k (log2 units = s * `units`, scale * log2 e) so the scaling folds
-        // into the exponent's FMA; a soft cap needs the scaled value first, and a scale <= 0
-        // would turn the row max into a min: both scale up front on the masking path (units 1).
-        let capped = p.softcap > 0.0;
-        let prescaled = capped || !(p.scale > 0.0);
-        let units = if prescaled { 1.0 } else { p.scale * LOG2_E };
-        let inv_cap = if capped { math::rcp_approx(p.softcap) } else { 0.0 };
-
+        // Scores stay raw q.k (log2 units = s * `units`) so the scaling folds into the exponent's FMA.
+        let logits = Logits::of(&p);
+        let units = logits.units;
         let mut qf = [[[0u32; 4]; 8]; 2];
         let mut o = [[[0.0f32; 4]; 32]; 2];
         let mut m = [[f32::NEG_INFINITY; 2]; 2];
@@ -297,7 +360,7 @@ unsafe fn attention_fwd<
                 let full = first_key + SUB as u32 <= sk
                     && (p.causal == 0 || (first_key + SUB as u32 - 1) as i64 <= m0 as i64 + shift)
                     && (p.window_left < 0 || first_key as i64 >= last_row + shift - p.window_left as i64)
-                    && !prescaled;
+                    && !logits.prescaled;
                 if !full {
                     unroll!(MI in [0, 1] {
                         if MI < MT {
@@ -307,16 +370,7 @@ unsafe fn attention_fwd<
                                     unroll!(C in [0, 1, 2, 3] {
                                         let j = first_key as i64 + (8 * NT + 2 * qd + C % 2) as i64;
                                         let diag = row0 + 8 * (C / 2) as i64 + shift;
-                                        let visible = j < sk as i64
-                                            && (p.causal == 0 || j <= diag)
-                                            && (p.window_left < 0 || j >= diag - p.window_left as i64);
-                                        let mut x = s[MI][NT][C];
-                                        if capped {
-                                            x = p.softcap * LOG2_E * tanh(x * p.scale * inv_cap);
-                                        } else if prescaled {
-                                            x *= p.scale * LOG2_E;
-                                        }
-                                        s[MI][NT][C] = if visible { x } else { f32::NEG_INFINITY };
+                                        s[MI][NT][C] = logits.masked(s[MI][NT][C], j, diag, sk, &p);
                                     });
                                 }
                             });
@@ -337,10 +391,8 @@ unsafe fn attention_fwd<
                             });
                             mx = mx.max(warp::shfl_xor_f32(mx, 1));
                             mx = mx.max(warp::shfl_xor_f32(mx, 2));
-                            let m_new = m[MI][RH].max(mx);
-                            // A row that has seen no key yet: keep exponents finite (all e = 0).
-                            let m_scaled = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new * units };
-                            corr[MI][RH] = math::ex2_approx(math::fma(m[MI][RH], units, -m_scaled));
+                            let (m_new, m_scaled, c) = logits.rescale(m[MI][RH], mx);
+                            corr[MI][RH] = c;
                             let mut sum = 0.0f32;
                             unroll!(NT in [0, 1, 2, 3, 4, 5, 6, 7] {
                                 if NT < SUB / 8 {
@@ -429,11 +481,7 @@ unsafe fn attention_fwd<
                             }
                         });
                         if !lse.is_null() && qd == 0 {
-                            let value = if sum > 0.0 {
-                                (m[MI][RH] * units + math::lg2_approx(sum)) * LN_2
-                            } else {
-                                f32::NEG_INFINITY
-                            };
+                            let value = logits.lse(m[MI][RH], sum);
                             let base = if cu_q.is_null() { b as u32 * p.lse_batch_stride } else { q0 };
                             lse.add((h as u32 * p.lse_head_stride + base + i) as usize).write(value);
                         }

@@ -56,6 +56,19 @@ impl SharedMatrix {
     pub const fn advance_k(self, bytes: u32) -> Self {
         SharedMatrix(self.0 + (bytes >> 4) as u64)
     }
+
+    /// An MN-major operand (a B tile stored `[K][N]`, N contiguous) with the 128-byte swizzle:
+    /// columns in blocks of 64 halves, block `c` a `[K rows][128 bytes]` array in
+    /// [`Self::k_major_swizzle128`]'s physical layout, blocks `block_bytes` apart (the leading
+    /// byte offset); 8-row groups along K 1024 bytes apart (the stride byte offset). `tile` must
+    /// be 1024-byte aligned; a K step of 16 rows moves the start by 2048 bytes.
+    #[inline(always)]
+    pub const fn mn_major_swizzle128(tile: SharedAddr, block_bytes: u32) -> Self {
+        let start = ((tile.0 & 0x3_ffff) >> 4) as u64;
+        let leading = ((block_bytes >> 4) & 0x3fff) as u64;
+        let stride = (Self::SWIZZLE128_ATOM_BYTES >> 4) as u64;
+        SharedMatrix(start | (leading << 16) | (stride << 32) | (1u64 << 62))
+    }
 }
 
 /// `wgmma.fence.sync.aligned` (PTX ISA §9.7.15.5.3): orders this thread's earlier register
@@ -116,7 +129,7 @@ macro_rules! operand_list {
 macro_rules! mma_async {
     (
         $acc:ident, $a:literal { $($a_name:ident: $a_class:ident = $a_value:expr),+ }, $b:expr,
-        [$($scale_d:tt)+], $form:literal, $immediates:literal; $($i:literal)+
+        [$($scale_d:tt)+], $form:expr, $immediates:literal; $($i:literal)+
     ) => {
         asm!(
             concat!(
@@ -256,6 +269,95 @@ pub unsafe fn mma_async_m64n16k16_bf16_register_a<const ACCUMULATE: bool>(
     unsafe { mma_async_register_a!(acc, a, b.0, ACCUMULATE as u32, "m64n16k16.f32.bf16.bf16"; 0 1 2 3 4 5 6 7) };
 }
 
+/// The indices `0..32` of a 64 x 64 f32 tile's accumulators.
+macro_rules! with_acc32 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
+    };
+}
+
+/// `acc` as an array of `W` accumulators.
+///
+/// # Safety
+/// `N == W`.
+#[inline(always)]
+unsafe fn width<const N: usize, const W: usize>(acc: &mut [f32; N]) -> &mut [f32; W] {
+    // SAFETY: the caller guarantees the two array types are the same.
+    unsafe { &mut *(acc as *mut [f32; N]).cast::<[f32; W]>() }
+}
+
+/// Expands `$issue!(view, form)` for the `m64n{N/2}k16` form of `$dtype` that fits `$acc`
+/// (`[f32; N]`, N in 32, 64, 128), with `view` the accumulators at that width.
+macro_rules! by_width {
+    ($n:ident, $acc:ident, $issue:ident, $dtype:literal) => {{
+        const { assert!($n == 32 || $n == 64 || $n == 128, "wgmma f32 tiles of 64 x 64, 64 x 128 or 64 x 256") };
+        if $n == 32 {
+            // SAFETY: N == 32 in this branch.
+            let view = unsafe { width::<$n, 32>($acc) };
+            with_acc32!($issue!(view, concat!("m64n64k16.f32.", $dtype)))
+        } else if $n == 64 {
+            // SAFETY: N == 64 in this branch.
+            let view = unsafe { width::<$n, 64>($acc) };
+            with_acc64!($issue!(view, concat!("m64n128k16.f32.", $dtype)))
+        } else {
+            // SAFETY: N == 128 in this branch.
+            let view = unsafe { width::<$n, 128>($acc) };
+            with_acc128!($issue!(view, concat!("m64n256k16.f32.", $dtype)))
+        }
+    }};
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n{N/2}k16.f32.{f16,bf16}` with both operands K-major in
+/// shared memory (PTX ISA §9.7.15.5.2): starts `acc (+)= A * B^T` for a 64 x 16 tile of A and an
+/// `N/2` x 16 tile of B (`acc` is this thread's `N` accumulators, layout in the module docs;
+/// `N` is 32, 64 or 128), bfloat16 when `BF16`; `acc`'s old value is ignored unless
+/// `ACCUMULATE`.
+///
+/// # Safety
+/// As [`mma_async_m64n256k32_s8`].
+#[inline(always)]
+pub unsafe fn mma_async_k16_shared<const BF16: bool, const N: usize, const ACCUMULATE: bool>(
+    acc: &mut [f32; N],
+    a: SharedMatrix,
+    b: SharedMatrix,
+) {
+    macro_rules! issue {
+        ($acc:ident, $form:expr; $($i:literal)+) => {
+            // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+            unsafe { mma_async!($acc, "{a}" {a: reg64 = a.0}, b.0, [const ACCUMULATE as u32], $form, ", 1, 1, 0, 0"; $($i)+) }
+        };
+    }
+    if BF16 { by_width!(N, acc, issue, "bf16.bf16") } else { by_width!(N, acc, issue, "f16.f16") }
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n{N/2}k16.f32.{f16,bf16}` with A in registers (as
+/// [`mma_async_m64n128k16_f16_register_a`]) and B MN-major in shared memory (transposed,
+/// [`SharedMatrix::mn_major_swizzle128`]): starts `acc += A * B` for a 16 x `N/2` tile of B
+/// stored row by row; `N` is 32, 64 or 128; bfloat16 when `BF16`.
+///
+/// # Safety
+/// As [`mma_async_m64n128k16_f16_register_a`].
+#[inline(always)]
+pub unsafe fn mma_async_k16_register_a_mn_b<const BF16: bool, const N: usize>(
+    acc: &mut [f32; N],
+    a: [u32; 4],
+    b: SharedMatrix,
+) {
+    macro_rules! issue {
+        ($acc:ident, $form:expr; $($i:literal)+) => {
+            // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
+            unsafe {
+                mma_async!(
+                    $acc, "{{{a0}, {a1}, {a2}, {a3}}}" { a0: reg32 = a[0], a1: reg32 = a[1], a2: reg32 = a[2], a3: reg32 = a[3] },
+                    b.0, [const 1], $form, ", 1, 1, 1"; $($i)+
+                )
+            }
+        };
+    }
+    if BF16 { by_width!(N, acc, issue, "bf16.bf16") } else { by_width!(N, acc, issue, "f16.f16") }
+}
+
 macro_rules! touch_registers {
     ($acc:ident; $($i:literal)+) => {
         asm!(concat!("// pinned: ", operand_list!($($i)+)), $(inout(reg32) $acc[$i],)+ options(nostack))
@@ -277,6 +379,18 @@ pub fn pin_accumulators(acc: &mut [i32; 128]) {
 pub fn pin_accumulators_f32x64(acc: &mut [f32; 64]) {
     // SAFETY: an instruction-free `asm`; it only constrains the compiler's scheduling.
     unsafe { with_acc64!(touch_registers!(acc)) };
+}
+
+/// As [`pin_accumulators`], for `N` (32, 64 or 128) f32 accumulators.
+#[inline(always)]
+pub fn pin_accumulators_f32<const N: usize>(acc: &mut [f32; N]) {
+    macro_rules! touch {
+        ($acc:ident, $form:expr; $($i:literal)+) => {
+            // SAFETY: an instruction-free `asm`; it only constrains the compiler's scheduling.
+            unsafe { touch_registers!($acc; $($i)+) }
+        };
+    }
+    by_width!(N, acc, touch, "")
 }
 
 /// As [`pin_accumulators`], for the 4 f32 accumulators of each 64 x 8 tile in `acc`.

@@ -1,0 +1,403 @@
+//! Attention forward on Hopper's warpgroup tensor cores (`wgmma`; the sm_90a module only), the
+//! same computation, layouts and launch contract as the mma.sync kernel in `mod.rs` for head
+//! sizes 64 and 128.
+//!
+//! A block is two warpgroups; warpgroup `w` owns query rows `64 w..64 w + 64` of the block's
+//! [`HOPPER_BLOCK_M`]. Q, K and V tiles are copied (`cp.async`, zero-filling rows past the
+//! sequence) into shared memory in the 128-byte-swizzle layout `wgmma` reads, in blocks of 64
+//! columns. Per key tile:
+//! - `S = Q K^T` with both operands in shared memory (K-major), into 64 f32 registers per
+//!   thread;
+//! - while it runs, `O += P V` of the previous tile, P (the previous tile's probabilities) in
+//!   registers as the A operand and V read MN-major (transposed by the instruction);
+//! - once `S` is done, the masking and the online softmax of this tile overlap that `P V`; then
+//!   `O` is rescaled and the probabilities packed into P for the next tile's `P V`.
+//!
+//! The copy of tile `t + 1` is issued right after tile `t`'s `wgmma`s, so it lands under them. K
+//! needs two stages (the tile being multiplied, the one landing); V three (tile `t - 1`'s
+//! `P V` still reads its stage while tile `t` waits and tile `t + 1` lands).
+//!
+//! # Launch contract: `attention_fwd{,_cache}_wgmma_{f16,bf16}_d{64,128}`
+//! As `attention_fwd{,_cache}_*` (module docs of `mod.rs`), with: grid
+//! `(ceil(max_seqlen_q / 128), H, batch)`, block `(256, 1, 1)`, dynamic shared memory
+//! [`hopper_shared_bytes`]`(D)` (over 48 KiB: the launcher raises the function's limit); a
+//! Hopper GPU running the sm_90a module. Causal launches visit the row blocks from the last
+//! (the longest) to the first.
+
+use super::layout::{HOPPER_BLOCK_M, HOPPER_K_STAGES, HOPPER_THREADS, HOPPER_V_STAGES, hopper_block_n};
+use super::{Dims, Logits, sequence_rows};
+use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
+use crate::device::shared::dynamic_shared_base;
+use crate::device::wgmma::{
+    self, SharedMatrix, fence_proxy_async_shared, mma_async_k16_register_a_mn_b, mma_async_k16_shared,
+    pin_accumulators_f32,
+};
+use crate::device::{SharedAddr, index, math, sync, warp};
+use crate::element::{Bf16, F16, TensorElement};
+use crate::unroll;
+
+/// Bytes of one swizzled row: 64 halves.
+const SWIZZLE_ROW: usize = 128;
+
+/// The keys a block of query rows `m0..m0 + rows` (of `sq`, with `sk` keys) can see.
+#[derive(Clone, Copy)]
+struct VisibleKeys {
+    /// Key position of query 0 (bottom-right alignment).
+    shift: i64,
+    /// The block's last query row.
+    last_row: i64,
+    /// Keys `lo..hi`.
+    lo: u32,
+    hi: u32,
+}
+
+impl VisibleKeys {
+    #[inline(always)]
+    fn of(m0: u32, rows: u32, sq: u32, sk: u32, p: &Dims) -> Self {
+        let shift = sk as i64 - sq as i64;
+        let last_row = (m0 + rows - 1).min(sq - 1) as i64;
+        let hi = if p.causal != 0 { (last_row + shift + 1).max(0).min(sk as i64) as u32 } else { sk };
+        let lo = if p.window_left >= 0 { (m0 as i64 + shift - p.window_left as i64).max(0) as u32 } else { 0 };
+        VisibleKeys { shift, last_row, lo, hi }
+    }
+
+    /// Whether keys `first..first + n` are visible to every row of the block `m0..`.
+    #[inline(always)]
+    fn all_visible(&self, first: u32, n: u32, m0: u32, sk: u32, p: &Dims) -> bool {
+        first + n <= sk
+            && (p.causal == 0 || (first + n - 1) as i64 <= m0 as i64 + self.shift)
+            && (p.window_left < 0 || first as i64 >= self.last_row + self.shift - p.window_left as i64)
+    }
+}
+
+/// Copies `ROWS` rows of `D` halves from `src` (rows `stride` elements apart) into the swizzled
+/// tile at `dst` (`D / 64` blocks of `[ROWS][128 bytes]`), zero-filling rows at or past `valid`;
+/// all 256 threads, each one 16-byte column chunk walking down the rows.
+///
+/// # Safety
+/// Rows below `valid` must be readable; `src` a 16-byte aligned global address, `stride` a
+/// multiple of 8; `dst` 1024-byte aligned.
+#[inline(always)]
+// The unrolled walk advances `from` after its last copy too (dead, removed by the optimizer).
+#[allow(unused_assignments)]
+unsafe fn load_swizzled<T, const D: usize, const ROWS: usize>(dst: SharedAddr, src: *const T, stride: u32, valid: u32) {
+    let chunks = D / 8;
+    let rows_per_pass = HOPPER_THREADS / chunks; // 32, 16 or 8: a multiple of the swizzle period
+    let tid = index::thread_idx_x() as usize;
+    let (r0, c) = (tid / chunks, tid % chunks);
+    let dst = dst.offset(((c / 8) * ROWS * SWIZZLE_ROW) as u32 + SharedMatrix::swizzle128_offset(r0, c % 8));
+    let step = (rows_per_pass as u32 * stride) as usize;
+    // SAFETY: offsets fit in 32 bits (the host bounds every tensor by i32::MAX elements).
+    let mut from = unsafe { src.add((r0 as u32 * stride + (c * 8) as u32) as usize) };
+    unroll!(IT in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+        if IT * rows_per_pass < ROWS {
+            let ok = ((r0 + IT * rows_per_pass) as u32) < valid;
+            // SAFETY: rows below `valid` are readable; others copy 0 bytes from the base.
+            unsafe {
+                cp_async_16_zfill(dst.offset((IT * rows_per_pass * SWIZZLE_ROW) as u32), if ok { from } else { src }.cast(), if ok { 16 } else { 0 });
+                from = from.wrapping_add(step);
+            }
+        }
+    });
+}
+
+/// The kernel. `S` = score registers per thread (`BN / 2`), `O` = output registers (`D / 2`),
+/// `PK` = K steps of `P V` (`BN / 16`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_fwd_wgmma<
+    T: TensorElement,
+    const BF16: bool,
+    const D: usize,
+    const BN: usize,
+    const S: usize,
+    const O: usize,
+    const PK: usize,
+    const CACHE: bool,
+>(
+    q: *const T,
+    k: *const T,
+    v: *const T,
+    out: *mut T,
+    lse: *mut f32,
+    cu_q: *const i32,
+    cu_k: *const i32,
+    p: Dims,
+) {
+    const { assert!(S == BN / 2 && O == D / 2 && PK == BN / 16 && D % 64 == 0) };
+    let bm = HOPPER_BLOCK_M;
+    let row_blocks = index::grid_dim_x() as usize;
+    let mb = if p.causal != 0 { row_blocks - 1 - index::block_idx_x() as usize } else { index::block_idx_x() as usize };
+    let h = index::block_idx_y() as usize;
+    let b = index::block_idx_z() as usize;
+    let tid = index::thread_idx_x() as usize;
+    let (group, warp_in_group, lane) = (tid / 128, (tid / 32) % 4, index::lane_id() as usize);
+    let (g, qd) = (lane / 4, lane % 4);
+    let kvh = h / (p.heads / p.kv_heads.max(1)).max(1) as usize;
+
+    // SAFETY (whole body): the launch contract sizes every buffer; copies past a sequence are
+    // zero-filled, never read; barriers and warpgroup-collective instructions are reached by
+    // all threads (loop bounds depend only on the block).
+    unsafe {
+        let [q0, q1, k0, k1] = sequence_rows::<CACHE>(b, cu_q, cu_k, &p);
+        let (sq, sk) = (q1.saturating_sub(q0), k1.saturating_sub(k0));
+        let m0 = (mb * bm) as u32;
+        if m0 >= sq {
+            return;
+        }
+        let keys = VisibleKeys::of(m0, bm as u32, sq, sk, &p);
+        let (tile_lo, tile_hi) = ((keys.lo / BN as u32) as usize, keys.hi.div_ceil(BN as u32) as usize);
+
+        let tile_bytes = |rows: usize| (rows * D * 2) as u32;
+        let q_s = SharedMatrix::atom_aligned(dynamic_shared_base());
+        let k_s = |stage: usize| q_s.offset(tile_bytes(bm + stage * BN));
+        let v_s = |stage: usize| q_s.offset(tile_bytes(bm + HOPPER_K_STAGES * BN + stage * BN));
+        let kv_base = if CACHE {
+            b as u32 * p.kv_batch_stride + kvh as u32 * p.kv_head_stride + k0 * p.k_row_stride
+        } else {
+            k0 * p.k_row_stride + (kvh * D) as u32
+        };
+        let out_row_stride = if CACHE { p.out_row_stride } else { p.q_row_stride };
+        let (k_ptr, v_ptr) = (k.add(kv_base as usize), v.add(kv_base as usize));
+        let load_kv = |tile: usize| {
+            let i = tile - tile_lo;
+            let first = (tile * BN) as u32;
+            let valid = sk.saturating_sub(first).min(BN as u32);
+            let off = (first * p.k_row_stride) as usize;
+            load_swizzled::<T, D, BN>(k_s(i % HOPPER_K_STAGES), k_ptr.add(off), p.k_row_stride, valid);
+            load_swizzled::<T, D, BN>(v_s(i % HOPPER_V_STAGES), v_ptr.add(off), p.k_row_stride, valid);
+        };
+
+        let q_ptr = q.add(((q0 + m0) * p.q_row_stride + (h * D) as u32) as usize);
+        load_swizzled::<T, D, HOPPER_BLOCK_M>(q_s, q_ptr, p.q_row_stride, sq - m0);
+        if tile_lo < tile_hi {
+            load_kv(tile_lo);
+        }
+        commit_group();
+
+        // K step `ks` (16 columns of D) of this warpgroup's Q rows and of a K tile: block
+        // `ks / 4` of 64 columns, then 32 bytes per step within the swizzle row. (Descriptors
+        // are rebuilt from 32-bit addresses at each use: their high words are constants, so
+        // each costs one register for one instruction, not a hoisted register pair.)
+        let q_w = q_s.offset((group * 64 * SWIZZLE_ROW) as u32);
+        let q_step = |ks: usize| ((ks / 4) * bm * SWIZZLE_ROW + 32 * (ks % 4)) as u32;
+        let k_step = |ks: usize| ((ks / 4) * BN * SWIZZLE_ROW + 32 * (ks % 4)) as u32;
+        // K step `kk` (16 keys) of a V tile, read MN-major: column blocks BN rows apart.
+        let v_step = |kk: usize| (kk * 16 * SWIZZLE_ROW) as u32;
+        let logits = Logits::of(&p);
+        let units = logits.units;
+        // This thread's rows (block-relative): g and g + 8 of its warp's 16.
+        let row_base = group * 64 + warp_in_group * 16 + g;
+
+        let mut s = [0.0f32; S];
+        let mut o = [0.0f32; O];
+        let mut pf = [[0u32; 4]; PK];
+        let mut m = [f32::NEG_INFINITY; 2];
+        let mut l = [0.0f32; 2];
+
+        // Tile `tile` landed and is visible to the tensor cores; every warpgroup is done with K
+        // of tile - 1 and V of tile - 2, whose stages the copy of tile + 1 may then refill.
+        macro_rules! tile_landed { () => {{
+            wait_group::<0>();
+            fence_proxy_async_shared();
+            sync::sync_threads();
+        }}; }
+        // The copy of tile + 1, issued after the tile's `wgmma`s so that the tensor cores start
+        // first; one cp.async group either way.
+        macro_rules! copy_next { ($tile:expr) => {{
+            let tile: usize = $tile;
+            if tile + 1 < tile_hi {
+                load_kv(tile + 1);
+            }
+            commit_group();
+        }}; }
+        // Issues S = Q K^T of tile `tile` (one wgmma group; the caller commits).
+        macro_rules! issue_scores { ($tile:expr) => {{
+            let tile: usize = $tile;
+            let k_tile = k_s((tile - tile_lo) % HOPPER_K_STAGES);
+            unroll!(KS in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                if KS < D / 16 {
+                    if KS == 0 {
+                        mma_async_k16_shared::<BF16, S, false>(&mut s, SharedMatrix::k_major_swizzle128(q_w.offset(q_step(KS))), SharedMatrix::k_major_swizzle128(k_tile.offset(k_step(KS))));
+                    } else {
+                        mma_async_k16_shared::<BF16, S, true>(&mut s, SharedMatrix::k_major_swizzle128(q_w.offset(q_step(KS))), SharedMatrix::k_major_swizzle128(k_tile.offset(k_step(KS))));
+                    }
+                }
+            });
+        }}; }
+        // Issues O += P V of tile `tile`.
+        macro_rules! issue_pv { ($tile:expr) => {{
+            let tile: usize = $tile;
+            let v_tile = v_s((tile - tile_lo) % HOPPER_V_STAGES);
+            unroll!(KK in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if KK < PK {
+                    mma_async_k16_register_a_mn_b::<BF16, O>(&mut o, pf[KK], SharedMatrix::mn_major_swizzle128(v_tile.offset(v_step(KK)), (BN * SWIZZLE_ROW) as u32));
+                }
+            });
+        }}; }
+        // Masks (and caps) tile `tile`'s scores where the tile is not visible to the whole block,
+        // then the online softmax per row (four lanes per row), in place: S becomes the tile's
+        // unnormalized probabilities. Returns the factors that rescale O.
+        macro_rules! softmax { ($tile:expr) => {{
+            let tile: usize = $tile;
+            let first_key = (tile * BN) as u32;
+            if !(keys.all_visible(first_key, BN as u32, m0, sk, &p) && !logits.prescaled) {
+                unroll!(RH in [0, 1] {
+                    let diag = m0 as i64 + (row_base + 8 * RH) as i64 + keys.shift;
+                    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                        if J < BN / 8 {
+                            unroll!(C in [0, 1] {
+                                let j = first_key as i64 + (8 * J + 2 * qd + C) as i64;
+                                s[4 * J + 2 * RH + C] = logits.masked(s[4 * J + 2 * RH + C], j, diag, sk, &p);
+                            });
+                        }
+                    });
+                });
+            }
+            let mut corr = [1.0f32; 2];
+            unroll!(RH in [0, 1] {
+                let mut mx = f32::NEG_INFINITY;
+                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    if J < BN / 8 {
+                        mx = mx.max(s[4 * J + 2 * RH]).max(s[4 * J + 2 * RH + 1]);
+                    }
+                });
+                mx = mx.max(warp::shfl_xor_f32(mx, 1));
+                mx = mx.max(warp::shfl_xor_f32(mx, 2));
+                let (m_new, m_scaled, c) = logits.rescale(m[RH], mx);
+                corr[RH] = c;
+                let mut sum = 0.0f32;
+                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    if J < BN / 8 {
+                        unroll!(C in [0, 1] {
+                            let e = math::ex2_approx(math::fma(s[4 * J + 2 * RH + C], units, -m_scaled));
+                            s[4 * J + 2 * RH + C] = e;
+                            sum += e;
+                        });
+                    }
+                });
+                l[RH] = math::fma(l[RH], corr[RH], sum);
+                m[RH] = m_new;
+            });
+            corr
+        }}; }
+        // The probabilities as `P V`'s A fragments: K step `kk` is score tiles 2 kk, 2 kk + 1.
+        macro_rules! pack { () => {{
+            unroll!(KK in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if KK < PK {
+                    pf[KK] = [
+                        T::pack2(s[8 * KK], s[8 * KK + 1]),
+                        T::pack2(s[8 * KK + 2], s[8 * KK + 3]),
+                        T::pack2(s[8 * KK + 4], s[8 * KK + 5]),
+                        T::pack2(s[8 * KK + 6], s[8 * KK + 7]),
+                    ];
+                }
+            });
+        }}; }
+
+        if tile_lo < tile_hi {
+            // The first tile: scores alone (O is still zero).
+            tile_landed!();
+            wgmma::fence();
+            issue_scores!(tile_lo);
+            wgmma::commit_group();
+            copy_next!(tile_lo);
+            wgmma::wait_group::<0>();
+            pin_accumulators_f32(&mut s);
+            softmax!(tile_lo);
+            pack!();
+
+            // Then per tile: its scores and the previous tile's `P V` in flight together; the
+            // softmax of its scores runs under that `P V`.
+            for tile in tile_lo + 1..tile_hi {
+                tile_landed!();
+                wgmma::fence();
+                issue_scores!(tile);
+                wgmma::commit_group();
+                issue_pv!(tile - 1);
+                wgmma::commit_group();
+                copy_next!(tile);
+                wgmma::wait_group::<1>();
+                pin_accumulators_f32(&mut s);
+                let corr = softmax!(tile);
+                wgmma::wait_group::<0>();
+                pin_accumulators_f32(&mut o);
+                if warp::any(corr[0] != 1.0 || corr[1] != 1.0) {
+                    unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                        if U < D / 8 {
+                            unroll!(C in [0, 1, 2, 3] {
+                                o[4 * U + C] *= corr[C / 2];
+                            });
+                        }
+                    });
+                }
+                pack!();
+            }
+
+            wgmma::fence();
+            issue_pv!(tile_hi - 1);
+            wgmma::commit_group();
+            wgmma::wait_group::<0>();
+            pin_accumulators_f32(&mut o);
+        }
+        wait_group::<0>(); // no copy outlives the block (Q when no key tile is visible)
+
+        // Normalize and write: rows g and g + 8, columns 2 qd, 2 qd + 1 of each 8-column tile.
+        unroll!(RH in [0, 1] {
+            let mut sum = l[RH];
+            sum += warp::shfl_xor_f32(sum, 1);
+            sum += warp::shfl_xor_f32(sum, 2);
+            let i = m0 + (row_base + 8 * RH) as u32;
+            if i < sq {
+                let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+                let row = out.add(((q0 + i) * out_row_stride + (h * D) as u32) as usize);
+                unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                    if U < D / 8 {
+                        let pair = T::pack2(o[4 * U + 2 * RH] * inv, o[4 * U + 2 * RH + 1] * inv);
+                        row.add(8 * U + 2 * qd).cast::<u32>().write(pair);
+                    }
+                });
+                if !lse.is_null() && qd == 0 {
+                    let base = if cu_q.is_null() { b as u32 * p.lse_batch_stride } else { q0 };
+                    lse.add((h as u32 * p.lse_head_stride + base + i) as usize).write(logits.lse(m[RH], sum));
+                }
+            }
+        });
+    }
+}
+
+macro_rules! hopper_entries {
+    ($ty:ty, $bf16:literal, $cache:literal, $($name:ident: $d:literal);+ $(;)?) => {$(
+        /// Attention forward on `wgmma`; see the module docs for the launch contract.
+        ///
+        /// # Safety
+        /// The launch contract in the module docs.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            q: *const $ty, k: *const $ty, v: *const $ty, out: *mut $ty, lse: *mut f32,
+            cu_q: *const i32, cu_k: *const i32, dims: Dims,
+        ) {
+            const BN: usize = hopper_block_n($d);
+            // SAFETY: forwarded launch contract.
+            unsafe { attention_fwd_wgmma::<$ty, $bf16, $d, BN, { BN / 2 }, { $d / 2 }, { BN / 16 }, $cache>(q, k, v, out, lse, cu_q, cu_k, dims) }
+        }
+    )+};
+}
+
+hopper_entries!(F16, false, false,
+    attention_fwd_wgmma_f16_d64: 64;
+    attention_fwd_wgmma_f16_d128: 128;
+);
+hopper_entries!(Bf16, true, false,
+    attention_fwd_wgmma_bf16_d64: 64;
+    attention_fwd_wgmma_bf16_d128: 128;
+);
+hopper_entries!(F16, false, true,
+    attention_fwd_cache_wgmma_f16_d64: 64;
+    attention_fwd_cache_wgmma_f16_d128: 128;
+);
+hopper_entries!(Bf16, true, true,
+    attention_fwd_cache_wgmma_bf16_d64: 64;
+    attention_fwd_cache_wgmma_bf16_d128: 128;
+);
