@@ -25,7 +25,7 @@
 //! (the longest) to the first.
 
 use super::layout::{HOPPER_BLOCK_M, HOPPER_K_STAGES, HOPPER_THREADS, HOPPER_V_STAGES, hopper_block_n};
-use super::{Dims, Logits, sequence_rows};
+use super::{Dims, Logits, RowSink, sequence_rows};
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::shared::dynamic_shared_base;
 use crate::device::wgmma::{
@@ -157,7 +157,6 @@ unsafe fn attention_fwd_wgmma<
         } else {
             k0 * p.k_row_stride + (kvh * D) as u32
         };
-        let out_row_stride = if CACHE { p.out_row_stride } else { p.q_row_stride };
         let (k_ptr, v_ptr) = (k.add(kv_base as usize), v.add(kv_base as usize));
         let load_kv = |tile: usize| {
             let i = tile - tile_lo;
@@ -197,20 +196,24 @@ unsafe fn attention_fwd_wgmma<
 
         // Tile `tile` landed and is visible to the tensor cores; every warpgroup is done with K
         // of tile - 1 and V of tile - 2, whose stages the copy of tile + 1 may then refill.
-        macro_rules! tile_landed { () => {{
-            wait_group::<0>();
-            fence_proxy_async_shared();
-            sync::sync_threads();
-        }}; }
+        macro_rules! tile_landed {
+            () => {{
+                wait_group::<0>();
+                fence_proxy_async_shared();
+                sync::sync_threads();
+            }};
+        }
         // The copy of tile + 1, issued after the tile's `wgmma`s so that the tensor cores start
         // first; one cp.async group either way.
-        macro_rules! copy_next { ($tile:expr) => {{
-            let tile: usize = $tile;
-            if tile + 1 < tile_hi {
-                load_kv(tile + 1);
-            }
-            commit_group();
-        }}; }
+        macro_rules! copy_next {
+            ($tile:expr) => {{
+                let tile: usize = $tile;
+                if tile + 1 < tile_hi {
+                    load_kv(tile + 1);
+                }
+                commit_group();
+            }};
+        }
         // Issues S = Q K^T of tile `tile` (one wgmma group; the caller commits).
         macro_rules! issue_scores { ($tile:expr) => {{
             let tile: usize = $tile;
@@ -343,25 +346,10 @@ unsafe fn attention_fwd_wgmma<
         wait_group::<0>(); // no copy outlives the block (Q when no key tile is visible)
 
         // Normalize and write: rows g and g + 8, columns 2 qd, 2 qd + 1 of each 8-column tile.
+        let sink = RowSink::of::<CACHE, D>(out, lse, !cu_q.is_null(), b, h, q0, &p);
         unroll!(RH in [0, 1] {
-            let mut sum = l[RH];
-            sum += warp::shfl_xor_f32(sum, 1);
-            sum += warp::shfl_xor_f32(sum, 2);
             let i = m0 + (row_base + 8 * RH) as u32;
-            if i < sq {
-                let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-                let row = out.add(((q0 + i) * out_row_stride + (h * D) as u32) as usize);
-                unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                    if U < D / 8 {
-                        let pair = T::pack2(o[4 * U + 2 * RH] * inv, o[4 * U + 2 * RH + 1] * inv);
-                        row.add(8 * U + 2 * qd).cast::<u32>().write(pair);
-                    }
-                });
-                if !lse.is_null() && qd == 0 {
-                    let base = if cu_q.is_null() { b as u32 * p.lse_batch_stride } else { q0 };
-                    lse.add((h as u32 * p.lse_head_stride + base + i) as usize).write(logits.lse(m[RH], sum));
-                }
-            }
+            sink.finish_row::<D>(i, sq, qd, l[RH], m[RH], &logits, |u| (o[4 * u + 2 * RH], o[4 * u + 2 * RH + 1]));
         });
     }
 }

@@ -123,7 +123,8 @@ impl Logits {
     /// call asks, `-inf` where the key is masked.
     #[inline(always)]
     fn masked(&self, x: f32, j: i64, diag: i64, sk: u32, p: &Dims) -> f32 {
-        let visible = j < sk as i64 && (p.causal == 0 || j <= diag) && (p.window_left < 0 || j >= diag - p.window_left as i64);
+        let visible =
+            j < sk as i64 && (p.causal == 0 || j <= diag) && (p.window_left < 0 || j >= diag - p.window_left as i64);
         let x = if self.capped {
             p.softcap * LOG2_E * tanh(x * p.scale * self.inv_cap)
         } else if self.prescaled {
@@ -148,6 +149,84 @@ impl Logits {
     #[inline(always)]
     fn lse(&self, m: f32, sum: f32) -> f32 {
         if sum > 0.0 { (m * self.units + math::lg2_approx(sum)) * LN_2 } else { f32::NEG_INFINITY }
+    }
+}
+
+/// Where a block writes: `out` and `lse` of query head `h` of sequence `b` (query rows from
+/// `q0`), with the call's strides.
+#[derive(Clone, Copy)]
+struct RowSink<T> {
+    out: *mut T,
+    lse: *mut f32,
+    /// `out` row of query 0 of the sequence, at head `h`; rows `out_row_stride` apart.
+    out_base: u32,
+    out_row_stride: u32,
+    /// `lse` index of query 0 of the sequence at head `h`.
+    lse_base: u32,
+}
+
+impl<T: TensorElement> RowSink<T> {
+    #[inline(always)]
+    fn of<const CACHE: bool, const D: usize>(
+        out: *mut T,
+        lse: *mut f32,
+        packed: bool,
+        b: usize,
+        h: usize,
+        q0: u32,
+        p: &Dims,
+    ) -> Self {
+        let out_row_stride = if CACHE { p.out_row_stride } else { p.q_row_stride };
+        let base = if packed { q0 } else { b as u32 * p.lse_batch_stride };
+        RowSink {
+            out,
+            lse,
+            out_base: q0 * out_row_stride + (h * D) as u32,
+            out_row_stride,
+            lse_base: h as u32 * p.lse_head_stride + base,
+        }
+    }
+
+    /// Finishes query row `i` of the sequence from this lane's quarter of it (four lanes per
+    /// row, `qd` its place): the row's partial sums are combined across the four lanes, the
+    /// output normalized (columns `8 u + 2 qd`, `+ 1` from `pair(u)`), and the log-sum-exp
+    /// written when asked for; rows at or past `sq` are skipped (after the shuffles).
+    ///
+    /// # Safety
+    /// All lanes of the warp call it; row `i < sq` lies inside `out` (and `lse`).
+    #[inline(always)]
+    unsafe fn finish_row<const D: usize>(
+        &self,
+        i: u32,
+        sq: u32,
+        qd: usize,
+        l: f32,
+        m: f32,
+        logits: &Logits,
+        pair: impl Fn(usize) -> (f32, f32),
+    ) {
+        let mut sum = l;
+        // SAFETY: every lane of the warp is here (the caller's contract).
+        unsafe {
+            sum += warp::shfl_xor_f32(sum, 1);
+            sum += warp::shfl_xor_f32(sum, 2);
+        }
+        if i < sq {
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            // SAFETY: the caller guarantees the row is inside the tensors.
+            unsafe {
+                let row = self.out.add((self.out_base + i * self.out_row_stride) as usize);
+                unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
+                    if U < D / 8 {
+                        let (lo, hi) = pair(U);
+                        row.add(8 * U + 2 * qd).cast::<u32>().write(T::pack2(lo * inv, hi * inv));
+                    }
+                });
+                if !self.lse.is_null() && qd == 0 {
+                    self.lse.add((self.lse_base + i) as usize).write(logits.lse(m, sum));
+                }
+            }
+        }
     }
 }
 
@@ -265,7 +344,6 @@ unsafe fn attention_fwd<
         } else {
             k0 * p.k_row_stride + (kvh * D) as u32
         };
-        let out_row_stride = if CACHE { p.out_row_stride } else { p.q_row_stride };
         let k_ptr = k.add(kv_base as usize);
         let v_ptr = v.add(kv_base as usize);
         let load_kv = |tile: usize, stage: usize| {
@@ -464,28 +542,12 @@ unsafe fn attention_fwd<
         wait_group::<0>(); // no copy outlives the block (Q when no key tile is visible)
 
         // Normalize and write: rows g and g + 8, columns 2q, 2q + 1 of each 8-column tile.
+        let sink = RowSink::of::<CACHE, D>(out, lse, !cu_q.is_null(), b, h, q0, &p);
         unroll!(MI in [0, 1] {
             if MI < MT {
                 unroll!(RH in [0, 1] {
-                    let mut sum = l[MI][RH];
-                    sum += warp::shfl_xor_f32(sum, 1);
-                    sum += warp::shfl_xor_f32(sum, 2);
                     let i = m0 + (MI * WARPS * 16 + warp_id * 16 + g + 8 * RH) as u32;
-                    if i < sq {
-                        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-                        let row = out.add(((q0 + i) * out_row_stride + (h * D) as u32) as usize);
-                        unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                            if U < D / 8 {
-                                let pair = T::pack2(o[MI][U][2 * RH] * inv, o[MI][U][2 * RH + 1] * inv);
-                                row.add(8 * U + 2 * qd).cast::<u32>().write(pair);
-                            }
-                        });
-                        if !lse.is_null() && qd == 0 {
-                            let value = logits.lse(m[MI][RH], sum);
-                            let base = if cu_q.is_null() { b as u32 * p.lse_batch_stride } else { q0 };
-                            lse.add((h as u32 * p.lse_head_stride + base + i) as usize).write(value);
-                        }
-                    }
+                    sink.finish_row::<D>(i, sq, qd, l[MI][RH], m[MI][RH], &logits, |u| (o[MI][u][2 * RH], o[MI][u][2 * RH + 1]));
                 });
             }
         });
