@@ -499,10 +499,10 @@ mod gpu {
         assert_eq!(plan.dims.grid, (1, 8, 2)); // 128 query rows per block up to head dim 128
         let d256 = AttentionParams { head_dim: 256, ..ok }.plan().unwrap();
         assert_eq!(d256.dims.grid, (2, 8, 2)); // 64 at 256
-        // The Hopper kernel: 128 rows per block of 256 threads, for head sizes 64 and 128 only.
+        // The Hopper kernel: 128 rows per block of 384 threads, for head sizes 64 and 128 only.
         let hopper = plan.hopper().unwrap();
         assert!(hopper.is_hopper() && !plan.is_hopper());
-        assert_eq!((hopper.dims.grid, hopper.dims.block), ((1, 8, 2), (256, 1, 1)));
+        assert_eq!((hopper.dims.grid, hopper.dims.block), ((1, 8, 2), (384, 1, 1)));
         assert!(hopper.kernel.contains("wgmma_f16_d128"), "{}", hopper.kernel);
         let long = AttentionParams { layout: Batch::Padded { seqlen_q: 4097, seqlen_k: 4097 }, ..ok }.plan().unwrap();
         assert_eq!(long.hopper().unwrap().dims.grid.0, 33);

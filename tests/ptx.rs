@@ -145,6 +145,11 @@ fn kernels_use_the_intended_instructions() {
         ", p, 1, 1, 1; }",
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
         ", p, 1, 1, 0, 0; }",
+        // Its producer warpgroup: copies tracked by mbarriers, registers handed to the consumers.
+        "cp.async.mbarrier.arrive.noinc.shared::cta.b64",
+        "setmaxnreg.dec.sync.aligned.u32 24",
+        "setmaxnreg.inc.sync.aligned.u32 240",
+        ".maxntid 384, 1, 1",
         "wgmma.fence.sync.aligned",
         "wgmma.commit_group.sync.aligned",
         "wgmma.wait_group.sync.aligned",

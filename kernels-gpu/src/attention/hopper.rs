@@ -2,42 +2,50 @@
 //! same computation, layouts and launch contract as the mma.sync kernel in `mod.rs` for head
 //! sizes 64 and 128.
 //!
-//! A block is two warpgroups; warpgroup `w` owns query rows `64 w..64 w + 64` of the block's
-//! [`HOPPER_BLOCK_M`]. Q, K and V tiles are copied (`cp.async`, zero-filling rows past the
-//! sequence) into shared memory in the 128-byte-swizzle layout `wgmma` reads, in blocks of 64
-//! columns. Per key tile:
-//! - `S = Q K^T` with both operands in shared memory (K-major), into 64 f32 registers per
-//!   thread;
-//! - while it runs, `O += P V` of the previous tile, P (the previous tile's probabilities) in
-//!   registers as the A operand and V read MN-major (transposed by the instruction);
-//! - once `S` is done, the masking and the online softmax of this tile overlap that `P V`; then
-//!   `O` is rescaled and the probabilities packed into P for the next tile's `P V`.
+//! A block is three warpgroups, FlashAttention-3's division of labour: warpgroup 0 copies, 1
+//! and 2 compute, warpgroup `w` owning query rows `64 (w - 1)..64 w` of the block's
+//! [`HOPPER_BLOCK_M`]. The producer gives up registers (`setmaxnreg`) to the consumers.
+//! - The producer copies Q, then each key tile's K and V (`cp.async`, zero-filling rows past the
+//!   sequence) into a ring of [`HOPPER_STAGES`] stages in the 128-byte-swizzle layout `wgmma`
+//!   reads, in blocks of 64 columns; each stage's `mbarrier` completes when its copies have
+//!   landed (`cp.async.mbarrier.arrive`), and it waits for a stage's release before refilling it.
+//! - Each consumer, per key tile: `S = Q K^T` with both operands in shared memory (64 f32
+//!   registers per thread), issued together with `O += P V` of the previous tile (P, that
+//!   tile's probabilities, in registers as the A operand; V read MN-major, transposed by the
+//!   instruction); the masking and online softmax of this tile run under that `P V`; then the
+//!   previous tile's stage is released, O rescaled and P packed.
 //!
-//! The copy of tile `t + 1` is issued right after tile `t`'s `wgmma`s, so it lands under them. K
-//! needs two stages (the tile being multiplied, the one landing); V three (tile `t - 1`'s
-//! `P V` still reads its stage while tile `t` waits and tile `t + 1` lands).
+//! The consumers never meet at a block barrier, so one's softmax overlaps the other's GEMMs.
 //!
 //! # Launch contract: `attention_fwd{,_cache}_wgmma_{f16,bf16}_d{64,128}`
 //! As `attention_fwd{,_cache}_*` (module docs of `mod.rs`), with: grid
-//! `(ceil(max_seqlen_q / 128), H, batch)`, block `(256, 1, 1)`, dynamic shared memory
-//! [`hopper_shared_bytes`]`(D)` (over 48 KiB: the launcher raises the function's limit); a
+//! `(ceil(max_seqlen_q / 128), H, batch)`, block `(384, 1, 1)` (`.maxntid`), dynamic shared memory
+//! [`hopper_shared_bytes`](super::layout::hopper_shared_bytes)`(D)` (over 48 KiB: the launcher raises the function's limit); a
 //! Hopper GPU running the sm_90a module. Causal launches visit the row blocks from the last
 //! (the longest) to the first.
 
-use super::layout::{HOPPER_BLOCK_M, HOPPER_K_STAGES, HOPPER_THREADS, HOPPER_V_STAGES, hopper_block_n};
+use super::layout::{HOPPER_BLOCK_M, HOPPER_STAGES, hopper_block_n};
 use super::{Dims, Logits, RowSink, sequence_rows};
-use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
+use crate::device::async_copy::{arrive_when_landed, commit_group, cp_async_16_zfill, wait_group};
 use crate::device::shared::dynamic_shared_base;
 use crate::device::wgmma::{
     self, SharedMatrix, fence_proxy_async_shared, mma_async_k16_register_a_mn_b, mma_async_k16_shared,
     pin_accumulators_f32,
 };
-use crate::device::{SharedAddr, index, math, sync, warp};
+use crate::device::{SharedAddr, index, math, mbarrier, sync, warp};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::unroll;
 
 /// Bytes of one swizzled row: 64 halves.
 const SWIZZLE_ROW: usize = 128;
+
+/// Threads of the producer warpgroup, and of each consumer.
+const PRODUCER_THREADS: usize = 128;
+
+/// Registers per thread after the hand-over: the producer's and the consumers'
+/// (128 x 24 + 256 x 240 <= 65536).
+const PRODUCER_REGISTERS: u32 = 24;
+const CONSUMER_REGISTERS: u32 = 240;
 
 /// The keys a block of query rows `m0..m0 + rows` (of `sq`, with `sk` keys) can see.
 #[derive(Clone, Copy)]
@@ -72,7 +80,7 @@ impl VisibleKeys {
 
 /// Copies `ROWS` rows of `D` halves from `src` (rows `stride` elements apart) into the swizzled
 /// tile at `dst` (`D / 64` blocks of `[ROWS][128 bytes]`), zero-filling rows at or past `valid`;
-/// all 256 threads, each one 16-byte column chunk walking down the rows.
+/// the producer's 128 threads, each one 16-byte column chunk walking down the rows.
 ///
 /// # Safety
 /// Rows below `valid` must be readable; `src` a 16-byte aligned global address, `stride` a
@@ -82,8 +90,8 @@ impl VisibleKeys {
 #[allow(unused_assignments)]
 unsafe fn load_swizzled<T, const D: usize, const ROWS: usize>(dst: SharedAddr, src: *const T, stride: u32, valid: u32) {
     let chunks = D / 8;
-    let rows_per_pass = HOPPER_THREADS / chunks; // 32, 16 or 8: a multiple of the swizzle period
-    let tid = index::thread_idx_x() as usize;
+    let rows_per_pass = PRODUCER_THREADS / chunks; // 16 or 8: a multiple of the swizzle period
+    let tid = index::thread_idx_x() as usize % PRODUCER_THREADS;
     let (r0, c) = (tid / chunks, tid % chunks);
     let dst = dst.offset(((c / 8) * ROWS * SWIZZLE_ROW) as u32 + SharedMatrix::swizzle128_offset(r0, c % 8));
     let step = (rows_per_pass as u32 * stride) as usize;
@@ -131,7 +139,9 @@ unsafe fn attention_fwd_wgmma<
     let h = index::block_idx_y() as usize;
     let b = index::block_idx_z() as usize;
     let tid = index::thread_idx_x() as usize;
-    let (group, warp_in_group, lane) = (tid / 128, (tid / 32) % 4, index::lane_id() as usize);
+    // Warpgroup 0 copies; consumer `group` (0 or 1) is warpgroup `group + 1`.
+    let (warpgroup, warp_in_group, lane) = (tid / 128, (tid / 32) % 4, index::lane_id() as usize);
+    let group = warpgroup.wrapping_sub(1);
     let (g, qd) = (lane / 4, lane % 4);
     let kvh = h / (p.heads / p.kv_heads.max(1)).max(1) as usize;
 
@@ -150,29 +160,57 @@ unsafe fn attention_fwd_wgmma<
 
         let tile_bytes = |rows: usize| (rows * D * 2) as u32;
         let q_s = SharedMatrix::atom_aligned(dynamic_shared_base());
-        let k_s = |stage: usize| q_s.offset(tile_bytes(bm + stage * BN));
-        let v_s = |stage: usize| q_s.offset(tile_bytes(bm + HOPPER_K_STAGES * BN + stage * BN));
-        let kv_base = if CACHE {
-            b as u32 * p.kv_batch_stride + kvh as u32 * p.kv_head_stride + k0 * p.k_row_stride
-        } else {
-            k0 * p.k_row_stride + (kvh * D) as u32
-        };
-        let (k_ptr, v_ptr) = (k.add(kv_base as usize), v.add(kv_base as usize));
-        let load_kv = |tile: usize| {
-            let i = tile - tile_lo;
-            let first = (tile * BN) as u32;
-            let valid = sk.saturating_sub(first).min(BN as u32);
-            let off = (first * p.k_row_stride) as usize;
-            load_swizzled::<T, D, BN>(k_s(i % HOPPER_K_STAGES), k_ptr.add(off), p.k_row_stride, valid);
-            load_swizzled::<T, D, BN>(v_s(i % HOPPER_V_STAGES), v_ptr.add(off), p.k_row_stride, valid);
-        };
-
-        let q_ptr = q.add(((q0 + m0) * p.q_row_stride + (h * D) as u32) as usize);
-        load_swizzled::<T, D, HOPPER_BLOCK_M>(q_s, q_ptr, p.q_row_stride, sq - m0);
-        if tile_lo < tile_hi {
-            load_kv(tile_lo);
+        let k_s = |stage: usize| q_s.offset(tile_bytes(bm + 2 * stage * BN));
+        let v_s = |stage: usize| q_s.offset(tile_bytes(bm + (2 * stage + 1) * BN));
+        // The mbarriers, after the tiles: Q landed; stage `s` landed; stage `s` released.
+        let bars = q_s.offset(tile_bytes(bm + 2 * HOPPER_STAGES * BN));
+        let q_landed = bars;
+        let landed = |stage: usize| bars.offset((8 + 8 * stage) as u32);
+        let released = |stage: usize| bars.offset((8 + 8 * HOPPER_STAGES + 8 * stage) as u32);
+        if tid == 0 {
+            mbarrier::init(q_landed, PRODUCER_THREADS as u32);
+            unroll!(ST in [0, 1, 2] {
+                const { assert!(HOPPER_STAGES == 3) };
+                mbarrier::init(landed(ST), PRODUCER_THREADS as u32);
+                mbarrier::init(released(ST), 2 * PRODUCER_THREADS as u32);
+            });
         }
-        commit_group();
+        sync::sync_threads();
+
+        if warpgroup == 0 {
+            // The producer: Q, then each tile's K and V into stage `i % 3` once the consumers
+            // have released its previous tile (`i - 3`).
+            sync::release_registers::<PRODUCER_REGISTERS>();
+            let kv_base = if CACHE {
+                b as u32 * p.kv_batch_stride + kvh as u32 * p.kv_head_stride + k0 * p.k_row_stride
+            } else {
+                k0 * p.k_row_stride + (kvh * D) as u32
+            };
+            let (k_ptr, v_ptr) = (k.add(kv_base as usize), v.add(kv_base as usize));
+            let q_ptr = q.add(((q0 + m0) * p.q_row_stride + (h * D) as u32) as usize);
+            load_swizzled::<T, D, HOPPER_BLOCK_M>(q_s, q_ptr, p.q_row_stride, sq - m0);
+            arrive_when_landed(q_landed);
+            for tile in tile_lo..tile_hi {
+                let i = tile - tile_lo;
+                let stage = i % HOPPER_STAGES;
+                if i >= HOPPER_STAGES {
+                    mbarrier::wait_parity(released(stage), ((i / HOPPER_STAGES - 1) & 1) as u32);
+                }
+                let first = (tile * BN) as u32;
+                let valid = sk.saturating_sub(first).min(BN as u32);
+                let off = (first * p.k_row_stride) as usize;
+                load_swizzled::<T, D, BN>(k_s(stage), k_ptr.add(off), p.k_row_stride, valid);
+                load_swizzled::<T, D, BN>(v_s(stage), v_ptr.add(off), p.k_row_stride, valid);
+                arrive_when_landed(landed(stage));
+            }
+            commit_group();
+            wait_group::<0>(); // no copy outlives the block
+            return;
+        }
+        sync::claim_registers::<CONSUMER_REGISTERS>();
+        if tile_lo < tile_hi {
+            mbarrier::wait_parity(q_landed, 0);
+        }
 
         // K step `ks` (16 columns of D) of this warpgroup's Q rows and of a K tile: block
         // `ks / 4` of 64 columns, then 32 bytes per step within the swizzle row. (Descriptors
@@ -194,30 +232,19 @@ unsafe fn attention_fwd_wgmma<
         let mut m = [f32::NEG_INFINITY; 2];
         let mut l = [0.0f32; 2];
 
-        // Tile `tile` landed and is visible to the tensor cores; every warpgroup is done with K
-        // of tile - 1 and V of tile - 2, whose stages the copy of tile + 1 may then refill.
+        // Waits until tile `tile`'s stage has landed, and orders the copies' (generic-proxy)
+        // writes before this thread's `wgmma` reads.
         macro_rules! tile_landed {
-            () => {{
-                wait_group::<0>();
-                fence_proxy_async_shared();
-                sync::sync_threads();
-            }};
-        }
-        // The copy of tile + 1, issued after the tile's `wgmma`s so that the tensor cores start
-        // first; one cp.async group either way.
-        macro_rules! copy_next {
             ($tile:expr) => {{
-                let tile: usize = $tile;
-                if tile + 1 < tile_hi {
-                    load_kv(tile + 1);
-                }
-                commit_group();
+                let i: usize = $tile - tile_lo;
+                mbarrier::wait_parity(landed(i % HOPPER_STAGES), ((i / HOPPER_STAGES) & 1) as u32);
+                fence_proxy_async_shared();
             }};
         }
         // Issues S = Q K^T of tile `tile` (one wgmma group; the caller commits).
         macro_rules! issue_scores { ($tile:expr) => {{
             let tile: usize = $tile;
-            let k_tile = k_s((tile - tile_lo) % HOPPER_K_STAGES);
+            let k_tile = k_s((tile - tile_lo) % HOPPER_STAGES);
             unroll!(KS in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
                 if KS < D / 16 {
                     if KS == 0 {
@@ -231,7 +258,7 @@ unsafe fn attention_fwd_wgmma<
         // Issues O += P V of tile `tile`.
         macro_rules! issue_pv { ($tile:expr) => {{
             let tile: usize = $tile;
-            let v_tile = v_s((tile - tile_lo) % HOPPER_V_STAGES);
+            let v_tile = v_s((tile - tile_lo) % HOPPER_STAGES);
             unroll!(KK in [0, 1, 2, 3, 4, 5, 6, 7] {
                 if KK < PK {
                     mma_async_k16_register_a_mn_b::<BF16, O>(&mut o, pf[KK], SharedMatrix::mn_major_swizzle128(v_tile.offset(v_step(KK)), (BN * SWIZZLE_ROW) as u32));
@@ -300,11 +327,10 @@ unsafe fn attention_fwd_wgmma<
 
         if tile_lo < tile_hi {
             // The first tile: scores alone (O is still zero).
-            tile_landed!();
+            tile_landed!(tile_lo);
             wgmma::fence();
             issue_scores!(tile_lo);
             wgmma::commit_group();
-            copy_next!(tile_lo);
             wgmma::wait_group::<0>();
             pin_accumulators_f32(&mut s);
             softmax!(tile_lo);
@@ -313,18 +339,19 @@ unsafe fn attention_fwd_wgmma<
             // Then per tile: its scores and the previous tile's `P V` in flight together; the
             // softmax of its scores runs under that `P V`.
             for tile in tile_lo + 1..tile_hi {
-                tile_landed!();
+                tile_landed!(tile);
                 wgmma::fence();
                 issue_scores!(tile);
                 wgmma::commit_group();
                 issue_pv!(tile - 1);
                 wgmma::commit_group();
-                copy_next!(tile);
                 wgmma::wait_group::<1>();
                 pin_accumulators_f32(&mut s);
                 let corr = softmax!(tile);
                 wgmma::wait_group::<0>();
                 pin_accumulators_f32(&mut o);
+                // Tile - 1's K and V are done with: its stage may be refilled.
+                mbarrier::arrive(released((tile - 1 - tile_lo) % HOPPER_STAGES));
                 if warp::any(corr[0] != 1.0 || corr[1] != 1.0) {
                     unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                         if U < D / 8 {
@@ -343,7 +370,6 @@ unsafe fn attention_fwd_wgmma<
             wgmma::wait_group::<0>();
             pin_accumulators_f32(&mut o);
         }
-        wait_group::<0>(); // no copy outlives the block (Q when no key tile is visible)
 
         // Normalize and write: rows g and g + 8, columns 2 qd, 2 qd + 1 of each 8-column tile.
         let sink = RowSink::of::<CACHE, D>(out, lse, !cu_q.is_null(), b, h, q0, &p);
@@ -356,6 +382,7 @@ unsafe fn attention_fwd_wgmma<
 
 macro_rules! hopper_entries {
     ($ty:ty, $bf16:literal, $cache:literal, $($name:ident: $d:literal);+ $(;)?) => {$(
+        crate::entry_directive!($name, ".maxntid 384, 1, 1");
         /// Attention forward on `wgmma`; see the module docs for the launch contract.
         ///
         /// # Safety

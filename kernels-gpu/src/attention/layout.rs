@@ -40,16 +40,17 @@ pub const fn shared_bytes(d: usize) -> usize {
     (block_m(d) + 4 * block_n(d)) * row_bytes(d)
 }
 
-/// The Hopper kernel (`attention_fwd_wgmma_*`, sm_90a module only): a block is two consumer
-/// warpgroups of 64 query rows each, so [`HOPPER_BLOCK_M`] rows.
+/// The Hopper kernel (`attention_fwd_wgmma_*`, sm_90a module only): a producer warpgroup that
+/// copies the tiles and two consumer warpgroups of 64 query rows each, so [`HOPPER_BLOCK_M`]
+/// rows per block.
 pub const HOPPER_BLOCK_M: usize = 128;
 
-/// Threads per block of the Hopper kernel: two warpgroups.
-pub const HOPPER_THREADS: usize = 256;
+/// Threads per block of the Hopper kernel: three warpgroups.
+pub const HOPPER_THREADS: usize = 384;
 
 /// Head sizes of the Hopper kernel: multiples of 64 (a 128-byte swizzle row) up to 128. The
 /// others stay on the mma.sync kernel: at 256 the output tile alone takes 128 registers per
-/// thread, and this two-warpgroup design spills there (ptxas 13).
+/// thread, and this design spills there (ptxas 13).
 pub const HOPPER_HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// Keys per tile of the Hopper kernel: its score tile is a `wgmma` N of 128 (64 x 128 f32, 64
@@ -58,18 +59,18 @@ pub const fn hopper_block_n(_d: usize) -> usize {
     128
 }
 
-/// Stages of the Hopper kernel's K ring: the tile being multiplied and the one landing.
-pub const HOPPER_K_STAGES: usize = 2;
+/// Stages of the Hopper kernel's ring, each a K tile and a V tile: the one whose `P V` runs, the
+/// one whose scores run, the one landing.
+pub const HOPPER_STAGES: usize = 3;
 
-/// Stages of its V ring: one more than K's, because `P V` of tile `t - 1` runs while the scores
-/// of tile `t` are computed and tile `t + 1` lands.
-pub const HOPPER_V_STAGES: usize = 3;
+/// `mbarrier`s of the Hopper kernel: Q landed, and per stage landed and released.
+pub const HOPPER_BARRIERS: usize = 1 + 2 * HOPPER_STAGES;
 
-/// Dynamic shared memory of the Hopper kernel: Q `[128][D]`, K and V rings of
-/// `[hopper_block_n][D]` tiles (all in 128-byte-swizzle blocks of 64 columns), plus the 1024
-/// bytes that align them to a swizzle atom.
+/// Dynamic shared memory of the Hopper kernel: Q `[128][D]` and the ring of K and V
+/// `[hopper_block_n][D]` tiles (all in 128-byte-swizzle blocks of 64 columns), the 1024 bytes
+/// that align them to a swizzle atom, then its `mbarrier`s.
 pub const fn hopper_shared_bytes(d: usize) -> usize {
-    (HOPPER_BLOCK_M + (HOPPER_K_STAGES + HOPPER_V_STAGES) * hopper_block_n(d)) * d * 2 + 1024
+    (HOPPER_BLOCK_M + 2 * HOPPER_STAGES * hopper_block_n(d)) * d * 2 + 1024 + 8 * HOPPER_BARRIERS
 }
 
 /// Scalar arguments. The host launcher passes this very type.

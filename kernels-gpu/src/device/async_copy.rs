@@ -47,3 +47,17 @@ pub fn wait_group<const PENDING: u32>() {
     // SAFETY: waiting has no preconditions.
     unsafe { asm!("cp.async.wait_group {};", const PENDING, options(nostack)) };
 }
+
+/// `cp.async.mbarrier.arrive.noinc.shared::cta.b64 [bar]` (PTX ISA §9.7.9.25.3.3): makes `bar`
+/// track this thread's earlier `cp.async`s: once they have all landed, one arrival on its
+/// current phase. `.noinc`: the arrival counts against the barrier's expected count (which must
+/// include it). The waiting thread then sees the copied data (an acquire on the phase).
+///
+/// # Safety
+/// `bar` is an initialized `mbarrier` in shared memory whose current phase expects this
+/// arrival.
+#[inline(always)]
+pub unsafe fn arrive_when_landed(bar: SharedAddr) {
+    // SAFETY: the caller guarantees an initialized barrier expecting this arrival.
+    unsafe { asm!("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [{}];", in(reg32) bar.0, options(nostack)) };
+}

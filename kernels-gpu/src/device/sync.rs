@@ -139,3 +139,31 @@ pub fn wait_for_prerequisite_grids() {
         asm!("griddepcontrol.wait;", options(nostack))
     };
 }
+
+/// `setmaxnreg.inc.sync.aligned.u32 N` (PTX ISA §9.7.19.5; sm_90a): raises this warpgroup's
+/// registers per thread to `N` (a multiple of 8 in 24..=256), taking them from the pool that
+/// other warpgroups gave back with [`release_registers`]; blocks until they are free.
+///
+/// # Safety
+/// Every thread of the warpgroup executes it; the kernel's entry declares its block size
+/// (`.maxntid`), and the warpgroups' totals fit the SM's register file.
+#[cfg(dlkern_arch_specific)]
+#[inline(always)]
+pub unsafe fn claim_registers<const N: u32>() {
+    const { assert!(N % 8 == 0 && N >= 24 && N <= 256) };
+    // SAFETY: the caller guarantees warpgroup convergence and the register budget.
+    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {};", const N, options(nostack)) };
+}
+
+/// `setmaxnreg.dec.sync.aligned.u32 N` (PTX ISA §9.7.19.5; sm_90a): lowers this warpgroup's
+/// registers per thread to `N`, returning the rest to the pool [`claim_registers`] draws from.
+///
+/// # Safety
+/// As [`claim_registers`]; the code after it must fit in `N` registers.
+#[cfg(dlkern_arch_specific)]
+#[inline(always)]
+pub unsafe fn release_registers<const N: u32>() {
+    const { assert!(N % 8 == 0 && N >= 24 && N <= 256) };
+    // SAFETY: the caller guarantees warpgroup convergence and the register budget.
+    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {};", const N, options(nostack)) };
+}
