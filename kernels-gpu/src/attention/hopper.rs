@@ -25,7 +25,7 @@
 //! (the longest) to the first.
 
 use super::layout::{HOPPER_BLOCK_M, HOPPER_STAGES, hopper_block_n};
-use super::{Dims, Logits, RowSink, sequence_rows};
+use super::{Dims, Logits, RowSink, kv_offset, sequence_rows};
 use crate::device::async_copy::{arrive_when_landed, commit_group, cp_async_16_zfill, wait_group};
 use crate::device::shared::dynamic_shared_base;
 use crate::device::wgmma::{
@@ -181,11 +181,7 @@ unsafe fn attention_fwd_wgmma<
             // The producer: Q, then each tile's K and V into stage `i % 3` once the consumers
             // have released its previous tile (`i - 3`).
             sync::release_registers::<PRODUCER_REGISTERS>();
-            let kv_base = if CACHE {
-                b as u32 * p.kv_batch_stride + kvh as u32 * p.kv_head_stride + k0 * p.k_row_stride
-            } else {
-                k0 * p.k_row_stride + (kvh * D) as u32
-            };
+            let kv_base = kv_offset::<CACHE, D>(b, kvh, k0, &p);
             let (k_ptr, v_ptr) = (k.add(kv_base as usize), v.add(kv_base as usize));
             let q_ptr = q.add(((q0 + m0) * p.q_row_stride + (h * D) as u32) as usize);
             load_swizzled::<T, D, HOPPER_BLOCK_M>(q_s, q_ptr, p.q_row_stride, sq - m0);

@@ -98,6 +98,17 @@ unsafe fn sequence_rows<const CACHE: bool>(b: usize, cu_q: *const i32, cu_k: *co
     }
 }
 
+/// Elements from the start of `k` (and `v`) to key row `k0` of sequence `b`'s KV head `kvh`:
+/// in a BNSH cache (`CACHE`), or in token-major rows.
+#[inline(always)]
+fn kv_offset<const CACHE: bool, const D: usize>(b: usize, kvh: usize, k0: u32, p: &Dims) -> u32 {
+    if CACHE {
+        b as u32 * p.kv_batch_stride + kvh as u32 * p.kv_head_stride + k0 * p.k_row_stride
+    } else {
+        k0 * p.k_row_stride + (kvh * D) as u32
+    }
+}
+
 /// How raw scores `q.k` become base-2 logits: scaled in the exponent's FMA (`units`), or, with
 /// a soft cap or a scale <= 0 (which would turn the row max into a min), up front on the
 /// masking path (`units` 1).
@@ -339,11 +350,7 @@ unsafe fn attention_fwd<
         let q_ptr = q.add((q0 * p.q_row_stride + (h * D) as u32) as usize);
         // The KV-cache entries are instantiations of their own, so the token-major ones keep
         // their register allocation (compile-time strides there).
-        let kv_base = if CACHE {
-            b as u32 * p.kv_batch_stride + kvh as u32 * p.kv_head_stride + k0 * p.k_row_stride
-        } else {
-            k0 * p.k_row_stride + (kvh * D) as u32
-        };
+        let kv_base = kv_offset::<CACHE, D>(b, kvh, k0, &p);
         let k_ptr = k.add(kv_base as usize);
         let v_ptr = v.add(kv_base as usize);
         let load_kv = |tile: usize, stage: usize| {

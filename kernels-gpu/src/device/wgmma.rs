@@ -374,13 +374,6 @@ pub fn pin_accumulators(acc: &mut [i32; 128]) {
     unsafe { with_acc128!(touch_registers!(acc)) };
 }
 
-/// As [`pin_accumulators`], for the 64 f32 accumulators of a 64 x 128 tile.
-#[inline(always)]
-pub fn pin_accumulators_f32x64(acc: &mut [f32; 64]) {
-    // SAFETY: an instruction-free `asm`; it only constrains the compiler's scheduling.
-    unsafe { with_acc64!(touch_registers!(acc)) };
-}
-
 /// As [`pin_accumulators`], for `N` (32, 64 or 128) f32 accumulators.
 #[inline(always)]
 pub fn pin_accumulators_f32<const N: usize>(acc: &mut [f32; N]) {

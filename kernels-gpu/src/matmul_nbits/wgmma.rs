@@ -50,7 +50,7 @@ use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::cluster;
 use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, st_global_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
-use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32x64};
+use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32};
 use crate::device::{SharedAddr, WARP_SIZE, index, mbarrier, sync};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::unroll;
@@ -185,7 +185,7 @@ unsafe fn tile_sums<T: WgmmaElement>(
     let mut acc = [0.0f32; 64];
     // Zeroed here, once, on every path: `ptxas` serializes the `wgmma`s (C7515) when it sees
     // the zeroing on a path to the final wait, as it may without this.
-    pin_accumulators_f32x64(&mut acc);
+    pin_accumulators_f32(&mut acc);
     // SAFETY (whole body): the launch contract sizes every buffer; copies stay inside rows of
     // the permuted A and of B; scales and zero points are read only for existing (row, block)
     // pairs; barriers and warpgroup instructions are reached by all threads (every bound
@@ -352,7 +352,7 @@ unsafe fn tile_sums<T: WgmmaElement>(
             j += 2;
         }
         wgmma::wait_group::<0>();
-        pin_accumulators_f32x64(&mut acc);
+        pin_accumulators_f32(&mut acc);
         // Every thread is past its last wait: the barriers may be initialized again (the next
         // tile of a stream-K block).
         sync::sync_threads();
