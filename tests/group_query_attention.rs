@@ -482,6 +482,158 @@ mod gpu_tests {
         }
     }
 
+    /// One rotary shape for [`rotary_paths`].
+    #[derive(Clone, Copy, Debug)]
+    struct RotaryCase {
+        batch: usize,
+        seq: usize,
+        heads: usize,
+        head_size: usize,
+        rotary_dim: usize,
+        interleaved: bool,
+        /// Whether the 16-byte path can take this head at all (the aligned run must take it then).
+        vector: bool,
+    }
+
+    /// `rotary_raw` on aligned buffers (the vector path where the head allows it) and on the same
+    /// data one element off (the scalar path): the two outputs agree bit for bit and match the
+    /// f64 rotation; a position past the caches turns its token's heads to NaN (a copy reads no
+    /// position).
+    fn rotary_paths<T: dlkern::Element>(c: RotaryCase, rng: &mut Rng) {
+        use dlkern::ops::attention::launch::{HeadStrides, RotaryParams, RotaryPointers, RotaryPositions, rotary_raw};
+        let (device, stream) = gpu();
+        let (tokens, width) = (c.batch * c.seq, c.heads * c.head_size);
+        let n = tokens * width;
+        let max_position = 40;
+        let half = c.rotary_dim / 2;
+        let x: Vec<T> = rng.vec(n, -2.0, 2.0);
+        let angles: Vec<f64> = (0..max_position * half).map(|i| (i as f64 * 0.37).sin() * 3.0).collect();
+        let cos: Vec<T> = angles.iter().map(|a| T::from_f64(a.cos())).chain([T::default(); 8]).collect();
+        let sin: Vec<T> = angles.iter().map(|a| T::from_f64(a.sin())).chain([T::default(); 8]).collect();
+        // The last token's position lies past the caches.
+        let positions: Vec<i64> = (0..tokens)
+            .map(|t| if t + 1 == tokens { max_position as i64 } else { ((t * 7) % max_position) as i64 })
+            .collect();
+        let strides = HeadStrides { batch: c.seq * width, seq: width, head: c.head_size };
+        let params = RotaryParams {
+            dtype: T::DTYPE,
+            batch: c.batch,
+            seq: c.seq,
+            heads: c.heads,
+            head_size: c.head_size,
+            rotary_dim: c.rotary_dim,
+            interleaved: c.interleaved,
+            src: strides,
+            dst: strides,
+            positions: RotaryPositions::PerToken,
+            max_position,
+        };
+        let (cos_d, sin_d, pos_d) = (
+            stream.clone_htod(&cos).unwrap(),
+            stream.clone_htod(&sin).unwrap(),
+            stream.clone_htod(&positions).unwrap(),
+        );
+        // `offset` elements before the data: 0 keeps the buffers 16-byte aligned, 1 does not.
+        let run = |offset: usize| -> (Vec<T>, u32) {
+            let padded: Vec<T> = std::iter::repeat_n(T::default(), offset).chain(x.iter().copied()).collect();
+            let src = stream.clone_htod(&padded).unwrap();
+            let mut dst = stream.alloc_zeros::<T>(n + offset).unwrap();
+            let elem = std::mem::size_of::<T>() as u64;
+            let ptrs = RotaryPointers {
+                src: src.device_ptr(&stream).0 + offset as u64 * elem,
+                dst: dst.device_ptr_mut(&stream).0 + offset as u64 * elem,
+                cos: cos_d.device_ptr(&stream).0,
+                sin: sin_d.device_ptr(&stream).0,
+                position_ids: pos_d.device_ptr(&stream).0,
+                seqlens_k: 0,
+            };
+            let (_, _, args) = params.plan(&ptrs).unwrap();
+            // SAFETY: device buffers of the described extents, alive until the stream synchronizes.
+            unsafe { rotary_raw(&device, stream.cu_stream(), &params, &ptrs) }.unwrap();
+            stream.synchronize().unwrap();
+            (stream.clone_dtoh(&dst).unwrap()[offset..].to_vec(), args.units)
+        };
+        let ((vector, units), (scalar, scalar_units)) = (run(0), run(1));
+        assert_eq!(
+            units > 0,
+            c.vector,
+            "{c:?}: aligned buffers took the {} path",
+            if units > 0 { "vector" } else { "scalar" }
+        );
+        assert_eq!(scalar_units, 0, "{c:?}: buffers one element off took the vector path");
+        let bits = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
+        assert!(bits(&vector) == bits(&scalar), "{c:?}: the two paths differ");
+        let tol = 4.0 * common::unit_roundoff(T::DTYPE) * 4.0;
+        for t in 0..tokens {
+            for h in 0..c.heads {
+                let at = t * width + h * c.head_size;
+                let got = &vector[at..at + c.head_size];
+                // A copy (rotary dim 0) reads no position.
+                if positions[t] as usize >= max_position && c.rotary_dim > 0 {
+                    assert!(got.iter().all(|v| v.to_f64().is_nan()), "{c:?}: token {t} past the caches is not NaN");
+                    continue;
+                }
+                let mut want: Vec<f64> = x[at..at + c.head_size].iter().map(|v| v.to_f64()).collect();
+                let row = |table: &[T]| -> Vec<f64> {
+                    table[positions[t] as usize * half..][..half].iter().map(|v| v.to_f64()).collect()
+                };
+                dlkern::ops::common::rotary::rotate_head(
+                    &mut want,
+                    &row(&cos),
+                    &row(&sin),
+                    c.rotary_dim,
+                    c.interleaved,
+                );
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g.to_f64() - w).abs() <= tol,
+                        "{c:?}: token {t} head {h} element {i}: {} vs {w}",
+                        g.to_f64()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_rotary_vector_path_matches_scalar_path() {
+        use half::bf16;
+        let mut rng = Rng::new(23);
+        let case = |batch, seq, heads, head_size, rotary_dim, interleaved, vector| RotaryCase {
+            batch,
+            seq,
+            heads,
+            head_size,
+            rotary_dim,
+            interleaved,
+            vector,
+        };
+        for c in [
+            case(2, 7, 32, 128, 128, false, true),
+            case(1, 97, 3, 64, 32, true, true),
+            case(1, 1, 1, 64, 64, false, true),
+            case(1, 1025, 1, 128, 64, false, true),
+            // Rotary dim not a multiple of 16 elements: the scalar path both times.
+            case(1, 7, 4, 64, 20, false, false),
+            case(2, 3, 2, 256, 128, true, true),
+        ] {
+            rotary_paths::<f16>(c, &mut rng);
+        }
+        for c in [
+            case(1, 7, 13, 80, 80, false, true),
+            case(2, 5, 3, 96, 48, false, true),
+            case(1, 3, 2, 96, 36, true, false),
+        ] {
+            rotary_paths::<bf16>(c, &mut rng);
+        }
+        for c in
+            [case(1, 7, 5, 64, 64, true, true), case(1, 9, 3, 80, 0, false, true), case(1, 3, 2, 80, 6, false, false)]
+        {
+            rotary_paths::<f32>(c, &mut rng);
+        }
+    }
+
     /// The fused rotary launch (GroupQueryAttention's queries, keys and values in one) refuses
     /// what it cannot hold as one launch, naming it, before it launches anything.
     #[test]

@@ -460,7 +460,9 @@ pub struct RotaryPointers {
 }
 
 impl RotaryParams {
-    pub fn plan(&self) -> Result<(&'static str, LaunchDims, layout::RotaryArgs)> {
+    /// The launch of this call with these pointers: the vector path where the heads, strides and
+    /// tables allow 16-byte accesses, else the scalar path.
+    pub fn plan(&self, ptrs: &RotaryPointers) -> Result<(&'static str, LaunchDims, layout::RotaryArgs)> {
         let p = self;
         let bad = |m: String| Error::invalid(KERNEL, m);
         let kernel = layout::Dtype::from_name(p.dtype.name())
@@ -512,13 +514,47 @@ impl RotaryParams {
             // Nothing to look up without rotation: every position is valid.
             max_position: if p.rotary_dim == 0 { u32::MAX } else { p.max_position as u32 },
             capacity: capacity.min(i32::MAX as usize) as u32,
+            units: 0,
+            heads_per_block: 1,
+        };
+        let args = match self.vector_units(ptrs) {
+            Some(units) => layout::RotaryArgs { units, heads_per_block: layout::ROTARY_THREADS / units, ..args },
+            None => args,
         };
         let dims = LaunchDims {
-            grid: (p.seq as u32, p.batch as u32, p.heads as u32),
+            grid: (p.seq as u32, p.batch as u32, args.head_groups()),
             block: (layout::ROTARY_THREADS, 1, 1),
             shared_bytes: 0,
         };
         Ok((kernel, dims, args))
+    }
+
+    /// The 16-byte units per head of the vector path, where this call can take it: whole units
+    /// per head ([`layout::rotary_vector_units`]), at most one block's threads, `src` and `dst`
+    /// and every stride in whole units, and the cos / sin rows aligned for their loads.
+    fn vector_units(&self, ptrs: &RotaryPointers) -> Option<u32> {
+        let size = self.dtype.size_bytes();
+        let per_vec = 16 / size;
+        let units = layout::rotary_vector_units(
+            self.head_size as u32,
+            self.rotary_dim as u32,
+            self.interleaved,
+            per_vec as u32,
+        )?;
+        let whole = |strides: &HeadStrides| {
+            [strides.batch, strides.seq, strides.head].iter().all(|s| s.is_multiple_of(per_vec))
+        };
+        let table_align = if self.interleaved { 8 } else { 16 };
+        let tables_aligned =
+            self.rotary_dim == 0 || (ptrs.cos.is_multiple_of(table_align) && ptrs.sin.is_multiple_of(table_align));
+        (units > 0
+            && units <= layout::ROTARY_THREADS
+            && ptrs.src.is_multiple_of(16)
+            && ptrs.dst.is_multiple_of(16)
+            && whole(&self.src)
+            && whole(&self.dst)
+            && tables_aligned)
+            .then_some(units)
     }
 }
 
@@ -535,7 +571,7 @@ pub unsafe fn rotary_raw(
     params: &RotaryParams,
     ptrs: &RotaryPointers,
 ) -> Result<()> {
-    let (kernel, dims, args) = params.plan()?;
+    let (kernel, dims, args) = params.plan(ptrs)?;
     if params.seq == 0 || params.heads == 0 {
         return Ok(());
     }
@@ -588,7 +624,7 @@ pub unsafe fn rotary_jobs_raw(
         return Err(bad(format!("rotary: {} jobs in one launch (at most {})", jobs.len(), layout::ROTARY_JOBS)));
     }
     let mut packed = layout::RotaryJobs { count: jobs.len() as u32, ..Default::default() };
-    let mut heads = 0usize;
+    let mut groups = 0usize;
     for (j, (params, ptrs)) in jobs.iter().enumerate() {
         let same_tokens = (params.dtype, params.batch, params.seq) == (first.dtype, first.batch, first.seq);
         let same_tables = (ptrs.cos, ptrs.sin, ptrs.position_ids, ptrs.seqlens_k)
@@ -596,16 +632,16 @@ pub unsafe fn rotary_jobs_raw(
         if !same_tokens || !same_tables {
             return Err(bad(format!("rotary job {j}: other tokens, caches or positions than job 0's")));
         }
-        let (_, _, args) = params.plan()?;
+        let (_, _, args) = params.plan(ptrs)?;
         check_rotary_pointers(params, ptrs)?;
         (packed.src[j], packed.dst[j], packed.args[j]) = (ptrs.src, ptrs.dst, args);
-        heads += params.heads;
+        groups += args.head_groups() as usize;
     }
-    if first.seq == 0 || heads == 0 {
+    if first.seq == 0 || groups == 0 {
         return Ok(());
     }
-    if heads > 65535 {
-        return Err(bad(format!("rotary: {heads} heads over the jobs (at most 65535 in one launch)")));
+    if groups > 65535 {
+        return Err(bad(format!("rotary: {groups} head groups over the jobs (at most 65535 in one launch)")));
     }
     let words = if status != 0 {
         check_pointer(KERNEL, "status", status, 4)?;
@@ -617,7 +653,7 @@ pub unsafe fn rotary_jobs_raw(
         .and_then(|t| layout::entry(layout::Entry::RotaryJobs(t)))
         .ok_or_else(|| bad(format!("rotary: dtype {} not supported (f32, f16, bf16)", first.dtype)))?;
     let dims = LaunchDims {
-        grid: (first.seq as u32, first.batch as u32, heads as u32),
+        grid: (first.seq as u32, first.batch as u32, groups as u32),
         block: (layout::ROTARY_THREADS, 1, 1),
         shared_bytes: 0,
     };
@@ -628,4 +664,57 @@ pub unsafe fn rotary_jobs_raw(
     // as `rotary_raw` checks its call; validity and disjointness by contract. The kernel waits
     // for the grid before it before it reads or writes anything (a programmatic dependent).
     unsafe { device.launch_overlapping_in_one_wave(kernel, dims, stream, kp) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rotary(dtype: DType, head_size: usize, rotary_dim: usize, interleaved: bool) -> RotaryParams {
+        let strides = HeadStrides { batch: 4 * 7 * head_size, seq: 4 * head_size, head: head_size };
+        RotaryParams {
+            dtype,
+            batch: 2,
+            seq: 7,
+            heads: 4,
+            head_size,
+            rotary_dim,
+            interleaved,
+            src: strides,
+            dst: strides,
+            positions: RotaryPositions::PerToken,
+            max_position: 64,
+        }
+    }
+
+    const ALIGNED: RotaryPointers =
+        RotaryPointers { src: 0x1000, dst: 0x2000, cos: 0x3000, sin: 0x4000, position_ids: 0x5000, seqlens_k: 0 };
+
+    #[test]
+    fn rotary_takes_the_vector_path_only_where_every_access_is_whole() {
+        let units = |p: &RotaryParams, ptrs: &RotaryPointers| p.plan(ptrs).unwrap().2.units;
+        // Llama's head: 8 rotated units of 8 pairs (f16), 16 heads per block.
+        let llama = rotary(DType::F16, 128, 128, false);
+        let (_, dims, args) = llama.plan(&ALIGNED).unwrap();
+        assert_eq!((args.units, args.heads_per_block, dims.grid), (8, 16, (7, 2, 1)));
+        // Partial, interleaved: 4 units of 4 pairs, then 4 of the tail.
+        assert_eq!(units(&rotary(DType::F16, 64, 32, true), &ALIGNED), 8);
+        // f32: 4 elements per unit; a copy is all tail.
+        assert_eq!(units(&rotary(DType::F32, 80, 0, false), &ALIGNED), 20);
+        // Half the rotary dim not a multiple of 8 halves: scalar.
+        assert_eq!(units(&rotary(DType::F16, 64, 20, false), &ALIGNED), 0);
+        // Any pointer or stride off 16 bytes: scalar, one head per block.
+        for ptrs in [RotaryPointers { src: 0x1002, ..ALIGNED }, RotaryPointers { dst: 0x2008, ..ALIGNED }] {
+            let (_, dims, args) = llama.plan(&ptrs).unwrap();
+            assert_eq!((args.units, args.heads_per_block, dims.grid), (0, 1, (7, 2, 4)));
+        }
+        let odd_stride = RotaryParams { src: HeadStrides { head: 132, ..llama.src }, ..llama };
+        assert_eq!(units(&odd_stride, &ALIGNED), 0);
+        // The angle rows: 16 bytes apart from interleaved's 8.
+        let cos8 = RotaryPointers { cos: 0x3008, ..ALIGNED };
+        assert_eq!(units(&llama, &cos8), 0);
+        assert_eq!(units(&rotary(DType::F16, 128, 128, true), &cos8), 16);
+        // A copy reads no angles.
+        assert_eq!(units(&rotary(DType::F16, 128, 0, false), &RotaryPointers { cos: 1, sin: 1, ..ALIGNED }), 16);
+    }
 }

@@ -1,14 +1,15 @@
 //! Attention forward on Hopper's warpgroup tensor cores (`wgmma`; the sm_90a module only), the
 //! same computation, layouts and launch contract as the mma.sync kernel in `mod.rs` for head
-//! sizes 64 and 128.
+//! sizes 64, 128 and 256.
 //!
 //! A block is three warpgroups, FlashAttention-3's division of labour: warpgroup 0 copies, 1
 //! and 2 compute, warpgroup `w` owning query rows `64 (w - 1)..64 w` of the block's
 //! [`HOPPER_BLOCK_M`]. The producer gives up registers (`setmaxnreg`) to the consumers.
 //! - The producer copies Q, then each key tile's K and V (`cp.async`, zero-filling rows past the
-//!   sequence) into a ring of [`HOPPER_STAGES`] stages in the 128-byte-swizzle layout `wgmma`
-//!   reads, in blocks of 64 columns; each stage's `mbarrier` completes when its copies have
-//!   landed (`cp.async.mbarrier.arrive`), and it waits for a stage's release before refilling it.
+//!   sequence) into a ring of [`hopper_stages`] stages in the 128-byte-swizzle layout `wgmma`
+//!   reads, in blocks of 64 columns; a stage's K and V each have an `mbarrier` that completes
+//!   when their copies have landed (`cp.async.mbarrier.arrive`), and it waits for the consumers
+//!   to release a stage's K (after its scores) or V (after its `P V`) before refilling it.
 //! - Each consumer, per key tile: `S = Q K^T` with both operands in shared memory (64 f32
 //!   registers per thread), issued together with `O += P V` of the previous tile (P, that
 //!   tile's probabilities, in registers as the A operand; V read MN-major, transposed by the
@@ -17,14 +18,14 @@
 //!
 //! The consumers never meet at a block barrier, so one's softmax overlaps the other's GEMMs.
 //!
-//! # Launch contract: `attention_fwd{,_cache}_wgmma_{f16,bf16}_d{64,128}`
+//! # Launch contract: `attention_fwd{,_cache}_wgmma_{f16,bf16}_d{64,128,256}`
 //! As `attention_fwd{,_cache}_*` (module docs of `mod.rs`), with: grid
 //! `(ceil(max_seqlen_q / 128), H, batch)`, block `(384, 1, 1)` (`.maxntid`), dynamic shared memory
 //! [`hopper_shared_bytes`](super::layout::hopper_shared_bytes)`(D)` (over 48 KiB: the launcher raises the function's limit); a
 //! Hopper GPU running the sm_90a module. Causal launches visit the row blocks from the last
 //! (the longest) to the first.
 
-use super::layout::{HOPPER_BLOCK_M, HOPPER_STAGES, hopper_block_n};
+use super::layout::{HOPPER_BLOCK_M, hopper_block_n, hopper_stages};
 use super::{Dims, Logits, RowSink, kv_offset, sequence_rows};
 use crate::device::async_copy::{arrive_when_landed, commit_group, cp_async_16_zfill, wait_group};
 use crate::device::shared::dynamic_shared_base;
@@ -80,7 +81,10 @@ impl VisibleKeys {
 
 /// Copies `ROWS` rows of `D` halves from `src` (rows `stride` elements apart) into the swizzled
 /// tile at `dst` (`D / 64` blocks of `[ROWS][128 bytes]`), zero-filling rows at or past `valid`;
-/// the producer's 128 threads, each one 16-byte column chunk walking down the rows.
+/// the producer's 128 threads, each one 16-byte column chunk walking down the rows. A pass
+/// covers at most 16 chunks of a row, so that it moves down by a multiple of the swizzle
+/// period (8 rows: each thread's swizzled column stays the same); at head size 256 two sweeps
+/// cover the two halves of the row.
 ///
 /// # Safety
 /// Rows below `valid` must be readable; `src` a 16-byte aligned global address, `stride` a
@@ -90,27 +94,34 @@ impl VisibleKeys {
 #[allow(unused_assignments)]
 unsafe fn load_swizzled<T, const D: usize, const ROWS: usize>(dst: SharedAddr, src: *const T, stride: u32, valid: u32) {
     let chunks = D / 8;
-    let rows_per_pass = PRODUCER_THREADS / chunks; // 16 or 8: a multiple of the swizzle period
+    let per_pass = if chunks > 16 { 16 } else { chunks };
+    let rows_per_pass = PRODUCER_THREADS / per_pass; // 16 or 8: a multiple of the swizzle period
+    const { assert!(D / 8 <= 32 && ROWS <= 16 * 8) };
     let tid = index::thread_idx_x() as usize % PRODUCER_THREADS;
-    let (r0, c) = (tid / chunks, tid % chunks);
-    let dst = dst.offset(((c / 8) * ROWS * SWIZZLE_ROW) as u32 + SharedMatrix::swizzle128_offset(r0, c % 8));
+    let (r0, c0) = (tid / per_pass, tid % per_pass);
     let step = (rows_per_pass as u32 * stride) as usize;
-    // SAFETY: offsets fit in 32 bits (the host bounds every tensor by i32::MAX elements).
-    let mut from = unsafe { src.add((r0 as u32 * stride + (c * 8) as u32) as usize) };
-    unroll!(IT in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-        if IT * rows_per_pass < ROWS {
-            let ok = ((r0 + IT * rows_per_pass) as u32) < valid;
-            // SAFETY: rows below `valid` are readable; others copy 0 bytes from the base.
-            unsafe {
-                cp_async_16_zfill(dst.offset((IT * rows_per_pass * SWIZZLE_ROW) as u32), if ok { from } else { src }.cast(), if ok { 16 } else { 0 });
-                from = from.wrapping_add(step);
-            }
+    unroll!(SWEEP in [0, 1] {
+        if SWEEP * per_pass < chunks {
+            let c = c0 + SWEEP * per_pass;
+            let dst = dst.offset(((c / 8) * ROWS * SWIZZLE_ROW) as u32 + SharedMatrix::swizzle128_offset(r0, c % 8));
+            // SAFETY: offsets fit in 32 bits (the host bounds every tensor by i32::MAX elements).
+            let mut from = unsafe { src.add((r0 as u32 * stride + (c * 8) as u32) as usize) };
+            unroll!(IT in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                if IT * rows_per_pass < ROWS {
+                    let ok = ((r0 + IT * rows_per_pass) as u32) < valid;
+                    // SAFETY: rows below `valid` are readable; others copy 0 bytes from the base.
+                    unsafe {
+                        cp_async_16_zfill(dst.offset((IT * rows_per_pass * SWIZZLE_ROW) as u32), if ok { from } else { src }.cast(), if ok { 16 } else { 0 });
+                        from = from.wrapping_add(step);
+                    }
+                }
+            });
         }
     });
 }
 
 /// The kernel. `S` = score registers per thread (`BN / 2`), `O` = output registers (`D / 2`),
-/// `PK` = K steps of `P V` (`BN / 16`).
+/// `PK` = K steps of `P V` (`BN / 16`), `STAGES` = stages of the K/V ring.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attention_fwd_wgmma<
@@ -121,6 +132,7 @@ unsafe fn attention_fwd_wgmma<
     const S: usize,
     const O: usize,
     const PK: usize,
+    const STAGES: usize,
     const CACHE: bool,
 >(
     q: *const T,
@@ -132,7 +144,7 @@ unsafe fn attention_fwd_wgmma<
     cu_k: *const i32,
     p: Dims,
 ) {
-    const { assert!(S == BN / 2 && O == D / 2 && PK == BN / 16 && D % 64 == 0) };
+    const { assert!(S == BN / 2 && O == D / 2 && PK == BN / 16 && D % 64 == 0 && (STAGES == 2 || STAGES == 3)) };
     let bm = HOPPER_BLOCK_M;
     let row_blocks = index::grid_dim_x() as usize;
     let mb = if p.causal != 0 { row_blocks - 1 - index::block_idx_x() as usize } else { index::block_idx_x() as usize };
@@ -162,24 +174,32 @@ unsafe fn attention_fwd_wgmma<
         let q_s = SharedMatrix::atom_aligned(dynamic_shared_base());
         let k_s = |stage: usize| q_s.offset(tile_bytes(bm + 2 * stage * BN));
         let v_s = |stage: usize| q_s.offset(tile_bytes(bm + (2 * stage + 1) * BN));
-        // The mbarriers, after the tiles: Q landed; stage `s` landed; stage `s` released.
-        let bars = q_s.offset(tile_bytes(bm + 2 * HOPPER_STAGES * BN));
+        // The mbarriers, after the tiles: Q landed; then per stage K landed, V landed, K
+        // released and V released (K and V apart: a stage's next K may land while its V is
+        // still read).
+        let bars = q_s.offset(tile_bytes(bm + 2 * STAGES * BN));
         let q_landed = bars;
-        let landed = |stage: usize| bars.offset((8 + 8 * stage) as u32);
-        let released = |stage: usize| bars.offset((8 + 8 * HOPPER_STAGES + 8 * stage) as u32);
+        let barrier = |kind: usize, stage: usize| bars.offset((8 + 8 * (kind * STAGES + stage)) as u32);
+        let k_landed = |stage: usize| barrier(0, stage);
+        let v_landed = |stage: usize| barrier(1, stage);
+        let k_released = |stage: usize| barrier(2, stage);
+        let v_released = |stage: usize| barrier(3, stage);
         if tid == 0 {
             mbarrier::init(q_landed, PRODUCER_THREADS as u32);
             unroll!(ST in [0, 1, 2] {
-                const { assert!(HOPPER_STAGES == 3) };
-                mbarrier::init(landed(ST), PRODUCER_THREADS as u32);
-                mbarrier::init(released(ST), 2 * PRODUCER_THREADS as u32);
+                if ST < STAGES {
+                    mbarrier::init(k_landed(ST), PRODUCER_THREADS as u32);
+                    mbarrier::init(v_landed(ST), PRODUCER_THREADS as u32);
+                    mbarrier::init(k_released(ST), 2 * PRODUCER_THREADS as u32);
+                    mbarrier::init(v_released(ST), 2 * PRODUCER_THREADS as u32);
+                }
             });
         }
         sync::sync_threads();
 
         if warpgroup == 0 {
-            // The producer: Q, then each tile's K and V into stage `i % 3` once the consumers
-            // have released its previous tile (`i - 3`).
+            // The producer: Q, then each tile's K and V into stage `i % STAGES`, each once the
+            // consumers have released that stage's previous K or V (tile `i - STAGES`).
             sync::release_registers::<PRODUCER_REGISTERS>();
             let kv_base = kv_offset::<CACHE, D>(b, kvh, k0, &p);
             let (k_ptr, v_ptr) = (k.add(kv_base as usize), v.add(kv_base as usize));
@@ -188,16 +208,21 @@ unsafe fn attention_fwd_wgmma<
             arrive_when_landed(q_landed);
             for tile in tile_lo..tile_hi {
                 let i = tile - tile_lo;
-                let stage = i % HOPPER_STAGES;
-                if i >= HOPPER_STAGES {
-                    mbarrier::wait_parity(released(stage), ((i / HOPPER_STAGES - 1) & 1) as u32);
-                }
+                let stage = i % STAGES;
+                let reuse = ((i / STAGES).wrapping_sub(1) & 1) as u32;
                 let first = (tile * BN) as u32;
                 let valid = sk.saturating_sub(first).min(BN as u32);
                 let off = (first * p.k_row_stride) as usize;
+                if i >= STAGES {
+                    mbarrier::wait_parity(k_released(stage), reuse);
+                }
                 load_swizzled::<T, D, BN>(k_s(stage), k_ptr.add(off), p.k_row_stride, valid);
+                arrive_when_landed(k_landed(stage));
+                if i >= STAGES {
+                    mbarrier::wait_parity(v_released(stage), reuse);
+                }
                 load_swizzled::<T, D, BN>(v_s(stage), v_ptr.add(off), p.k_row_stride, valid);
-                arrive_when_landed(landed(stage));
+                arrive_when_landed(v_landed(stage));
             }
             commit_group();
             wait_group::<0>(); // no copy outlives the block
@@ -223,24 +248,30 @@ unsafe fn attention_fwd_wgmma<
         let row_base = group * 64 + warp_in_group * 16 + g;
 
         let mut s = [0.0f32; S];
-        let mut o = [0.0f32; O];
+        let mut o = wgmma::zeroed_accumulators_f32::<O>();
         let mut pf = [[0u32; 4]; PK];
         let mut m = [f32::NEG_INFINITY; 2];
         let mut l = [0.0f32; 2];
 
-        // Waits until tile `tile`'s stage has landed, and orders the copies' (generic-proxy)
-        // writes before this thread's `wgmma` reads.
-        macro_rules! tile_landed {
-            ($tile:expr) => {{
+        // Waits until tile `tile`'s K (or V) has landed in its stage; the caller then orders the
+        // copies' (generic-proxy) writes before its `wgmma` reads.
+        macro_rules! landed {
+            ($barrier:ident, $tile:expr) => {{
                 let i: usize = $tile - tile_lo;
-                mbarrier::wait_parity(landed(i % HOPPER_STAGES), ((i / HOPPER_STAGES) & 1) as u32);
-                fence_proxy_async_shared();
+                mbarrier::wait_parity($barrier(i % STAGES), ((i / STAGES) & 1) as u32);
+            }};
+        }
+        // Tile `tile`'s K (or V) is done with: its stage's next K (V) may be copied.
+        macro_rules! release {
+            ($barrier:ident, $tile:expr) => {{
+                let tile: usize = $tile;
+                mbarrier::arrive($barrier((tile - tile_lo) % STAGES));
             }};
         }
         // Issues S = Q K^T of tile `tile` (one wgmma group; the caller commits).
         macro_rules! issue_scores { ($tile:expr) => {{
             let tile: usize = $tile;
-            let k_tile = k_s((tile - tile_lo) % HOPPER_STAGES);
+            let k_tile = k_s((tile - tile_lo) % STAGES);
             unroll!(KS in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
                 if KS < D / 16 {
                     if KS == 0 {
@@ -254,7 +285,7 @@ unsafe fn attention_fwd_wgmma<
         // Issues O += P V of tile `tile`.
         macro_rules! issue_pv { ($tile:expr) => {{
             let tile: usize = $tile;
-            let v_tile = v_s((tile - tile_lo) % HOPPER_STAGES);
+            let v_tile = v_s((tile - tile_lo) % STAGES);
             unroll!(KK in [0, 1, 2, 3, 4, 5, 6, 7] {
                 if KK < PK {
                     mma_async_k16_register_a_mn_b::<BF16, O>(&mut o, pf[KK], SharedMatrix::mn_major_swizzle128(v_tile.offset(v_step(KK)), (BN * SWIZZLE_ROW) as u32));
@@ -323,19 +354,23 @@ unsafe fn attention_fwd_wgmma<
 
         if tile_lo < tile_hi {
             // The first tile: scores alone (O is still zero).
-            tile_landed!(tile_lo);
+            landed!(k_landed, tile_lo);
+            fence_proxy_async_shared();
             wgmma::fence();
             issue_scores!(tile_lo);
             wgmma::commit_group();
             wgmma::wait_group::<0>();
             pin_accumulators_f32(&mut s);
+            release!(k_released, tile_lo);
             softmax!(tile_lo);
             pack!();
 
             // Then per tile: its scores and the previous tile's `P V` in flight together; the
             // softmax of its scores runs under that `P V`.
             for tile in tile_lo + 1..tile_hi {
-                tile_landed!(tile);
+                landed!(k_landed, tile);
+                landed!(v_landed, tile - 1);
+                fence_proxy_async_shared();
                 wgmma::fence();
                 issue_scores!(tile);
                 wgmma::commit_group();
@@ -343,11 +378,11 @@ unsafe fn attention_fwd_wgmma<
                 wgmma::commit_group();
                 wgmma::wait_group::<1>();
                 pin_accumulators_f32(&mut s);
+                release!(k_released, tile);
                 let corr = softmax!(tile);
                 wgmma::wait_group::<0>();
                 pin_accumulators_f32(&mut o);
-                // Tile - 1's K and V are done with: its stage may be refilled.
-                mbarrier::arrive(released((tile - 1 - tile_lo) % HOPPER_STAGES));
+                release!(v_released, tile - 1);
                 if warp::any(corr[0] != 1.0 || corr[1] != 1.0) {
                     unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                         if U < D / 8 {
@@ -360,6 +395,8 @@ unsafe fn attention_fwd_wgmma<
                 pack!();
             }
 
+            landed!(v_landed, tile_hi - 1);
+            fence_proxy_async_shared();
             wgmma::fence();
             issue_pv!(tile_hi - 1);
             wgmma::commit_group();
@@ -391,7 +428,11 @@ macro_rules! hopper_entries {
         ) {
             const BN: usize = hopper_block_n($d);
             // SAFETY: forwarded launch contract.
-            unsafe { attention_fwd_wgmma::<$ty, $bf16, $d, BN, { BN / 2 }, { $d / 2 }, { BN / 16 }, $cache>(q, k, v, out, lse, cu_q, cu_k, dims) }
+            unsafe {
+                attention_fwd_wgmma::<$ty, $bf16, $d, BN, { BN / 2 }, { $d / 2 }, { BN / 16 }, { hopper_stages($d) }, $cache>(
+                    q, k, v, out, lse, cu_q, cu_k, dims,
+                )
+            }
         }
     )+};
 }
@@ -399,16 +440,20 @@ macro_rules! hopper_entries {
 hopper_entries!(F16, false, false,
     attention_fwd_wgmma_f16_d64: 64;
     attention_fwd_wgmma_f16_d128: 128;
+    attention_fwd_wgmma_f16_d256: 256;
 );
 hopper_entries!(Bf16, true, false,
     attention_fwd_wgmma_bf16_d64: 64;
     attention_fwd_wgmma_bf16_d128: 128;
+    attention_fwd_wgmma_bf16_d256: 256;
 );
 hopper_entries!(F16, false, true,
     attention_fwd_cache_wgmma_f16_d64: 64;
     attention_fwd_cache_wgmma_f16_d128: 128;
+    attention_fwd_cache_wgmma_f16_d256: 256;
 );
 hopper_entries!(Bf16, true, true,
     attention_fwd_cache_wgmma_bf16_d64: 64;
     attention_fwd_cache_wgmma_bf16_d128: 128;
+    attention_fwd_cache_wgmma_bf16_d256: 256;
 );

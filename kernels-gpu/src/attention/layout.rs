@@ -48,29 +48,31 @@ pub const HOPPER_BLOCK_M: usize = 128;
 /// Threads per block of the Hopper kernel: three warpgroups.
 pub const HOPPER_THREADS: usize = 384;
 
-/// Head sizes of the Hopper kernel: multiples of 64 (a 128-byte swizzle row) up to 128. The
-/// others stay on the mma.sync kernel: at 256 the output tile alone takes 128 registers per
-/// thread, and this design spills there (ptxas 13).
-pub const HOPPER_HEAD_DIMS: [usize; 2] = [64, 128];
-
-/// Keys per tile of the Hopper kernel: its score tile is a `wgmma` N of 128 (64 x 128 f32, 64
-/// registers per thread).
-pub const fn hopper_block_n(_d: usize) -> usize {
-    128
+/// Keys per tile of the Hopper kernel: 128 (a 64 x 128 f32 score tile, 64 registers per
+/// consumer thread), 64 at head size 256, where the output tile alone takes 128 registers.
+pub const fn hopper_block_n(d: usize) -> usize {
+    if d > 128 { 64 } else { 128 }
 }
 
-/// Stages of the Hopper kernel's ring, each a K tile and a V tile: the one whose `P V` runs, the
-/// one whose scores run, the one landing.
-pub const HOPPER_STAGES: usize = 3;
+/// Stages of the Hopper kernel's ring, each a K tile and a V tile: three (the tile whose `P V`
+/// runs, the one whose scores run, the one landing), two at head size 256, whose three would
+/// not fit in shared memory. K and V have barriers of their own, so a stage's next K lands
+/// while the consumers still read its V.
+pub const fn hopper_stages(d: usize) -> usize {
+    if d > 128 { 2 } else { 3 }
+}
 
-/// `mbarrier`s of the Hopper kernel: Q landed, and per stage landed and released.
-pub const HOPPER_BARRIERS: usize = 1 + 2 * HOPPER_STAGES;
+/// `mbarrier`s of the Hopper kernel: Q landed, and per stage K landed, V landed, K released and
+/// V released.
+pub const fn hopper_barriers(d: usize) -> usize {
+    1 + 4 * hopper_stages(d)
+}
 
 /// Dynamic shared memory of the Hopper kernel: Q `[128][D]` and the ring of K and V
 /// `[hopper_block_n][D]` tiles (all in 128-byte-swizzle blocks of 64 columns), the 1024 bytes
 /// that align them to a swizzle atom, then its `mbarrier`s.
 pub const fn hopper_shared_bytes(d: usize) -> usize {
-    (HOPPER_BLOCK_M + 2 * HOPPER_STAGES * hopper_block_n(d)) * d * 2 + 1024 + 8 * HOPPER_BARRIERS
+    (HOPPER_BLOCK_M + 2 * hopper_stages(d) * hopper_block_n(d)) * d * 2 + 1024 + 8 * hopper_barriers(d)
 }
 
 /// Scalar arguments. The host launcher passes this very type.
@@ -169,6 +171,32 @@ pub struct RotaryArgs {
     pub max_position: u32,
     /// Positions per sequence in the KV cache (the cache modes clamp lengths to it).
     pub capacity: u32,
+    /// 16-byte units per head ([`rotary_vector_units`]) where the call takes the vector path,
+    /// 0 for the scalar path (one head per block, one element pair per thread and step).
+    pub units: u32,
+    /// Heads per block: `ROTARY_THREADS / units` on the vector path, 1 on the scalar path.
+    pub heads_per_block: u32,
+}
+
+impl RotaryArgs {
+    /// Blocks along the grid's z for this call's heads.
+    pub const fn head_groups(&self) -> u32 {
+        let per_block = if self.heads_per_block == 0 { 1 } else { self.heads_per_block };
+        self.heads.div_ceil(per_block)
+    }
+}
+
+/// The 16-byte units (`per_vec` elements each) a thread of the vector path takes, per head:
+/// one per `per_vec` rotated pairs (each pair's two elements are `rotary_dim / 2` apart, so a
+/// unit is two vectors there; with `interleaved` the pairs are adjacent and a unit is one vector
+/// of `per_vec / 2` pairs), then one per `per_vec` elements of the pass-through tail. `None`
+/// when the head does not split into whole units that way.
+pub const fn rotary_vector_units(head_size: u32, rotary_dim: u32, interleaved: bool, per_vec: u32) -> Option<u32> {
+    let rotated = if interleaved { rotary_dim } else { rotary_dim / 2 };
+    if rotary_dim > head_size || !rotated.is_multiple_of(per_vec) || !(head_size - rotary_dim).is_multiple_of(per_vec) {
+        return None;
+    }
+    Some(rotated / per_vec + (head_size - rotary_dim) / per_vec)
 }
 
 /// The calls of one `attention_rotary_jobs_*` launch: job `j` (of `count`) rotates (or copies)
@@ -207,12 +235,16 @@ pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::FwdCache(Dtype::Bf16, 256), "attention_fwd_cache_bf16_d256"),
     (Entry::Hopper(Dtype::F16, 64), "attention_fwd_wgmma_f16_d64"),
     (Entry::Hopper(Dtype::F16, 128), "attention_fwd_wgmma_f16_d128"),
+    (Entry::Hopper(Dtype::F16, 256), "attention_fwd_wgmma_f16_d256"),
     (Entry::Hopper(Dtype::Bf16, 64), "attention_fwd_wgmma_bf16_d64"),
     (Entry::Hopper(Dtype::Bf16, 128), "attention_fwd_wgmma_bf16_d128"),
+    (Entry::Hopper(Dtype::Bf16, 256), "attention_fwd_wgmma_bf16_d256"),
     (Entry::HopperCache(Dtype::F16, 64), "attention_fwd_cache_wgmma_f16_d64"),
     (Entry::HopperCache(Dtype::F16, 128), "attention_fwd_cache_wgmma_f16_d128"),
+    (Entry::HopperCache(Dtype::F16, 256), "attention_fwd_cache_wgmma_f16_d256"),
     (Entry::HopperCache(Dtype::Bf16, 64), "attention_fwd_cache_wgmma_bf16_d64"),
     (Entry::HopperCache(Dtype::Bf16, 128), "attention_fwd_cache_wgmma_bf16_d128"),
+    (Entry::HopperCache(Dtype::Bf16, 256), "attention_fwd_cache_wgmma_bf16_d256"),
     (Entry::Rotary(Dtype::F32), "attention_rotary_f32"),
     (Entry::Rotary(Dtype::F16), "attention_rotary_f16"),
     (Entry::Rotary(Dtype::Bf16), "attention_rotary_bf16"),

@@ -4,14 +4,19 @@
 //! keys straight into the KV cache, and copies the new values there (`rotary_dim` 0).
 //!
 //! # Launch contract: `attention_rotary_{f32,f16,bf16}`
-//! - grid `(seq, batch, heads)`, block `(ROTARY_THREADS, 1, 1)`, no shared memory: block
-//!   `(s, b, h)` does head `h` of token `s` of sequence `b` (one head per block: the loads of a
-//!   thread's pairs cannot move past its stores, which may alias them, so fewer pairs per
-//!   thread is what hides the latency).
+//! - grid `(seq, batch, args.head_groups())`, block `(ROTARY_THREADS, 1, 1)`, no shared
+//!   memory. Block `(s, b, g)` does token `s` of sequence `b`, heads `g * heads_per_block ..`:
+//!   - scalar path (`units` 0, `heads_per_block` 1): head `g`, each thread a pair (or a
+//!     pass-through element) per step of `ROTARY_THREADS`;
+//!   - vector path (`units` = [`super::layout::rotary_vector_units`] of the head with
+//!     `T::PER_VEC`, `heads_per_block` = `ROTARY_THREADS / units`): thread `t` does unit
+//!     `t % units` of head `t / units` of the group with 16-byte accesses. Needs `src`, `dst`,
+//!     every stride and the heads 16-byte aligned, and `cos` / `sin` 16-byte aligned (8 with
+//!     `interleaved`). Same results as the scalar path, bit for bit.
 //! - `src` head `h` of token `(b, s)` starts at element `b * src_batch_stride + s * src_seq_stride
 //!   + h * src_head_stride`, and `dst` likewise with its own strides (row `dst_row` below
 //!   instead of `s`); `head_size` contiguous elements each. `dst` must not overlap `src` unless
-//!   it is the very same layout (in place: each thread reads a pair, then writes it).
+//!   it is the very same layout (in place: each thread reads its pair or unit, then writes it).
 //! - `cos`, `sin`: `[max_position, rotary_dim / 2]`, contiguous.
 //! - positions ([`RotaryArgs::positions`]): `POSITIONS_PER_TOKEN` reads `position_ids[b * seq + s]`
 //!   (i64); `POSITIONS_FROM_FIRST` reads `position_ids[0] + s`; `POSITIONS_CACHE_APPEND` and
@@ -26,15 +31,16 @@
 //!
 //! # Launch contract: `attention_rotary_jobs_{f32,f16,bf16}`
 //! - Up to [`ROTARY_JOBS`] such calls in one launch ([`RotaryJobs`]), over the same `seq` tokens
-//!   of the same batch: grid `(seq, batch, sum of the jobs' heads)`, block and memory as
-//!   above; block `(s, b, z)` does head `z - (heads of the jobs before)` of the job `z` falls
-//!   in. The jobs' destinations must not overlap each other or another job's source.
+//!   of the same batch: grid `(seq, batch, sum of the jobs' head groups)`, block and memory as
+//!   above; block `(s, b, z)` does group `z - (groups of the jobs before)` of the job `z` falls
+//!   in, each job on its own path. The jobs' destinations must not overlap each other or another job's source.
 //! - `status`, when not null, is `status_words` u32 set to 0 by the launch (the flag word and
 //!   arrival counters of the attention kernels that follow it in the stream).
 //! - may be launched as a programmatic dependent (Hopper's module): every thread waits for the
 //!   grid before it (`griddepcontrol.wait`) before it reads or writes anything, then lets the
 //!   next grid (the attention kernel) start.
 
+use crate::device::memory::{ld_global_nc_v2, ld_global_nc_v4, ld_global_v4, st_global_v4};
 use crate::device::{index, sync};
 use crate::element::{Bf16, Element, F16};
 use crate::rotary::rotary_pair;
@@ -44,6 +50,8 @@ pub use super::layout::{
     ROTARY_THREADS, RotaryArgs, RotaryJobs,
 };
 
+/// Block `(s, b, group)`'s part of one rotary call: the token's position and destination
+/// row, then the heads of `group` on the vector or the scalar path.
 #[inline(always)]
 unsafe fn rotary<T: Element>(
     src: *const T,
@@ -53,11 +61,10 @@ unsafe fn rotary<T: Element>(
     position_ids: *const i64,
     seqlens_k: *const i32,
     p: RotaryArgs,
-    h: u32,
+    group: u32,
 ) {
     let s = index::block_idx_x() as u64;
     let b = index::block_idx_y() as u64;
-    let tid = index::thread_idx_x();
     // SAFETY (whole body): the launch contract sizes every buffer for the strides and shapes
     // in `p`; positions are checked before `cos` / `sin` are read.
     unsafe {
@@ -77,38 +84,141 @@ unsafe fn rotary<T: Element>(
             }
         };
         let valid = position >= 0 && position < p.max_position as i64;
-        let half = p.rotary_dim / 2;
-        let cache_row = if valid { position as usize * half as usize } else { 0 };
-        let src = src.add((b * p.src_batch_stride as u64 + s * p.src_seq_stride as u64) as usize);
-        let dst = dst.add((b * p.dst_batch_stride as u64 + dst_row * p.dst_seq_stride as u64) as usize);
-        // Work items per head: the rotated pairs, then the pass-through tail.
-        let per_head = half + p.head_size.saturating_sub(p.rotary_dim);
-        let mut w = tid;
-        while w < per_head {
-            let x = src.add((h * p.src_head_stride) as usize);
-            let y = dst.add((h * p.dst_head_stride) as usize);
-            if w < half {
-                let (i, j) = rotary_pair(w as usize, p.rotary_dim as usize, p.interleaved != 0);
-                let (a, bv) = (x.add(i).read().to_f32(), x.add(j).read().to_f32());
-                let (out_i, out_j) = if valid {
-                    let (c, sn) = (
-                        cos.add(cache_row + w as usize).read().to_f32(),
-                        sin.add(cache_row + w as usize).read().to_f32(),
-                    );
-                    (a * c - bv * sn, bv * c + a * sn)
-                } else {
-                    (f32::NAN, f32::NAN)
-                };
-                y.add(i).write(T::from_f32(out_i));
-                y.add(j).write(T::from_f32(out_j));
-            } else {
-                let i = (p.rotary_dim + w - half) as usize;
-                let v = x.add(i).read();
-                y.add(i).write(if valid { v } else { T::from_f32(f32::NAN) });
-            }
-            w += ROTARY_THREADS;
+        let token = Token {
+            src: src.add((b * p.src_batch_stride as u64 + s * p.src_seq_stride as u64) as usize),
+            dst: dst.add((b * p.dst_batch_stride as u64 + dst_row * p.dst_seq_stride as u64) as usize),
+            valid,
+            cos_row: if valid { position as usize * (p.rotary_dim / 2) as usize } else { 0 },
+        };
+        if p.units == 0 {
+            token.rotate_scalar(cos, sin, &p, group);
+        } else {
+            token.rotate_vector(cos, sin, &p, group);
         }
     }
+}
+
+/// One token of one call: where its heads are read and written, and its position's row of the
+/// cos / sin caches.
+#[derive(Clone, Copy)]
+struct Token<T> {
+    src: *const T,
+    dst: *mut T,
+    /// The position lies in the caches; otherwise every element written is NaN.
+    valid: bool,
+    cos_row: usize,
+}
+
+impl<T: Element> Token<T> {
+    /// The scalar path: head `h` of this block, one pair (or one pass-through element) per
+    /// thread and step.
+    ///
+    /// # Safety
+    /// The launch contract, with `p.units == 0`.
+    #[inline(always)]
+    unsafe fn rotate_scalar(&self, cos: *const T, sin: *const T, p: &RotaryArgs, h: u32) {
+        let half = p.rotary_dim / 2;
+        // Work items per head: the rotated pairs, then the pass-through tail.
+        let per_head = half + p.head_size.saturating_sub(p.rotary_dim);
+        let mut w = index::thread_idx_x();
+        // SAFETY: in-range by the launch contract; `cos` / `sin` read only when valid.
+        unsafe {
+            let x = self.src.add((h * p.src_head_stride) as usize);
+            let y = self.dst.add((h * p.dst_head_stride) as usize);
+            while w < per_head {
+                if w < half {
+                    let (i, j) = rotary_pair(w as usize, p.rotary_dim as usize, p.interleaved != 0);
+                    let (a, bv) = (x.add(i).read().to_f32(), x.add(j).read().to_f32());
+                    let (out_i, out_j) = if self.valid {
+                        let at = self.cos_row + w as usize;
+                        rotate(a, bv, cos.add(at).read().to_f32(), sin.add(at).read().to_f32())
+                    } else {
+                        (f32::NAN, f32::NAN)
+                    };
+                    y.add(i).write(T::from_f32(out_i));
+                    y.add(j).write(T::from_f32(out_j));
+                } else {
+                    let i = (p.rotary_dim + w - half) as usize;
+                    let v = x.add(i).read();
+                    y.add(i).write(if self.valid { v } else { T::from_f32(f32::NAN) });
+                }
+                w += ROTARY_THREADS;
+            }
+        }
+    }
+
+    /// The vector path: `p.heads_per_block` heads of this block's group, one 16-byte unit
+    /// ([`super::layout::rotary_vector_units`]) per thread: the same arithmetic as the scalar
+    /// path, element for element, on a sixteenth of the instructions per byte.
+    ///
+    /// # Safety
+    /// The launch contract, with `p.units` the units of `p`'s heads and every head, row and
+    /// unit 16-byte aligned (the `cos` / `sin` rows 16-byte aligned, 8 with `interleaved`).
+    #[inline(always)]
+    unsafe fn rotate_vector(&self, cos: *const T, sin: *const T, p: &RotaryArgs, group: u32) {
+        let w = T::PER_VEC;
+        let tid = index::thread_idx_x();
+        let (slot, unit) = (tid / p.units, (tid % p.units) as usize);
+        let h = group * p.heads_per_block + slot;
+        if slot >= p.heads_per_block || h >= p.heads {
+            return;
+        }
+        let interleaved = p.interleaved != 0;
+        let (rotary, half) = (p.rotary_dim as usize, p.rotary_dim as usize / 2);
+        let rotated_units = if interleaved { rotary / w } else { half / w };
+        let nan = [f32::NAN; 8];
+        // SAFETY: in-range and aligned by the launch contract; `cos` / `sin` read only when valid.
+        unsafe {
+            let x = self.src.add((h * p.src_head_stride) as usize);
+            let y = self.dst.add((h * p.dst_head_stride) as usize);
+            let (mut lo, mut hi) = ([0f32; 8], [0f32; 8]);
+            if unit >= rotated_units {
+                let at = rotary + (unit - rotated_units) * w;
+                let v = ld_global_v4(x.add(at).cast());
+                st_global_v4(y.add(at).cast(), if self.valid { v } else { T::pack_vec(&nan) });
+            } else if interleaved {
+                // `w / 2` adjacent pairs and their `w / 2` angles (8 bytes).
+                let at = unit * w;
+                T::unpack_vec(ld_global_v4(x.add(at).cast()), &mut lo);
+                if self.valid {
+                    let [c0, c1] = ld_global_nc_v2(cos.add(self.cos_row + at / 2).cast());
+                    let [s0, s1] = ld_global_nc_v2(sin.add(self.cos_row + at / 2).cast());
+                    let (mut c, mut sn) = ([0f32; 8], [0f32; 8]);
+                    T::unpack_vec([c0, c1, 0, 0], &mut c);
+                    T::unpack_vec([s0, s1, 0, 0], &mut sn);
+                    for k in 0..w / 2 {
+                        (hi[2 * k], hi[2 * k + 1]) = rotate(lo[2 * k], lo[2 * k + 1], c[k], sn[k]);
+                    }
+                } else {
+                    hi = nan;
+                }
+                st_global_v4(y.add(at).cast(), T::pack_vec(&hi));
+            } else {
+                // `w` pairs: elements `at + k` and `at + half + k`, angles `at + k`.
+                let at = unit * w;
+                T::unpack_vec(ld_global_v4(x.add(at).cast()), &mut lo);
+                T::unpack_vec(ld_global_v4(x.add(at + half).cast()), &mut hi);
+                if self.valid {
+                    let (mut c, mut sn) = ([0f32; 8], [0f32; 8]);
+                    T::unpack_vec(ld_global_nc_v4(cos.add(self.cos_row + at).cast()), &mut c);
+                    T::unpack_vec(ld_global_nc_v4(sin.add(self.cos_row + at).cast()), &mut sn);
+                    for k in 0..w {
+                        (lo[k], hi[k]) = rotate(lo[k], hi[k], c[k], sn[k]);
+                    }
+                } else {
+                    (lo, hi) = (nan, nan);
+                }
+                st_global_v4(y.add(at).cast(), T::pack_vec(&lo));
+                st_global_v4(y.add(at + half).cast(), T::pack_vec(&hi));
+            }
+        }
+    }
+}
+
+/// One pair `(a, b)` turned by the angle whose cosine and sine are `c` and `s`.
+#[inline(always)]
+fn rotate(a: f32, b: f32, c: f32, s: f32) -> (f32, f32) {
+    (a * c - b * s, b * c + a * s)
 }
 
 macro_rules! rotary_entries {
@@ -134,13 +244,13 @@ rotary_entries!(
     attention_rotary_bf16: Bf16;
 );
 
-/// The job grid index `z` falls in (the jobs' heads in order): its source, destination,
-/// arguments and head. Chosen field by field with constant indices: an index into the
+/// The job grid index `z` falls in (the jobs' head groups in order): its source, destination,
+/// arguments and group. Chosen field by field with constant indices: an index into the
 /// parameter struct would copy it to local memory first.
 #[inline(always)]
 fn job_of(jobs: &RotaryJobs, z: u32) -> (u64, u64, RotaryArgs, u32) {
     const { assert!(ROTARY_JOBS == 3) };
-    let (h0, h1) = (jobs.args[0].heads, jobs.args[1].heads);
+    let (h0, h1) = (jobs.args[0].head_groups(), jobs.args[1].head_groups());
     if jobs.count <= 1 || z < h0 {
         (jobs.src[0], jobs.dst[0], jobs.args[0], z)
     } else if jobs.count == 2 || z < h0 + h1 {

@@ -69,6 +69,21 @@ pub unsafe fn ld_global_nc_v4(ptr: *const [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// `ld.global.nc.v2.u32`: [`ld_global_nc_v4`] for 8 bytes.
+///
+/// # Safety
+/// As [`ld_global_nc_v4`], with 8-byte alignment.
+#[inline(always)]
+pub unsafe fn ld_global_nc_v2(ptr: *const [u32; 2]) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: the caller guarantees a valid, aligned, read-only global address.
+    unsafe {
+        asm!("ld.global.nc.v2.u32 {{{}, {}}}, [{}];", out(reg32) a, out(reg32) b, in(reg64) ptr,
+             options(pure, nostack, readonly))
+    };
+    [a, b]
+}
+
 /// `ld.global.nc.L1::no_allocate.L2::128B.v4.u32` (PTX ISA §9.7.9.9, PTX 7.4): as
 /// [`ld_global_nc_v4`], for data streamed once: the line is not kept in L1 (where it would
 /// evict data read many times), and L2 fetches the whole 128-byte line from DRAM at the first

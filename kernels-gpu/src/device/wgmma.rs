@@ -386,6 +386,15 @@ pub fn pin_accumulators_f32<const N: usize>(acc: &mut [f32; N]) {
     by_width!(N, acc, touch, "")
 }
 
+/// `N` f32 accumulators set to 0.0, as one `memset` of the array. (`[0.0; N]` is a store loop in
+/// rustc's output, which LLVM unrolls only partially at `N` = 128: the loop's indexed stores
+/// then keep the whole array in local memory, 2 KB of spills at head size 256.)
+#[inline(always)]
+pub fn zeroed_accumulators_f32<const N: usize>() -> [f32; N] {
+    // SAFETY: all-zero bits are a valid f32 (0.0).
+    unsafe { core::mem::zeroed() }
+}
+
 /// As [`pin_accumulators`], for the 4 f32 accumulators of each 64 x 8 tile in `acc`.
 #[inline(always)]
 pub fn pin_accumulators_f32x4<const G: usize>(acc: &mut [[f32; 4]; G]) {
