@@ -59,8 +59,8 @@ pub struct AttentionPlan {
 
 impl AttentionPlan {
     /// The same call on the Hopper kernel (`attention_fwd{,_cache}_wgmma_*`, sm_90a only), where
-    /// it has an instantiation for the dtype and head size: two warpgroups of `wgmma`, 128 query
-    /// rows per block.
+    /// it has an instantiation for the dtype and head size: a producer warpgroup and two
+    /// consumer warpgroups of `wgmma`, 128 query rows per block.
     pub fn hopper(&self) -> Option<AttentionPlan> {
         let entry = layout::ENTRIES.iter().find(|&&(_, name)| name == self.kernel)?.0;
         let (hopper, d) = match entry {

@@ -149,7 +149,7 @@ impl<T: Element> Token<T> {
 
     /// The vector path: `p.heads_per_block` heads of this block's group, one 16-byte unit
     /// ([`super::layout::rotary_vector_units`]) per thread: the same arithmetic as the scalar
-    /// path, element for element, on a sixteenth of the instructions per byte.
+    /// path, element for element, with 16-byte loads and stores where it makes 2- or 4-byte ones.
     ///
     /// # Safety
     /// The launch contract, with `p.units` the units of `p`'s heads and every head, row and
