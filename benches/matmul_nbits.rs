@@ -5,7 +5,7 @@
 //! would fit in L2. For M <= 16 also `Variant::Packed` (`dlkern_packed_f16`: B repacked once,
 //! `MatMulNBitsWeights::pack_for_decode`; filled with the same byte pattern, timing only), and on Hopper,
 //! where that runs `PackedWgmma`, also `PackedMma` (`dlkern_packed_mma_f16`) over the same bytes.
-//! `DLKERN_MATMUL_NBITS_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma` forces a kernel
+//! `DLKERN_MATMUL_NBITS_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma|wgmma_streamk|prefill` forces a kernel
 //! variant (to compare them at one M; the ids stay the same), `DLKERN_MATMUL_NBITS_SPLITS=N` the K splits of
 //! the `dlkern_f16` rows.
 
@@ -24,7 +24,7 @@ use std::time::Duration;
 
 /// (N, K) of the weight.
 const WEIGHTS: &[(usize, usize)] = &[(8192, 8192), (28672, 8192), (8192, 28672)];
-const ROWS: &[usize] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 1024];
+const ROWS: &[usize] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 2048];
 const BLOCK: usize = 128;
 
 fn pattern<T>(len: usize, f: impl Fn(usize) -> T) -> Vec<T> {
@@ -42,6 +42,7 @@ fn forced_variant() -> Option<Variant> {
         "packed_wgmma" => Some(Variant::PackedWgmma),
         "wgmma" => Some(Variant::Wgmma),
         "wgmma_streamk" => Some(Variant::WgmmaStreamK),
+        "prefill" => Some(Variant::Prefill),
         other => panic!(
             "DLKERN_MATMUL_NBITS_VARIANT={other}: expected small, large, tiled, packed, packed_mma, packed_wgmma, wgmma \
              or wgmma_streamk"
@@ -126,6 +127,18 @@ fn benches(c: &mut Criterion) {
             let io = ((m * k + m * n) * 2) as u64;
             let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
             bench_dlkern(&mut group, &gpu, ("dlkern_f16", "dlkern"), &shape, params, w4_bytes as u64 + io, rotation);
+            if variant.is_none() && chosen.as_ref().is_ok_and(|&v| v == Variant::Prefill) {
+                // The planner took the warp-specialized kernel: `wgmma` over whole tiles and
+                // over the stream-K partition, which it replaced.
+                for (forced, names) in [
+                    (Variant::Wgmma, ("dlkern_wgmma_f16", "dlkern wgmma 128 x 128")),
+                    (Variant::WgmmaStreamK, ("dlkern_streamk_f16", "dlkern wgmma stream-K")),
+                ] {
+                    let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
+                    let p = MatMulNBitsParams { variant: Some(forced), ..params };
+                    bench_dlkern(&mut group, &gpu, names, &shape, p, w4_bytes as u64 + io, rotation);
+                }
+            }
             if variant.is_none() && chosen.is_ok_and(|v| v == Variant::WgmmaStreamK) {
                 // The planner took the stream-K partition: the same kernel over whole tiles.
                 let tiles = MatMulNBitsParams { variant: Some(Variant::Wgmma), ..params };

@@ -598,9 +598,11 @@ mod gpu {
             (64, 1024, None, 0),
             (96, 1024, Some(Variant::WgmmaStreamK), 0),
             (128, 1024, Some(Variant::Wgmma), 0),
+            (300, 1024, Some(Variant::Prefill), 0),
         ];
         for (m, n, variant, splits) in cases {
-            if variant.is_some_and(|v| matches!(v, Variant::Wgmma | Variant::WgmmaStreamK)) && !device.has_wgmma() {
+            let hopper_only = matches!(variant, Some(Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill));
+            if hopper_only && !device.has_wgmma() {
                 continue;
             }
             seed += 1;
@@ -845,6 +847,44 @@ mod gpu {
         let expect = if device.multiprocessors() == 132 { "matmul_nbits_wgmma_streamk_f16" } else { plan.kernel };
         assert_eq!(plan.kernel, expect);
         assert!(variant_of(plan.kernel).starts_with("wgmma") && plan.kernel.ends_with("_f16"), "{}", plan.kernel);
+    }
+
+    /// `prefill` (Hopper; elsewhere only its refusal is checked): M, N and K off its 256 x 128
+    /// tile and 128-wide K chunk (K ending inside a chunk and inside a block, K odd), every block
+    /// size it takes, both zero-point kinds, bias, both types; the planner's own choice where its
+    /// tiles fill the SMs.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_prefill_kernel_matches_reference() {
+        if !hopper_or_refused(Variant::Prefill) {
+            return;
+        }
+        let (device, _) = gpu();
+        let mut seed = 900u64;
+        for &(m, n, k, block) in &[
+            (1, 8, 16, 32),
+            (97, 80, 1032, 64),
+            (257, 136, 776, 256),
+            (300, 260, 4104, 128),
+            (513, 130, 1000, 32),
+            (1025, 72, 1001, 32),
+        ] {
+            for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
+                seed += 1;
+                let bias = seed.is_multiple_of(2);
+                let variant = Some(Variant::Prefill);
+                let p = MatMulNBitsParams { zero_points, bias, variant, ..params(DType::F16, m, n, k, block) };
+                assert_eq!(problem::<f16>(p, seed).check().kernel, "matmul_nbits_prefill_f16");
+                let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                assert_eq!(problem::<bf16>(p, seed + 1000).check().kernel, "matmul_nbits_prefill_bf16");
+            }
+        }
+        // The planner's choice where its tiles fill a wave: 2 x 66 of them on 132 SMs.
+        let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 257, 66 * 128, 200, 32) };
+        let plan = problem::<f16>(p, 9).check();
+        if device.multiprocessors() <= 132 {
+            assert_eq!(plan.kernel, "matmul_nbits_prefill_f16");
+        }
     }
 
     /// Runs `pr` through [`matmul_nbits_raw`] with A and B starting `a_off` elements and `b_off`
@@ -1193,7 +1233,18 @@ fn gpu_plan_validates_and_splits() {
     assert_eq!((plan.kernel, plan.splits), ("matmul_nbits_wgmma_f16", 3));
     assert_eq!(plan.reduce.map(|(name, _)| name), Some("matmul_nbits_reduce_f16"));
     assert_eq!(plan.workspace_bytes, 128 * 8192 * 2 + 3 * 128 * 8192 * 4);
-    assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..ok }).dims.grid, (64, 8, 1));
+    // From where its 256 x 128 tiles fill the SMs, the warp-specialized `prefill`, unsplit.
+    let plan = hopper(MatMulNBitsParams { m: 1024, ..ok });
+    assert_eq!(
+        (plan.variant, plan.kernel, plan.dims.grid, plan.dims.block, plan.splits),
+        (Variant::Prefill, "matmul_nbits_prefill_f16", (64, 4, 1), (384, 1, 1), 1)
+    );
+    assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_f16"));
+    assert_eq!(plan.workspace_bytes, 1024 * 8192 * 2);
+    assert_eq!(hopper(MatMulNBitsParams { m: 256, ..ok }).kernel, "matmul_nbits_wgmma_f16");
+    let e = MatMulNBitsParams { m: 1024, splits: 2, variant: Some(Variant::Prefill), ..ok }.plan(132, true);
+    assert!(e.unwrap_err().to_string().contains("does not split K"));
+    assert!(err(MatMulNBitsParams { m: 1024, variant: Some(Variant::Prefill), ..ok }).contains("Hopper"));
     assert_eq!(hopper(MatMulNBitsParams { m: 16, ..ok }).kernel, "matmul_nbits_decode16_f16");
     assert_eq!(hopper(MatMulNBitsParams { m: 32, ..ok }).kernel, "matmul_nbits_tiled32x128_f16");
     assert_eq!(hopper(MatMulNBitsParams { m: 33, ..ok }).kernel, "matmul_nbits_wgmma_pair_f16");
@@ -1213,9 +1264,10 @@ fn gpu_plan_validates_and_splits() {
     );
     assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_f16"));
     assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2 + 132 * (128 * 128 * 4 + 4), (256, 1, 1)));
-    assert_eq!(hopper(MatMulNBitsParams { m: 256, ..wide }).kernel, "matmul_nbits_wgmma_streamk_f16");
+    assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..wide }).kernel, "matmul_nbits_prefill_f16");
     // Nearly full waves keep whole tiles: 1792 tiles are 97% of 14 waves.
-    assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..wide }).kernel, "matmul_nbits_wgmma_f16");
+    let forced_wgmma = MatMulNBitsParams { m: 1024, variant: Some(Variant::Wgmma), ..wide };
+    assert_eq!(hopper(forced_wgmma).kernel, "matmul_nbits_wgmma_f16");
     // Forced `Wgmma` keeps whole tiles; forced stream-K takes a block per chunk when there are
     // fewer chunks than SMs, splits no further and needs Hopper.
     assert_eq!(hopper(MatMulNBitsParams { variant: Some(Variant::Wgmma), ..wide }).dims.grid, (224, 1, 1));

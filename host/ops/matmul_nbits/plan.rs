@@ -26,9 +26,10 @@ use super::layout::{
     self, CHUNK, DECODE, DECODE_COLUMNS, DECODE_SHARED_BYTES, DECODE_WARPS, DECODE_WIDE, DECODE8_ROWS, DECODE16_WIDE,
     Dims, ElementType, Entry, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
     LARGE_SHARED_BYTES, MAX_CLUSTER_SPLITS, PACKED_MIN_BLOCK, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES,
-    PACKED_WGMMA_THREADS, PERMUTE_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128,
-    TILED128X128, Tiling, WGMMA_BM, WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS,
-    decode_packed_shared_bytes, packed_record_bytes, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
+    PACKED_WGMMA_THREADS, PERMUTE_THREADS, PREFILL_BM, PREFILL_BN, PREFILL_SHARED_BYTES, PREFILL_THREADS,
+    REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN,
+    WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, decode_packed_shared_bytes, packed_record_bytes,
+    tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
 use super::pack::valid_block_size;
 use crate::dtype::DType;
@@ -41,6 +42,12 @@ pub(super) const KERNEL: &str = "matmul_nbits";
 /// `PackedWgmma` plans with this tiling: 8 warps, 128 columns, 16 rows (`block_m` is unused).
 const PACKED_WGMMA: Tiling = Tiling { mt: 1, nt: PACKED_WGMMA_COLUMNS / 8, wm: 1, wn: 1, wk: 8 };
 const _: () = assert!(PACKED_WGMMA.threads() == PACKED_WGMMA_THREADS && PACKED_WGMMA.block_n() == PACKED_WGMMA_COLUMNS);
+
+/// `Prefill` plans with this tiling: 256 rows of A x 128 columns, 12 warps (`prefill`'s
+/// producer and two consumer warpgroups).
+const PREFILL: Tiling = Tiling { mt: 16, nt: 16, wm: 1, wn: 1, wk: 12 };
+const _: () =
+    assert!(PREFILL.block_m() == PREFILL_BM && PREFILL.block_n() == PREFILL_BN && PREFILL.threads() == PREFILL_THREADS);
 
 // `Variant::Wgmma` plans with `tiled128x128`'s tiling: the same block tile and threads.
 const _: () = assert!(
@@ -104,6 +111,11 @@ pub enum Variant {
     /// where whole tiles would leave more than a tenth of the last wave idle (M = 128,
     /// N = 28672: 224 tiles on 132 SMs, 85%).
     WgmmaStreamK,
+    /// [`Variant::Wgmma`]'s operands and needs on a block tile of 128 weight rows x 256 rows of
+    /// A, warp-specialized (`prefill`: a producer warpgroup copies, two consumers dequantize and
+    /// multiply `m64n256k16`); K not split. The planner's choice where M > 128 and its tiles
+    /// fill at least one wave of the SMs.
+    Prefill,
 }
 
 impl Variant {
@@ -164,7 +176,7 @@ impl MatMulNBitsPlan {
     /// dependent: the decode kernels (after whatever came before the call) and the `wgmma`
     /// kernels (after their permutation).
     pub(super) fn overlaps_previous(&self) -> bool {
-        self.decode || matches!(self.variant, Variant::Wgmma | Variant::WgmmaStreamK)
+        self.decode || matches!(self.variant, Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill)
     }
 }
 
@@ -273,7 +285,7 @@ impl MatMulNBitsParams {
             Some(Variant::Tiled) if !tiled_ok => {
                 return Err(bad("variant Tiled needs integer zero points and block_size >= 32".into()));
             }
-            Some(v @ (Variant::Wgmma | Variant::WgmmaStreamK)) if !wgmma_ok => {
+            Some(v @ (Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill)) if !wgmma_ok => {
                 return Err(bad(format!(
                     "variant {v:?} needs a Hopper GPU (sm_90a module: {wgmma}), integer zero points, \
                      block_size >= 32 and 16-byte aligned rows of B"
@@ -285,6 +297,10 @@ impl MatMulNBitsParams {
             // K = 28672): the first register-A `wgmma` (the landed one is 10-15% faster at
             // M = 128) 50 / 52, 160 / 164, 142 / 147 us; `tiled` 41 / 55, 126 / 169, 106 / 144:
             // `tiled` up to 32 rows, `wgmma` beyond.
+            // `prefill` where its 256-row tiles are more than half used and fill the SMs.
+            None if wgmma_ok && p.m > PREFILL_BM / 2 && p.m.div_ceil(PREFILL_BM) * p.n.div_ceil(PREFILL_BN) >= sms => {
+                Variant::Prefill
+            }
             None if wgmma_ok && p.m > WGMMA_MIN_M => Variant::Wgmma,
             None if tiled_ok => Variant::Tiled,
             None => Variant::Large,
@@ -342,6 +358,7 @@ impl MatMulNBitsParams {
             // The same block tile and threads as `tiled128x128` (two warpgroups of 64 x 128).
             // (Stream-K's entry is named below, once the planner may have chosen it.)
             Variant::Wgmma | Variant::WgmmaStreamK => (name(Entry::Wgmma), TILED128X128),
+            Variant::Prefill => (name(Entry::Prefill), PREFILL),
         };
         let (bm, bn, threads) = match variant {
             Variant::PackedWgmma => (SMALL_MAX_M, tiling.block_n(), tiling.threads()),
@@ -375,14 +392,14 @@ impl MatMulNBitsParams {
                 tiles * chunks
             )));
         }
-        if variant == Variant::WgmmaStreamK && p.splits > 1 {
-            return Err(bad(format!("variant WgmmaStreamK does not split K by `splits` ({} asked)", p.splits)));
+        if matches!(variant, Variant::WgmmaStreamK | Variant::Prefill) && p.splits > 1 {
+            return Err(bad(format!("variant {variant:?} does not split K by `splits` ({} asked)", p.splits)));
         }
         let kernel = if variant == Variant::WgmmaStreamK { name(Entry::WgmmaStreamK) } else { kernel };
         // Split K until there are about four blocks per SM (`large`; one for `small`, whose
         // warps already split K four ways, and for `tiled`, whose ring fills the SM's shared
         // memory), or one chunk per split.
-        let wanted = if matches!(variant, Variant::WgmmaStreamK | Variant::PackedWgmma) {
+        let wanted = if matches!(variant, Variant::WgmmaStreamK | Variant::PackedWgmma | Variant::Prefill) {
             1
         } else if p.splits > 0 {
             p.splits
@@ -439,7 +456,7 @@ impl MatMulNBitsParams {
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
         let reduced = splits > 1 && !pair && !clustered;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
-        let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma | Variant::WgmmaStreamK);
+        let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill);
         let permuted_bytes = if permuted { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
         // Stream-K: one block per SM (fewer when there are fewer chunks), a slot of partial sums
         // and a flag each.
@@ -492,6 +509,7 @@ impl MatMulNBitsParams {
                 }
                 Variant::PackedWgmma => PACKED_WGMMA_SHARED_BYTES as u32,
                 Variant::Wgmma | Variant::WgmmaStreamK => WGMMA_SHARED_BYTES as u32,
+                Variant::Prefill => PREFILL_SHARED_BYTES as u32,
             },
         };
         let permute_blocks = (p.m * chunks * CHUNK / 8).div_ceil(PERMUTE_THREADS);

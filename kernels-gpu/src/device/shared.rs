@@ -92,6 +92,16 @@ pub unsafe fn st_shared_u32(addr: SharedAddr, value: u32) {
     unsafe { asm!("st.shared.u32 [{}], {};", in(reg32) addr.0, in(reg32) value, options(nostack)) };
 }
 
+/// `st.shared.u16` (PTX ISA §9.7.9.10): the low 16 bits of `value`.
+///
+/// # Safety
+/// `addr` must be 2-byte aligned and inside the block's shared allocation, race-free.
+#[inline(always)]
+pub unsafe fn st_shared_u16(addr: SharedAddr, value: u16) {
+    // SAFETY: the caller guarantees a valid, aligned, race-free address.
+    unsafe { asm!("st.shared.u16 [{}], {};", in(reg32) addr.0, in(reg16) value, options(nostack)) };
+}
+
 /// `ld.shared.v4.u32` (PTX ISA §9.7.9.8): 16 bytes.
 ///
 /// # Safety

@@ -17,6 +17,21 @@ pub unsafe fn sync_threads() {
     unsafe { asm!("bar.sync 0;", options(nostack)) };
 }
 
+/// `bar.sync ID, THREADS` (PTX ISA §9.7.13.4): barrier `ID` (1 to 15; 0 is [`sync_threads`]')
+/// among `THREADS` threads of the block, which also orders their shared and global memory
+/// accesses: a barrier for a subset of the warps, e.g. the consumer warpgroups of a
+/// warp-specialized kernel after its producer has left.
+///
+/// # Safety
+/// Exactly `THREADS` threads (whole warps) must reach barrier `ID`, each at the same call, or
+/// the block hangs; no other use of barrier `ID` may overlap it.
+#[inline(always)]
+pub unsafe fn sync_named<const ID: u32, const THREADS: u32>() {
+    const { assert!(ID >= 1 && ID < 16 && THREADS % 32 == 0 && THREADS > 0) };
+    // SAFETY: the caller upholds the participation contract above.
+    unsafe { asm!("bar.sync {}, {};", const ID, const THREADS, options(nostack)) };
+}
+
 /// `bar.warp.sync 0xffffffff` (PTX ISA §9.7.13.3): converges the full warp and orders its
 /// memory accesses.
 ///

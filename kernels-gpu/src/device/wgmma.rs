@@ -332,6 +332,23 @@ pub unsafe fn mma_async_k16_shared<const BF16: bool, const N: usize, const ACCUM
 }
 
 /// `wgmma.mma_async.sync.aligned.m64n{N/2}k16.f32.{f16,bf16}` with A in registers (as
+/// [`mma_async_m64n128k16_f16_register_a`]) and B K-major in shared memory
+/// ([`SharedMatrix::k_major_swizzle128`]): starts `acc += A * B^T` for an `N/2` x 16 tile of B;
+/// `N` is 32, 64 or 128; bfloat16 when `BF16`.
+///
+/// # Safety
+/// As [`mma_async_m64n128k16_f16_register_a`].
+#[inline(always)]
+pub unsafe fn mma_async_k16_register_a<const BF16: bool, const N: usize>(
+    acc: &mut [f32; N],
+    a: [u32; 4],
+    b: SharedMatrix,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { mma_async_k16_register_a_either::<BF16, N, false>(acc, a, b) }
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n{N/2}k16.f32.{f16,bf16}` with A in registers (as
 /// [`mma_async_m64n128k16_f16_register_a`]) and B MN-major in shared memory (transposed,
 /// [`SharedMatrix::mn_major_swizzle128`]): starts `acc += A * B` for a 16 x `N/2` tile of B
 /// stored row by row; `N` is 32, 64 or 128; bfloat16 when `BF16`.
@@ -344,18 +361,43 @@ pub unsafe fn mma_async_k16_register_a_mn_b<const BF16: bool, const N: usize>(
     a: [u32; 4],
     b: SharedMatrix,
 ) {
-    macro_rules! issue {
-        ($acc:ident, $form:expr; $($i:literal)+) => {
+    // SAFETY: forwarded contract.
+    unsafe { mma_async_k16_register_a_either::<BF16, N, true>(acc, a, b) }
+}
+
+/// The two above: B MN-major (the transpose immediate set) when `MN_B`.
+///
+/// # Safety
+/// As [`mma_async_m64n128k16_f16_register_a`].
+#[inline(always)]
+unsafe fn mma_async_k16_register_a_either<const BF16: bool, const N: usize, const MN_B: bool>(
+    acc: &mut [f32; N],
+    a: [u32; 4],
+    b: SharedMatrix,
+) {
+    macro_rules! issue_with {
+        ($acc:ident, $form:expr, $immediates:literal; $($i:literal)+) => {
             // SAFETY: the caller upholds the warpgroup, descriptor and ordering contract.
             unsafe {
                 mma_async!(
                     $acc, "{{{a0}, {a1}, {a2}, {a3}}}" { a0: reg32 = a[0], a1: reg32 = a[1], a2: reg32 = a[2], a3: reg32 = a[3] },
-                    b.0, [const 1], $form, ", 1, 1, 1"; $($i)+
+                    b.0, [const 1], $form, $immediates; $($i)+
                 )
             }
         };
     }
-    if BF16 { by_width!(N, acc, issue, "bf16.bf16") } else { by_width!(N, acc, issue, "f16.f16") }
+    macro_rules! issue_mn {
+        ($acc:ident, $form:expr; $($i:literal)+) => { issue_with!($acc, $form, ", 1, 1, 1"; $($i)+) };
+    }
+    macro_rules! issue_k {
+        ($acc:ident, $form:expr; $($i:literal)+) => { issue_with!($acc, $form, ", 1, 1, 0"; $($i)+) };
+    }
+    match (BF16, MN_B) {
+        (true, true) => by_width!(N, acc, issue_mn, "bf16.bf16"),
+        (false, true) => by_width!(N, acc, issue_mn, "f16.f16"),
+        (true, false) => by_width!(N, acc, issue_k, "bf16.bf16"),
+        (false, false) => by_width!(N, acc, issue_k, "f16.f16"),
+    }
 }
 
 macro_rules! touch_registers {

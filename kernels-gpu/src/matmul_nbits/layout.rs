@@ -196,6 +196,30 @@ pub const WGMMA_RING_BARRIER_BYTES: usize = 2 * WGMMA_STAGES * 8;
 pub const WGMMA_SHARED_BYTES: usize =
     WGMMA_STAGES * (WGMMA_A_STAGE_BYTES + WGMMA_CODES_STAGE_BYTES) + WGMMA_RING_BARRIER_BYTES + 1024;
 
+/// `prefill` (Hopper, sm_90a module only): `wgmma`'s operands and K chunks, warp-specialized
+/// on a wider tile: a producer warpgroup copies, two consumer warpgroups of 64 weight rows
+/// each dequantize and multiply `m64n256k16`, so a block tile is [`PREFILL_BN`] weight rows x
+/// [`PREFILL_BM`] rows of A.
+pub const PREFILL_BM: usize = 256;
+pub const PREFILL_BN: usize = 128;
+pub const PREFILL_THREADS: usize = 384;
+/// Chunks in the ring (each 72 KiB: three fill the shared memory).
+pub const PREFILL_STAGES: usize = 3;
+/// A stage's activations: two 64-K halves, each a 128-byte-swizzle tile of `PREFILL_BM` rows.
+pub const PREFILL_A_HALF_BYTES: usize = PREFILL_BM * 128;
+pub const PREFILL_A_STAGE_BYTES: usize = 2 * PREFILL_A_HALF_BYTES;
+/// A stage's codes: 64 bytes per weight row.
+pub const PREFILL_CODES_STAGE_BYTES: usize = PREFILL_BN * B_CHUNK_BYTES;
+/// Per stage, an `mbarrier` that completes when its copies have landed and one when the
+/// consumers are done with it.
+pub const PREFILL_BARRIER_BYTES: usize = 2 * PREFILL_STAGES * 8;
+/// Dynamic shared memory of `prefill`: the ring and its barriers, plus 1 KiB to align the ring
+/// to the swizzle atom.
+pub const PREFILL_SHARED_BYTES: usize =
+    PREFILL_STAGES * (PREFILL_A_STAGE_BYTES + PREFILL_CODES_STAGE_BYTES) + PREFILL_BARRIER_BYTES + 1024;
+// Hopper's opt-in limit of dynamic shared memory per block (227 KiB).
+const _: () = assert!(PREFILL_SHARED_BYTES <= 232_448);
+
 /// `wgmma_streamk` (Hopper): the `wgmma` kernel over a stream-K partition. The grid is a
 /// 1-D set of blocks (one per SM), and block `b` of `blocks` takes the iterations
 /// `[begin(b), begin(b + 1))` ([`StreamKPartition`]) of the problem's `tiles x chunks`, tile-major
@@ -414,6 +438,7 @@ pub enum Entry {
     WgmmaPair,
     WgmmaStreamK,
     PackedWgmma16,
+    Prefill,
 }
 
 /// How many [`Entry`] kinds, from the first, every module has.
@@ -430,7 +455,7 @@ impl Entry {
 /// The `[f16, bf16]` entry points of each [`Entry`], in its order. The device crate cannot
 /// make a kernel's symbol from a string, so its entries (`matmul_nbits/mod.rs`) spell these
 /// names again; the tests check that the PTX has exactly [`ENTRIES`] and [`HOPPER_ENTRIES`].
-const TYPED_ENTRIES: [[&str; 2]; 24] = [
+const TYPED_ENTRIES: [[&str; 2]; 25] = [
     ["matmul_nbits_decode8_f16", "matmul_nbits_decode8_bf16"],
     ["matmul_nbits_decode8_ahead3_f16", "matmul_nbits_decode8_ahead3_bf16"],
     ["matmul_nbits_decode16_f16", "matmul_nbits_decode16_bf16"],
@@ -455,6 +480,7 @@ const TYPED_ENTRIES: [[&str; 2]; 24] = [
     ["matmul_nbits_wgmma_pair_f16", "matmul_nbits_wgmma_pair_bf16"],
     ["matmul_nbits_wgmma_streamk_f16", "matmul_nbits_wgmma_streamk_bf16"],
     ["matmul_nbits_packed_wgmma16_f16", "matmul_nbits_packed_wgmma16_bf16"],
+    ["matmul_nbits_prefill_f16", "matmul_nbits_prefill_bf16"],
 ];
 
 /// The repacker's entry point (one for every element type).

@@ -42,6 +42,7 @@
 //! - [`wgmma`] (sm_90a module only): larger M on Hopper's warpgroup tensor cores: `wgmma`,
 //!   `wgmma_pair` (two K splits as a cluster), `wgmma_streamk`.
 //! - [`packed_wgmma`] (sm_90a module only): 8 < M <= 16 over the repacked B on `wgmma`.
+//! - [`prefill`] (sm_90a module only): large M on `wgmma`, warp-specialized, 256-row tiles.
 //! - [`pack`]: `matmul_nbits_pack_decode`, the device's repacking of B.
 //! - [`common`]: what several of them share (codes, dequantization, activations, stores, K
 //!   splits) and the split-K reduction `reduce`.
@@ -60,6 +61,8 @@ pub mod layout;
 mod pack;
 #[cfg(dlkern_arch_specific)]
 mod packed_wgmma;
+#[cfg(dlkern_arch_specific)]
+mod prefill;
 mod tiled;
 #[cfg(dlkern_arch_specific)]
 mod wgmma;
@@ -299,4 +302,10 @@ mod hopper {
     // its choice and were removed (benches/pruned.md; the code is at 20fc28c).
     matmul_nbits_entry!(matmul_nbits_packed_wgmma16_f16, F16, packed_wgmma::matmul_nbits_packed_wgmma::<F16, 2>);
     matmul_nbits_entry!(matmul_nbits_packed_wgmma16_bf16, Bf16, packed_wgmma::matmul_nbits_packed_wgmma::<Bf16, 2>);
+
+    // A producer and two consumer warpgroups, whose registers `setmaxnreg` moves between them.
+    matmul_nbits_entry!(matmul_nbits_prefill_f16, F16, prefill::matmul_nbits_prefill::<F16, false>);
+    matmul_nbits_entry!(matmul_nbits_prefill_bf16, Bf16, prefill::matmul_nbits_prefill::<Bf16, true>);
+    crate::entry_directive!(matmul_nbits_prefill_f16, ".maxntid 384, 1, 1");
+    crate::entry_directive!(matmul_nbits_prefill_bf16, ".maxntid 384, 1, 1");
 }

@@ -88,7 +88,7 @@ impl WgmmaElement for Bf16 {
 /// A (weight row, block)'s scale bits and zero-point byte as loaded, and the shift of its
 /// nibble.
 #[derive(Clone, Copy)]
-struct RawConsts {
+pub(super) struct RawConsts {
     scale: u32,
     zero_byte: u32,
     shift: u32,
@@ -108,7 +108,71 @@ impl RawConsts {
 
 /// One chunk's A fragments of a lane: 8 K steps of 16, each `[row, row + 8, row (K + 8), row +
 /// 8 (K + 8)]` as the register operand wants them.
-type Fragments = [[u32; 4]; 8];
+pub(super) type Fragments = [[u32; 4]; 8];
+
+/// Where a lane's scales and zero points are: those of its two weight rows (`g` and `g + 8` of
+/// its warp's 16; rows past N read the last row's, which feed only outputs never stored).
+#[derive(Clone, Copy)]
+pub(super) struct LaneConsts {
+    scale: [*const u16; 2],
+    zero: [*const u8; 2],
+    zero_u8: bool,
+    q: u32,
+}
+
+impl LaneConsts {
+    /// # Safety
+    /// `scales` and `zeros_u8` (when the flags say u8 zero points) hold `p.n` rows.
+    #[inline(always)]
+    pub(super) unsafe fn new<T>(scales: *const T, zeros_u8: *const u8, rows: [usize; 2], p: &Dims) -> Self {
+        let k_blocks = p.k_blocks as usize;
+        let clamped = |h: usize| rows[h].min(p.n as usize - 1);
+        // SAFETY: rows below N (the caller's contract).
+        unsafe {
+            LaneConsts {
+                scale: core::array::from_fn(|h| scales.add(clamped(h) * k_blocks).cast()),
+                zero: core::array::from_fn(|h| zeros_u8.add(clamped(h) * k_blocks.div_ceil(2))),
+                zero_u8: p.flags & FLAG_ZERO_U8 != 0,
+                q: index::lane_id() % 4,
+            }
+        }
+    }
+
+    /// The constants of K chunk `chunk` for both rows, as loaded (they are cooked only at their
+    /// use, so that no arithmetic waits on the loads in the chunk that issues them). A lane's 32
+    /// codes of a chunk lie in one block (blocks >= 32); blocks past K, met only by zero
+    /// activations, read the last one.
+    ///
+    /// # Safety
+    /// As [`Self::new`].
+    #[inline(always)]
+    pub(super) unsafe fn load(&self, chunk: u32, p: &Dims) -> [RawConsts; 2] {
+        let blk = ((chunk * CHUNK as u32 + 32 * self.q) >> p.block_shift).min(p.k_blocks - 1);
+        let (blk, shift) = (blk as usize, 4 * (blk % 2));
+        // SAFETY: a block of a row below N.
+        core::array::from_fn(|h| unsafe {
+            let scale = ld_global_nc_u16(self.scale[h].add(blk)) as u32;
+            // 0x88: 8 in both nibbles, no zero points.
+            let zero_byte = if self.zero_u8 { self.zero[h].add(blk / 2).read() as u32 } else { 0x88 };
+            RawConsts { scale, zero_byte, shift }
+        })
+    }
+}
+
+/// A lane's codes of one chunk (16 bytes of each of its two rows) to `(code - zero) * scale`,
+/// as A fragments: word `i` of a row gives steps `2i` (pairs (0,4), (1,5)) and `2i + 1` ((2,6),
+/// (3,7)).
+#[inline(always)]
+pub(super) fn dequantize_fragments<T: TensorElement>(lo: [u32; 4], hi: [u32; 4], c: [RawConsts; 2], f: &mut Fragments) {
+    let (c_lo, c_hi) = (c[0].cook(), c[1].cook());
+    let (bias_lo, bias_hi) = (T::code_bias(c_lo.zero), T::code_bias(c_hi.zero));
+    unroll!(I in [0, 1, 2, 3] {
+        let d_lo = dequantize_biased::<T, true>(lo[I], bias_lo, c_lo.scale2);
+        let d_hi = dequantize_biased::<T, true>(hi[I], bias_hi, c_hi.scale2);
+        f[2 * I] = [d_lo[0], d_hi[0], d_lo[1], d_hi[1]];
+        f[2 * I + 1] = [d_lo[2], d_hi[2], d_lo[3], d_hi[3]];
+    });
+}
 
 /// Where a block's tile lies: its first row of A and its first weight row.
 #[derive(Clone, Copy)]
@@ -150,7 +214,6 @@ unsafe fn tile_sums<T: WgmmaElement>(
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
     let row_len = k.div_ceil(CHUNK) * CHUNK;
     let row_bytes = p.row_bytes as usize;
-    let k_blocks = p.k_blocks as usize;
     let TileOrigin { m0, n0 } = origin;
 
     let base = SharedMatrix::atom_aligned(dynamic_shared_base());
@@ -176,11 +239,8 @@ unsafe fn tile_sums<T: WgmmaElement>(
     let b_bytes: [u32; 2] = core::array::from_fn(|h| if rows[h] < n { 16 } else { 0 });
     // SAFETY: rows below N of `b`, `scales` and the zero points.
     let b_src: [*const u8; 2] = core::array::from_fn(|h| unsafe { b.add(clamped(rows[h]) * row_bytes) });
-    let scale_src: [*const u16; 2] =
-        core::array::from_fn(|h| unsafe { scales.add(clamped(rows[h]) * k_blocks).cast() });
-    let zero_src: [*const u8; 2] =
-        core::array::from_fn(|h| unsafe { zeros_u8.add(clamped(rows[h]) * k_blocks.div_ceil(2)) });
-    let zero_u8 = p.flags & FLAG_ZERO_U8 != 0;
+    // SAFETY: the launch contract sizes `scales` and the zero points.
+    let consts = unsafe { LaneConsts::new(scales, zeros_u8, rows, p) };
 
     let mut acc = [0.0f32; 64];
     // Zeroed here, once, on every path: `ptxas` serializes the `wgmma`s (C7515) when it sees
@@ -216,34 +276,13 @@ unsafe fn tile_sums<T: WgmmaElement>(
             load_activations(j);
             load_codes(j);
         };
-        // This lane's constants of local chunk `j` for both rows (its 32 codes of a chunk lie in
-        // one block: blocks >= 32; blocks past K, met only by zero activations, read the last
-        // one), as loaded: they are loaded two chunks before their use and only then cooked,
-        // so that no arithmetic waits on the load in the chunk that issues it.
-        let raw_consts = |j: u32| -> [RawConsts; 2] {
-            let blk = (((first + j) * CHUNK as u32 + 32 * q as u32) >> p.block_shift).min(p.k_blocks - 1);
-            let (blk, shift) = (blk as usize, 4 * (blk % 2));
-            core::array::from_fn(|h| {
-                let scale = ld_global_nc_u16(scale_src[h].add(blk)) as u32;
-                // 0x88: 8 in both nibbles, no zero points.
-                let zero_byte = if zero_u8 { zero_src[h].add(blk / 2).read() as u32 } else { 0x88 };
-                RawConsts { scale, zero_byte, shift }
-            })
-        };
-        // Local chunk `j`'s codes of this lane to `(code - zero) * scale`, as A fragments: word
-        // `i` of a row gives steps `2i` (pairs (0,4), (1,5)) and `2i + 1` ((2,6), (3,7)).
+        // This lane's constants of local chunk `j`, loaded two chunks before their use.
+        let raw_consts = |j: u32| consts.load(first + j, p);
         let dequantize_chunk = |j: u32, c: [RawConsts; 2], f: &mut Fragments| {
             let codes = codes_s(j % WGMMA_STAGES as u32);
             let lo = ld_shared_v4(codes.offset((tid * 16) as u32));
             let hi = ld_shared_v4(codes.offset(((WGMMA_THREADS + tid) * 16) as u32));
-            let (c_lo, c_hi) = (c[0].cook(), c[1].cook());
-            let (bias_lo, bias_hi) = (T::code_bias(c_lo.zero), T::code_bias(c_hi.zero));
-            unroll!(I in [0, 1, 2, 3] {
-                let d_lo = dequantize_biased::<T, true>(lo[I], bias_lo, c_lo.scale2);
-                let d_hi = dequantize_biased::<T, true>(hi[I], bias_hi, c_hi.scale2);
-                f[2 * I] = [d_lo[0], d_hi[0], d_lo[1], d_hi[1]];
-                f[2 * I + 1] = [d_lo[2], d_hi[2], d_lo[3], d_hi[3]];
-            });
+            dequantize_fragments::<T>(lo, hi, c, f);
         };
 
         // Copies run two chunks ahead of the dequantization, three of the tensor cores.
