@@ -5,7 +5,7 @@
 //! would fit in L2. For M <= 16 also `Variant::Packed` (`dlkern_packed_f16`: B repacked once,
 //! `MatMulNBitsWeights::pack_for_decode`; filled with the same byte pattern, timing only), and on Hopper,
 //! where that runs `PackedWgmma`, also `PackedMma` (`dlkern_packed_mma_f16`) over the same bytes.
-//! `DLKERN_MATMUL_NBITS_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma|wgmma_streamk|prefill` forces a kernel
+//! `DLKERN_MATMUL_NBITS_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma|wgmma_streamk|prefill|prefill_pair` forces a kernel
 //! variant (to compare them at one M; the ids stay the same), `DLKERN_MATMUL_NBITS_SPLITS=N` the K splits of
 //! the `dlkern_f16` rows.
 
@@ -43,6 +43,7 @@ fn forced_variant() -> Option<Variant> {
         "wgmma" => Some(Variant::Wgmma),
         "wgmma_streamk" => Some(Variant::WgmmaStreamK),
         "prefill" => Some(Variant::Prefill),
+        "prefill_pair" => Some(Variant::PrefillPair),
         other => panic!(
             "DLKERN_MATMUL_NBITS_VARIANT={other}: expected small, large, tiled, packed, packed_mma, packed_wgmma, wgmma \
              or wgmma_streamk"
@@ -127,10 +128,11 @@ fn benches(c: &mut Criterion) {
             let io = ((m * k + m * n) * 2) as u64;
             let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
             bench_dlkern(&mut group, &gpu, ("dlkern_f16", "dlkern"), &shape, params, w4_bytes as u64 + io, rotation);
-            if variant.is_none() && chosen.as_ref().is_ok_and(|&v| v == Variant::Prefill) {
-                // The planner took the warp-specialized kernel: `wgmma` over whole tiles and
-                // over the stream-K partition, which it replaced.
+            if variant.is_none() && chosen.as_ref().is_ok_and(|&v| v == Variant::PrefillPair) {
+                // The planner took the warp-specialized kernel: its unpaired build, and `wgmma`
+                // over whole tiles and over the stream-K partition, which it replaced.
                 for (forced, names) in [
+                    (Variant::Prefill, ("dlkern_prefill_f16", "dlkern prefill, unpaired")),
                     (Variant::Wgmma, ("dlkern_wgmma_f16", "dlkern wgmma 128 x 128")),
                     (Variant::WgmmaStreamK, ("dlkern_streamk_f16", "dlkern wgmma stream-K")),
                 ] {

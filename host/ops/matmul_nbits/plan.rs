@@ -29,7 +29,7 @@ use super::layout::{
     PACKED_WGMMA_THREADS, PERMUTE_THREADS, PREFILL_BM, PREFILL_BN, PREFILL_SHARED_BYTES, PREFILL_THREADS,
     REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN,
     WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, decode_packed_shared_bytes, packed_record_bytes,
-    tiled_shared_bytes, wgmma_streamk_workspace_bytes,
+    prefill_image_bytes, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
 use super::pack::valid_block_size;
 use crate::dtype::DType;
@@ -113,9 +113,14 @@ pub enum Variant {
     WgmmaStreamK,
     /// [`Variant::Wgmma`]'s operands and needs on a block tile of 128 weight rows x 256 rows of
     /// A, warp-specialized (`prefill`: a producer warpgroup copies, two consumers dequantize and
-    /// multiply `m64n256k16`); K not split. The planner's choice where M > 128 and its tiles
-    /// fill at least one wave of the SMs.
+    /// multiply `m64n256k16`), over the permuted A laid out as its stages (`permute_image`, one
+    /// bulk copy per stage); K not split.
     Prefill,
+    /// [`Variant::Prefill`] in clusters of two column tiles that share each stage's activations
+    /// (`prefill_pair`: each block multicasts half of them into both), so they cross from L2
+    /// once per pair. The planner's choice where M > 128 and its tiles fill at least one wave of
+    /// the SMs.
+    PrefillPair,
 }
 
 impl Variant {
@@ -176,7 +181,8 @@ impl MatMulNBitsPlan {
     /// dependent: the decode kernels (after whatever came before the call) and the `wgmma`
     /// kernels (after their permutation).
     pub(super) fn overlaps_previous(&self) -> bool {
-        self.decode || matches!(self.variant, Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill)
+        self.decode
+            || matches!(self.variant, Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill | Variant::PrefillPair)
     }
 }
 
@@ -285,7 +291,9 @@ impl MatMulNBitsParams {
             Some(Variant::Tiled) if !tiled_ok => {
                 return Err(bad("variant Tiled needs integer zero points and block_size >= 32".into()));
             }
-            Some(v @ (Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill)) if !wgmma_ok => {
+            Some(v @ (Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill | Variant::PrefillPair))
+                if !wgmma_ok =>
+            {
                 return Err(bad(format!(
                     "variant {v:?} needs a Hopper GPU (sm_90a module: {wgmma}), integer zero points, \
                      block_size >= 32 and 16-byte aligned rows of B"
@@ -299,7 +307,7 @@ impl MatMulNBitsParams {
             // `tiled` up to 32 rows, `wgmma` beyond.
             // `prefill` where its 256-row tiles are more than half used and fill the SMs.
             None if wgmma_ok && p.m > PREFILL_BM / 2 && p.m.div_ceil(PREFILL_BM) * p.n.div_ceil(PREFILL_BN) >= sms => {
-                Variant::Prefill
+                Variant::PrefillPair
             }
             None if wgmma_ok && p.m > WGMMA_MIN_M => Variant::Wgmma,
             None if tiled_ok => Variant::Tiled,
@@ -359,6 +367,7 @@ impl MatMulNBitsParams {
             // (Stream-K's entry is named below, once the planner may have chosen it.)
             Variant::Wgmma | Variant::WgmmaStreamK => (name(Entry::Wgmma), TILED128X128),
             Variant::Prefill => (name(Entry::Prefill), PREFILL),
+            Variant::PrefillPair => (name(Entry::PrefillPair), PREFILL),
         };
         let (bm, bn, threads) = match variant {
             Variant::PackedWgmma => (SMALL_MAX_M, tiling.block_n(), tiling.threads()),
@@ -392,14 +401,15 @@ impl MatMulNBitsParams {
                 tiles * chunks
             )));
         }
-        if matches!(variant, Variant::WgmmaStreamK | Variant::Prefill) && p.splits > 1 {
+        let prefill = matches!(variant, Variant::Prefill | Variant::PrefillPair);
+        if (prefill || variant == Variant::WgmmaStreamK) && p.splits > 1 {
             return Err(bad(format!("variant {variant:?} does not split K by `splits` ({} asked)", p.splits)));
         }
         let kernel = if variant == Variant::WgmmaStreamK { name(Entry::WgmmaStreamK) } else { kernel };
         // Split K until there are about four blocks per SM (`large`; one for `small`, whose
         // warps already split K four ways, and for `tiled`, whose ring fills the SM's shared
         // memory), or one chunk per split.
-        let wanted = if matches!(variant, Variant::WgmmaStreamK | Variant::PackedWgmma | Variant::Prefill) {
+        let wanted = if prefill || matches!(variant, Variant::WgmmaStreamK | Variant::PackedWgmma) {
             1
         } else if p.splits > 0 {
             p.splits
@@ -456,8 +466,15 @@ impl MatMulNBitsParams {
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
         let reduced = splits > 1 && !pair && !clustered;
         // The permuted activations (rows padded to whole chunks), then the partial sums.
-        let permuted = matches!(variant, Variant::Tiled | Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill);
-        let permuted_bytes = if permuted { (p.m * chunks * CHUNK * 2).next_multiple_of(256) } else { 0 };
+        let permuted = prefill || matches!(variant, Variant::Tiled | Variant::Wgmma | Variant::WgmmaStreamK);
+        // (`prefill` reads it as the image of its stages: whole tiles of rows.)
+        let permuted_bytes = if prefill {
+            prefill_image_bytes(p.m, p.k)
+        } else if permuted {
+            (p.m * chunks * CHUNK * 2).next_multiple_of(256)
+        } else {
+            0
+        };
         // Stream-K: one block per SM (fewer when there are fewer chunks), a slot of partial sums
         // and a flag each.
         let streamk_blocks = (variant == Variant::WgmmaStreamK).then(|| sms.min(tiles * chunks));
@@ -496,6 +513,8 @@ impl MatMulNBitsParams {
         let dims = LaunchDims {
             grid: match streamk_blocks {
                 Some(blocks) => (blocks as u32, 1, 1),
+                // Pairs of column tiles: a last tile past N completes a pair (it stores nothing).
+                None if variant == Variant::PrefillPair => (tiles_n.next_multiple_of(2) as u32, tiles_m as u32, 1),
                 None => (tiles_n as u32, tiles_m as u32, splits as u32),
             },
             block: (threads as u32, 1, 1),
@@ -509,10 +528,11 @@ impl MatMulNBitsParams {
                 }
                 Variant::PackedWgmma => PACKED_WGMMA_SHARED_BYTES as u32,
                 Variant::Wgmma | Variant::WgmmaStreamK => WGMMA_SHARED_BYTES as u32,
-                Variant::Prefill => PREFILL_SHARED_BYTES as u32,
+                Variant::Prefill | Variant::PrefillPair => PREFILL_SHARED_BYTES as u32,
             },
         };
-        let permute_blocks = (p.m * chunks * CHUNK / 8).div_ceil(PERMUTE_THREADS);
+        let permuted_rows = if prefill { p.m.div_ceil(PREFILL_BM) * PREFILL_BM } else { p.m };
+        let permute_blocks = (permuted_rows * chunks * CHUNK / 8).div_ceil(PERMUTE_THREADS);
         if permute_blocks > i32::MAX as usize {
             return Err(bad("M x K too large for the permutation grid".into()));
         }
@@ -522,7 +542,7 @@ impl MatMulNBitsParams {
                 block: (PERMUTE_THREADS as u32, 1, 1),
                 shared_bytes: 0,
             };
-            (name(Entry::Permute), dims)
+            (name(if prefill { Entry::PermuteImage } else { Entry::Permute }), dims)
         });
         let reduce = reduced.then(|| {
             let grid = ((p.m * p.n).div_ceil(REDUCE_THREADS) as u32, 1, 1);
@@ -671,7 +691,9 @@ mod tests {
         let portable: BTreeSet<&str> = ENTRIES.iter().copied().filter(|&e| e != PACK_DECODE_ENTRY).collect();
         assert_eq!(planned(false), portable);
         let mut hopper: BTreeSet<&str> = portable.iter().chain(HOPPER_ENTRIES).copied().collect();
-        for tiled in ["tiled64x128", "tiled128x128"] {
+        // (wip: `prefill` unpaired is only forced, the A/B against `prefill_pair`; the one that
+        // loses goes before this lands.)
+        for tiled in ["tiled64x128", "tiled128x128", "prefill"] {
             for t in ["f16", "bf16"] {
                 assert!(hopper.remove(&*format!("matmul_nbits_{tiled}_{t}")), "{tiled} {t}");
             }
@@ -783,6 +805,42 @@ mod tests {
         ) {
             let blocks = blocks.min(tiles_n * tiles_m * chunks);
             check_partition(tiles_n, tiles_m, chunks, blocks);
+        }
+    }
+
+    /// `permute_image` writes every element of every 256-row tile and K chunk to its own 2 bytes
+    /// of the image `prefill` copies stage by stage, filling it exactly; each stage's two halves
+    /// are the 128-byte-swizzle tiles `wgmma` reads: the same K element of 8 consecutive rows in 8
+    /// different 16-byte columns.
+    #[test]
+    fn prefill_image_is_a_permutation_of_whole_stages() {
+        use super::layout::{PREFILL_A_STAGE_BYTES, PREFILL_BM, prefill_image_bytes, prefill_image_offset};
+        for (m, k) in [(1usize, 16usize), (300, 1000), (513, 256)] {
+            let chunks = k.div_ceil(128);
+            let bytes = prefill_image_bytes(m, k);
+            assert_eq!(bytes, m.div_ceil(PREFILL_BM) * chunks * PREFILL_A_STAGE_BYTES);
+            let mut seen = vec![false; bytes / 2];
+            for row in 0..m.div_ceil(PREFILL_BM) * PREFILL_BM {
+                for chunk in 0..chunks {
+                    for e in 0..128 {
+                        let at = prefill_image_offset(row, chunk, chunks, e);
+                        assert!(at.is_multiple_of(2) && at < bytes, "row {row} chunk {chunk} e {e}: {at}");
+                        assert!(
+                            !std::mem::replace(&mut seen[at / 2], true),
+                            "row {row} chunk {chunk} e {e}: {at} twice"
+                        );
+                        // Its stage, half and row of 128 bytes.
+                        let stage = (row / PREFILL_BM) * chunks + chunk;
+                        assert_eq!(at / PREFILL_A_STAGE_BYTES, stage);
+                        assert_eq!((at % PREFILL_A_STAGE_BYTES) / (PREFILL_BM * 128), e / 64);
+                        assert_eq!((at % (PREFILL_BM * 128)) / 128, row % PREFILL_BM);
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&s| s));
+            let columns: std::collections::HashSet<usize> =
+                (0..8).map(|row| prefill_image_offset(row, 0, 1, 5) % 128 / 16).collect();
+            assert_eq!(columns.len(), 8);
         }
     }
 }

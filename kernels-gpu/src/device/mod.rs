@@ -10,6 +10,8 @@
 pub mod async_copy;
 pub mod bits;
 #[cfg(dlkern_arch_specific)]
+pub mod bulk_copy;
+#[cfg(dlkern_arch_specific)]
 pub mod cluster;
 pub mod convert;
 pub mod entry;

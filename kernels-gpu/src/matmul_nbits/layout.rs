@@ -220,6 +220,25 @@ pub const PREFILL_SHARED_BYTES: usize =
 // Hopper's opt-in limit of dynamic shared memory per block (227 KiB).
 const _: () = assert!(PREFILL_SHARED_BYTES <= 232_448);
 
+/// Bytes of the permuted activations as `prefill`'s stages (`permute_image`): for each tile
+/// of [`PREFILL_BM`] rows of A (rows past M zero) and each K chunk, the
+/// [`PREFILL_A_STAGE_BYTES`] that chunk's stage holds, in order, so that one bulk copy fills a
+/// stage's activations.
+pub const fn prefill_image_bytes(m: usize, k: usize) -> usize {
+    m.div_ceil(PREFILL_BM) * k.div_ceil(CHUNK) * PREFILL_A_STAGE_BYTES
+}
+
+/// Byte offset in that image of element `e` (0..128, in the permuted order) of K chunk `chunk`
+/// (of `chunks`) of row `row`: its 64-K half's tile, then the 128-byte swizzle of
+/// `SharedMatrix::k_major_swizzle128` (16-byte piece `p` of row `r` at piece `p ^ (r % 8)`),
+/// which the copy into a 1024-byte-aligned stage keeps.
+#[inline(always)]
+pub const fn prefill_image_offset(row: usize, chunk: usize, chunks: usize, e: usize) -> usize {
+    let (tile, r) = (row / PREFILL_BM, row % PREFILL_BM);
+    let (half, piece) = (e / 64, (e % 64) / 8);
+    ((tile * chunks + chunk) * 2 + half) * PREFILL_A_HALF_BYTES + r * 128 + 16 * (piece ^ (r % 8)) + 2 * (e % 8)
+}
+
 /// `wgmma_streamk` (Hopper): the `wgmma` kernel over a stream-K partition. The grid is a
 /// 1-D set of blocks (one per SM), and block `b` of `blocks` takes the iterations
 /// `[begin(b), begin(b + 1))` ([`StreamKPartition`]) of the problem's `tiles x chunks`, tile-major
@@ -439,6 +458,8 @@ pub enum Entry {
     WgmmaStreamK,
     PackedWgmma16,
     Prefill,
+    PrefillPair,
+    PermuteImage,
 }
 
 /// How many [`Entry`] kinds, from the first, every module has.
@@ -455,7 +476,7 @@ impl Entry {
 /// The `[f16, bf16]` entry points of each [`Entry`], in its order. The device crate cannot
 /// make a kernel's symbol from a string, so its entries (`matmul_nbits/mod.rs`) spell these
 /// names again; the tests check that the PTX has exactly [`ENTRIES`] and [`HOPPER_ENTRIES`].
-const TYPED_ENTRIES: [[&str; 2]; 25] = [
+const TYPED_ENTRIES: [[&str; 2]; 27] = [
     ["matmul_nbits_decode8_f16", "matmul_nbits_decode8_bf16"],
     ["matmul_nbits_decode8_ahead3_f16", "matmul_nbits_decode8_ahead3_bf16"],
     ["matmul_nbits_decode16_f16", "matmul_nbits_decode16_bf16"],
@@ -481,6 +502,8 @@ const TYPED_ENTRIES: [[&str; 2]; 25] = [
     ["matmul_nbits_wgmma_streamk_f16", "matmul_nbits_wgmma_streamk_bf16"],
     ["matmul_nbits_packed_wgmma16_f16", "matmul_nbits_packed_wgmma16_bf16"],
     ["matmul_nbits_prefill_f16", "matmul_nbits_prefill_bf16"],
+    ["matmul_nbits_prefill_pair_f16", "matmul_nbits_prefill_pair_bf16"],
+    ["matmul_nbits_permute_image_f16", "matmul_nbits_permute_image_bf16"],
 ];
 
 /// The repacker's entry point (one for every element type).

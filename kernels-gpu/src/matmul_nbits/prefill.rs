@@ -4,39 +4,46 @@
 //! block tile twice as wide and with the copies taken off the threads that multiply.
 //!
 //! A block is three warpgroups, as FlashAttention-3 divides the work. Warpgroup 0, the
-//! producer, gives up registers (`setmaxnreg`) and copies each K chunk of 128 into a ring of
-//! [`PREFILL_STAGES`]: the chunk's [`PREFILL_BM`] rows of permuted activations (two 64-K
-//! halves in the 128-byte-swizzle layout `wgmma` reads) and the codes of the block's
-//! [`PREFILL_BN`] weight rows, each consumer thread's 16 bytes of each of its two rows where
-//! that thread reads them (`cp.async`; a stage's `mbarrier` completes when they have landed).
-//! Warpgroups 1 and 2, the consumers, own 64 weight rows each: per chunk, `m64n256k16` on all
-//! of the block's rows of A with the weights as the register operand, while they dequantize
-//! the next chunk's codes into a second set of fragments (as `wgmma` does), then release the
-//! chunk before last's stage to the producer. With 256 rows of A per `wgmma` instead of 128,
-//! each dequantized weight feeds twice the multiply-adds; no consumer issues a copy or waits at
-//! a block barrier.
+//! producer, gives up registers (`setmaxnreg`) and fills a ring of [`PREFILL_STAGES`] K chunks
+//! of 128: the chunk's [`PREFILL_BM`] rows of permuted activations, which `permute_image` laid
+//! out in global memory as the stage's image (two 64-K halves in the 128-byte swizzle `wgmma`
+//! reads), by one bulk copy that the stage's `mbarrier` counts in bytes; and the codes of the
+//! block's [`PREFILL_BN`] weight rows, each consumer thread's 16 bytes of each of its two rows
+//! where that thread reads them (`cp.async`, 4 per producer thread, each thread's arrival
+//! tracking its copies). Warpgroups 1 and 2, the consumers, own 64 weight rows each: per chunk,
+//! `m64n256k16` on all of the block's rows of A with the weights as the register operand, while
+//! they dequantize the next chunk's codes into a second set of fragments (as `wgmma` does), then
+//! release the chunk before last's stage to the producer. With 256 rows of A per `wgmma`
+//! instead of 128, each dequantized weight feeds twice the multiply-adds; no consumer issues a
+//! copy or waits at a block barrier.
 //!
-//! # Launch contract: `matmul_nbits_prefill_{f16,bf16}`
-//! - `a` is the permuted copy of A (`matmul_nbits_permute_*`: rows of `ceil(K / 128) * 128`
-//!   elements, zero past K), 16-byte aligned.
-//! - grid `(ceil(N / 128), ceil(M / 256), 1)`, block `(384, 1, 1)` (`.maxntid`), dynamic shared
-//!   memory [`PREFILL_SHARED_BYTES`] (over 48 KiB: the launcher raises the function's limit).
+//! `PAIR` (`prefill_pair`): the blocks run as clusters of two column tiles of the same rows of
+//! A, and each block copies one 64-K half of every stage's activations into both blocks
+//! (`.multicast::cluster`): the activations, which every column tile reads again, cross from L2
+//! once per pair. A stage is then refilled only once both blocks' consumers have released it
+//! (each consumer warp arrives on both blocks' barriers).
+//!
+//! # Launch contract: `matmul_nbits_prefill{,_pair}_{f16,bf16}`
+//! - `a` is the image of the permuted A (`matmul_nbits_permute_image_*`), 16-byte aligned.
+//! - grid `(ceil(N / 128), ceil(M / 256), 1)`, for `_pair` with the x size rounded up to even
+//!   (the entry requires clusters of `(2, 1, 1)`: a tile past N computes columns never
+//!   stored); block `(384, 1, 1)` (`.maxntid`), dynamic shared memory [`PREFILL_SHARED_BYTES`]
+//!   (over 48 KiB: the launcher raises the function's limit).
 //! - zero points none or u8 (`zeros_t` unused), `block_size >= 32`; `b` 16-byte aligned with
 //!   `row_bytes % 16 == 0`. K is not split (`chunks_per_split` unused); writes `y` (+ bias),
 //!   `workspace` unused.
-//! - may be launched as a programmatic dependent of the `permute` grid writing `a`: every
-//!   thread waits for it (`griddepcontrol.wait`) before it reads `a` or writes anything (the
-//!   producer copies the first chunks' codes before).
+//! - may be launched as a programmatic dependent of the `permute_image` grid writing `a`:
+//!   every thread waits for it (`griddepcontrol.wait`) before it reads `a` or writes anything
+//!   (the producer copies the first chunks' codes before).
 
 use super::layout::*;
 use super::wgmma::{Fragments, LaneConsts, RawConsts, dequantize_fragments};
 use crate::device::async_copy::{arrive_when_landed, commit_group, cp_async_16_zfill, wait_group};
+use crate::device::bulk_copy;
 use crate::device::memory::st_global_v4;
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u16};
-use crate::device::wgmma::{
-    self, SharedMatrix, fence_proxy_async_shared, mma_async_k16_register_a, pin_accumulators_f32,
-};
-use crate::device::{index, mbarrier, sync};
+use crate::device::wgmma::{self, SharedMatrix, mma_async_k16_register_a, pin_accumulators_f32};
+use crate::device::{cluster, index, mbarrier, sync};
 use crate::element::TensorElement;
 use crate::unroll;
 
@@ -53,11 +60,11 @@ const CONSUMER_THREADS: usize = 2 * GROUP_THREADS;
 const PRODUCER_REGISTERS: u32 = 40;
 const CONSUMER_REGISTERS: u32 = 232;
 
-/// Activation pieces (16 bytes) of a stage per producer thread: 256 rows of 16.
-const A_PIECES: usize = PREFILL_BM * 16 / GROUP_THREADS;
 /// Code pieces of a stage per producer thread: 2 per consumer thread.
 const CODE_PIECES: usize = 2 * CONSUMER_THREADS / GROUP_THREADS;
-const _: () = assert!(A_PIECES == 32 && CODE_PIECES == 4);
+const _: () = assert!(CODE_PIECES == 4);
+/// Consumer warps, each of which releases a stage with one arrival.
+const CONSUMER_WARPS: u32 = (CONSUMER_THREADS / 32) as u32;
 /// Bytes per row of the output tile staged in shared memory: 128 columns and 16 bytes of
 /// padding (the ring's first 68 KiB hold the 256 rows).
 const STAGED_ROW_BYTES: usize = 2 * PREFILL_BN + 16;
@@ -67,8 +74,8 @@ const _: () = assert!(PREFILL_BM * STAGED_ROW_BYTES <= PREFILL_STAGES * PREFILL_
 /// The launch contract in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
-    a_perm: *const T,
+pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, const PAIR: bool>(
+    a_image: *const T,
     b: *const u8,
     scales: *const T,
     zeros_u8: *const u8,
@@ -89,40 +96,45 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
     let a_s = |slot: u32| base.offset(slot * PREFILL_A_STAGE_BYTES as u32);
     let codes_base = base.offset((PREFILL_STAGES * PREFILL_A_STAGE_BYTES) as u32);
     let codes_s = |slot: u32| codes_base.offset(slot * PREFILL_CODES_STAGE_BYTES as u32);
-    // Per stage: `full` completes a phase when a chunk's copies have landed (each producer
-    // thread's arrival tracks its copies), `empty` when every consumer thread is done with the
-    // chunk (its codes dequantized, its `wgmma`s complete). Chunk `c` uses phase `c / STAGES`
-    // of stage `c % STAGES`.
+    // Per stage: `full` completes a phase when a chunk has landed (the producer threads'
+    // arrivals track their code copies, and one of them announces the activations' bytes),
+    // `empty` when every consumer warp (of both blocks, `PAIR`) is done with the chunk (its
+    // codes dequantized, its `wgmma`s complete). Chunk `c` uses phase `c / STAGES` of stage
+    // `c % STAGES`.
     let barriers = codes_base.offset((PREFILL_STAGES * PREFILL_CODES_STAGE_BYTES) as u32);
     let full = |slot: u32| barriers.offset(8 * slot);
     let empty = |slot: u32| barriers.offset(8 * (STAGES + slot));
     let parity = |c: u32| (c / STAGES) & 1;
+    let blocks = if PAIR { 2 } else { 1 };
+    let (rank, partner) = if PAIR { (cluster::cta_rank(), cluster::cta_rank() ^ 1) } else { (0, 0) };
+    // This tile's stage images: `PREFILL_A_STAGE_BYTES` per chunk.
+    let image =
+        a_image.cast::<u8>().wrapping_add(index::block_idx_y() as usize * chunks as usize * PREFILL_A_STAGE_BYTES);
 
-    // SAFETY (whole body): the launch contract sizes every buffer; copies stay inside rows of
-    // the permuted A and of B (rows past M or N copy 0 bytes from a row that exists); scales and
-    // zero points are read only for existing (row, block) pairs; the block barrier and the
-    // warpgroup instructions are reached by all threads they name (every bound depends on the
-    // block alone).
+    // SAFETY (whole body): the launch contract sizes every buffer; copies stay inside the
+    // image's tile and rows of B (rows past N copy 0 bytes from a row that exists); scales and
+    // zero points are read only for existing (row, block) pairs; the block and cluster barriers
+    // and the warpgroup instructions are reached by all threads they name (every bound depends
+    // on the block alone, and both blocks of a pair have the same chunks).
     unsafe {
         if tid == 0 {
             unroll!(S in [0, 1, 2] {
-                mbarrier::init(full(S as u32), GROUP_THREADS as u32);
-                mbarrier::init(empty(S as u32), CONSUMER_THREADS as u32);
+                mbarrier::init(full(S as u32), GROUP_THREADS as u32 + 1);
+                mbarrier::init(empty(S as u32), blocks * CONSUMER_WARPS);
             });
+            if PAIR {
+                mbarrier::fence_init_cluster();
+            }
         }
-        sync::sync_threads();
+        // Both blocks' barriers exist before either copies into the other or arrives there.
+        if PAIR {
+            cluster::sync();
+        } else {
+            sync::sync_threads();
+        }
 
         if warpgroup == 0 {
             sync::release_registers::<PRODUCER_REGISTERS>();
-            // Activations: piece `tid % 16` (16 bytes, K `8 (tid % 16)` of the chunk) of rows
-            // `tid / 16 + 8 u`. Rows 8 apart keep the swizzled column: one destination offset,
-            // one source pointer stepped by 8 rows.
-            let (row0, part) = (tid / 16, tid % 16);
-            let row_len = k.div_ceil(CHUNK) * CHUNK;
-            let a_dst = ((part / 8) * PREFILL_A_HALF_BYTES) as u32 + SharedMatrix::swizzle128_offset(row0, part % 8);
-            let valid_rows = m - m0;
-            let a_from = a_perm.add((m0 + row0) * row_len + 8 * part);
-            let a_step = 8 * row_len;
             // Codes: pieces `tid + 128 v`, piece `c` (`c + 256`) the 16 bytes of consumer thread
             // `c`'s first (second) weight row at `16 (c % 4)` of the chunk's 64.
             let code_src: [(*const u8, u32, u32); CODE_PIECES] = core::array::from_fn(|v| {
@@ -143,18 +155,20 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
                     cp_async_16_zfill(stage.offset(((tid + GROUP_THREADS * V) * 16) as u32), row.add(at as usize), bytes);
                 });
             };
+            // Chunk j's activations: the whole stage image, or (`PAIR`) this block's 64-K half
+            // of it into both blocks.
             let copy_activations = |j: u32| {
-                let (dst, from) = (a_s(j % STAGES).offset(a_dst), a_from.add(j as usize * CHUNK));
-                unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
-                    let ok = row0 + 8 * U < valid_rows;
-                    cp_async_16_zfill(
-                        dst.offset((8 * U * 128) as u32),
-                        if ok { from.wrapping_add(U * a_step) } else { a_perm }.cast(),
-                        if ok { 16 } else { 0 },
-                    );
-                });
+                let (slot, from) = (j % STAGES, image.add(j as usize * PREFILL_A_STAGE_BYTES));
+                mbarrier::arrive_expect_tx(full(slot), PREFILL_A_STAGE_BYTES as u32);
+                if PAIR {
+                    let half = rank as usize * PREFILL_A_HALF_BYTES;
+                    let (dst, bytes) = (a_s(slot).offset(half as u32), PREFILL_A_HALF_BYTES as u32);
+                    bulk_copy::global_to_shared_multicast(dst, from.add(half), bytes, full(slot), 0b11);
+                } else {
+                    bulk_copy::global_to_shared(a_s(slot), from, PREFILL_A_STAGE_BYTES as u32, full(slot));
+                }
             };
-            // The first stages' codes go before the wait for the grid writing the permuted A.
+            // The first stages' codes go before the wait for the grid writing the image.
             unroll!(S in [0, 1, 2] {
                 if (S as u32) < chunks {
                     copy_codes(S as u32);
@@ -164,15 +178,21 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
             for j in 0..chunks {
                 let slot = j % STAGES;
                 if j >= STAGES {
-                    // Chunk j - STAGES, this stage's last, released by every consumer.
+                    // Chunk j - STAGES, this stage's last, released by every consumer warp.
                     mbarrier::wait_parity(empty(slot), parity(j - STAGES));
                     copy_codes(j);
                 }
-                copy_activations(j);
+                if tid == 0 {
+                    copy_activations(j);
+                }
                 arrive_when_landed(full(slot));
             }
             commit_group();
             wait_group::<0>(); // no copy outlives the block
+            if PAIR {
+                // The partner's consumers may still arrive on this block's barriers.
+                cluster::sync();
+            }
             return;
         }
 
@@ -189,6 +209,18 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
             let lo = ld_shared_v4(codes.offset((ctid * 16) as u32));
             let hi = ld_shared_v4(codes.offset(((CONSUMER_THREADS + ctid) * 16) as u32));
             dequantize_fragments::<T>(lo, hi, c, f);
+        };
+
+        // One arrival per consumer warp on the stage's `empty` barrier, and on the partner's.
+        let lane0 = index::lane_id() == 0;
+        let release = |slot: u32| {
+            sync::sync_warp();
+            if lane0 {
+                mbarrier::arrive(empty(slot));
+                if PAIR {
+                    mbarrier::arrive_cluster(cluster::map_shared(empty(slot), partner));
+                }
+            }
         };
 
         let mut acc = wgmma::zeroed_accumulators_f32::<128>();
@@ -209,8 +241,8 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
             ($j:expr, $cur:ident, $next:ident, $consts:ident) => {{
                 let j: u32 = $j;
                 let tile = a_s(j % STAGES);
-                // The producer's copies (generic proxy) before the tensor cores' reads.
-                fence_proxy_async_shared();
+                // (The bulk copies wrote the activations in the async proxy, which `wgmma`
+                // reads: no proxy fence.)
                 wgmma::fence();
                 unroll!(S in [0, 1, 2, 3, 4, 5, 6, 7] {
                     let half = SharedMatrix::k_major_swizzle128(tile.offset(((S / 4) * PREFILL_A_HALF_BYTES) as u32));
@@ -220,7 +252,7 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
                 // Chunk j - 1's `wgmma`s are done: `$next` is free, and so is that chunk's stage.
                 wgmma::wait_group::<1>();
                 if j > 0 {
-                    mbarrier::arrive(empty((j - 1) % STAGES));
+                    release((j - 1) % STAGES);
                 }
                 if j + 1 < chunks {
                     mbarrier::wait_parity(full((j + 1) % STAGES), parity(j + 1));
@@ -280,5 +312,9 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
                 }
             }
         });
+        if PAIR {
+            // Every remote arrival of this block is done before the partner exits, and back.
+            cluster::sync();
+        }
     }
 }

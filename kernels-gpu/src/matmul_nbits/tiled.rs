@@ -27,6 +27,11 @@
 //!   writing `a`. Only after that wait does each block let the next grid of the stream start,
 //!   if that one was launched as a programmatic dependent (the `wgmma` kernels are, and wait
 //!   for this grid before they read `a_perm`).
+//!
+//! # Launch contract: `matmul_nbits_permute_image_{f16,bf16}(a, a_image, zeroed, dims, zeroed_words)` (sm_90a module only)
+//! - as `matmul_nbits_permute_*`, over `ceil(M / 256) * 256` rows: writes
+//!   `layout::prefill_image_bytes(M, K)` bytes at `a_image` (16-byte aligned), the stages of
+//!   `prefill` (rows past M and K past K zero).
 
 use super::common::{
     BlockConsts, chunk_codes, chunk_consts, dequantize, hi_half, lo_half, load_a8, mma_chunk, pair, split_chunks,
@@ -139,11 +144,13 @@ pub(crate) unsafe fn matmul_nbits_large<
 /// (the order `large` stages in shared memory): the 8 elements at K `32q + 8i` of a chunk go to
 /// positions `16 (2i + h) + 2q (+ 8)` as pairs `(0,4), (1,5)` (h = 0) and `(2,6), (3,7)`
 /// (h = 1), so `ldmatrix` on the copy yields the A fragment of step `2i + h`. Zero past K.
+/// `IMAGE` (`permute_image`): the same order, laid out as `prefill`'s ring stages
+/// ([`prefill_image_offset`]), rows from M to the tile's end zero.
 ///
 /// # Safety
 /// The launch contract (`matmul_nbits_permute_*` in the module docs).
 #[inline(always)]
-pub(crate) unsafe fn permute<T: TensorElement>(
+pub(crate) unsafe fn permute<T: TensorElement, const IMAGE: bool>(
     a: *const T,
     a_perm: *mut T,
     zeroed: *mut u32,
@@ -174,17 +181,27 @@ pub(crate) unsafe fn permute<T: TensorElement>(
         unsafe { zeroed.add(flag).write(0) };
         flag += threads;
     }
-    if word >= m * row_words.get() {
+    let rows = if IMAGE { m.div_ceil(PREFILL_BM) * PREFILL_BM } else { m };
+    if word >= rows * row_words.get() {
         return;
     }
     let (row, k8) = (word / row_words, 8 * (word % row_words));
     let (chunk_start, within) = (k8 - k8 % CHUNK, k8 % CHUNK);
     let (q, i) = (within / 32, (within % 32) / 8);
-    // SAFETY: row < M and load_a8 reads only below K; the writes stay inside the padded row.
+    // SAFETY: load_a8 reads only rows below M and K below K; the writes stay inside the padded
+    // row, or the image's tile of rows.
     unsafe {
-        let x = load_a8(a.add(row * k + k8.min(k)), k8, k, p.flags & FLAG_A_VEC16 != 0);
-        let dst = a_perm.add(row * row_len + chunk_start).cast::<u32>();
-        let at = |step: usize, kk: usize| dst.add((16 * step + kk) / 2);
+        let x = if row < m { load_a8(a.add(row * k + k8.min(k)), k8, k, p.flags & FLAG_A_VEC16 != 0) } else { [0; 4] };
+        let dst = a_perm.wrapping_add(row * row_len + chunk_start).cast::<u32>();
+        let image = a_perm.cast::<u8>();
+        let chunks = row_len / CHUNK;
+        let at = |step: usize, kk: usize| {
+            if IMAGE {
+                image.add(prefill_image_offset(row, chunk_start / CHUNK, chunks, 16 * step + kk)).cast::<u32>()
+            } else {
+                dst.add((16 * step + kk) / 2)
+            }
+        };
         at(2 * i, 2 * q).write(pair(lo_half(x[0]), lo_half(x[2])));
         at(2 * i, 2 * q + 8).write(pair(hi_half(x[0]), hi_half(x[2])));
         at(2 * i + 1, 2 * q).write(pair(lo_half(x[1]), lo_half(x[3])));
