@@ -335,3 +335,24 @@ pub(crate) unsafe fn reduce<T: Element>(bias: *const T, y: *mut T, workspace: *c
         y.add(i).write(T::from_f32(sum));
     }
 }
+
+/// The K loop of the `wgmma` kernels that dequantize the next chunk under the current chunk's
+/// `wgmma`s: `$step!(j, current, next, consts)` for chunks `0..$chunks`, the two fragment sets
+/// taking turns (chunk `j`'s in `$f0` for even `j`) and so do the constants' registers (`$odd`
+/// holds an odd chunk's while an even chunk runs). A macro, not a function: `ptxas` serializes
+/// `wgmma`s whose pipeline crosses a call (C7510).
+#[cfg(dlkern_arch_specific)]
+macro_rules! alternate_chunks {
+    ($chunks:expr, $step:ident, $f0:ident, $f1:ident, $even:ident, $odd:ident) => {{
+        let mut j = 0;
+        while j < $chunks {
+            $step!(j, $f0, $f1, $odd);
+            if j + 1 < $chunks {
+                $step!(j + 1, $f1, $f0, $even);
+            }
+            j += 2;
+        }
+    }};
+}
+#[cfg(dlkern_arch_specific)]
+pub(crate) use alternate_chunks;

@@ -36,6 +36,7 @@
 //!   every thread waits for it (`griddepcontrol.wait`) before it reads `a` or writes anything
 //!   (the producer copies the first chunks' codes before).
 
+use super::common::alternate_chunks;
 use super::layout::*;
 use super::wgmma::{Fragments, LaneConsts, RawConsts, dequantize_fragments};
 use crate::device::async_copy::{arrive_when_landed, commit_group, cp_async_16_zfill, wait_group};
@@ -261,14 +262,7 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, co
                 $consts = consts.load(j + 3, &p);
             }};
         }
-        let mut j = 0;
-        while j < chunks {
-            chunk_step!(j, f0, f1, odd_consts);
-            if j + 1 < chunks {
-                chunk_step!(j + 1, f1, f0, even_consts);
-            }
-            j += 2;
-        }
+        alternate_chunks!(chunks, chunk_step, f0, f1, even_consts, odd_consts);
         wgmma::wait_group::<0>();
         pin_accumulators_f32(&mut acc);
 

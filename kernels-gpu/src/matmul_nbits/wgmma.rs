@@ -55,6 +55,7 @@ use crate::device::{SharedAddr, WARP_SIZE, index, mbarrier, sync};
 use crate::element::{Bf16, F16, TensorElement};
 use crate::unroll;
 
+use super::common::alternate_chunks;
 use super::layout::*;
 
 const _: () = assert!(WGMMA_BM == 128 && WGMMA_BN == 128 && WGMMA_THREADS == 256 && CHUNK == 128);
@@ -382,14 +383,7 @@ unsafe fn tile_sums<T: WgmmaElement>(
                 $consts = raw_consts(j + 3);
             }};
         }
-        let mut j = 0;
-        while j < chunks {
-            chunk_step!(j, f0, f1, odd_consts);
-            if j + 1 < chunks {
-                chunk_step!(j + 1, f1, f0, even_consts);
-            }
-            j += 2;
-        }
+        alternate_chunks!(chunks, chunk_step, f0, f1, even_consts, odd_consts);
         wgmma::wait_group::<0>();
         pin_accumulators_f32(&mut acc);
         // Every thread is past its last wait: the barriers may be initialized again (the next
