@@ -5,9 +5,12 @@
 //! would fit in L2. For M <= 16 also `Variant::Packed` (`dlkern_packed_f16`: B repacked once,
 //! `MatMulNBitsWeights::pack_for_decode`; filled with the same byte pattern, timing only), and on Hopper,
 //! where that runs `PackedWgmma`, also `PackedMma` (`dlkern_packed_mma_f16`) over the same bytes.
-//! `DLKERN_MATMUL_NBITS_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma|wgmma_streamk|prefill|prefill_pair` forces a kernel
-//! variant (to compare them at one M; the ids stay the same), `DLKERN_MATMUL_NBITS_SPLITS=N` the K splits of
-//! the `dlkern_f16` rows.
+//! On Hopper above M = 128 also the large-M kernels the planner did not choose (`prefill`,
+//! `wgmma` over whole tiles, `wgmma` stream-K: `dlkern_prefill_f16`, `dlkern_wgmma_f16`,
+//! `dlkern_streamk_f16`), so that each row shows what its choice won against.
+//! `DLKERN_MATMUL_NBITS_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma|wgmma_streamk|prefill`
+//! forces a kernel variant (to compare them at one M; the ids stay the same),
+//! `DLKERN_MATMUL_NBITS_SPLITS=N` the K splits of the `dlkern_f16` rows.
 
 mod common;
 
@@ -43,10 +46,9 @@ fn forced_variant() -> Option<Variant> {
         "wgmma" => Some(Variant::Wgmma),
         "wgmma_streamk" => Some(Variant::WgmmaStreamK),
         "prefill" => Some(Variant::Prefill),
-        "prefill_pair" => Some(Variant::PrefillPair),
         other => panic!(
-            "DLKERN_MATMUL_NBITS_VARIANT={other}: expected small, large, tiled, packed, packed_mma, packed_wgmma, wgmma \
-             or wgmma_streamk"
+            "DLKERN_MATMUL_NBITS_VARIANT={other}: expected small, large, tiled, packed, packed_mma, packed_wgmma, wgmma, \
+             wgmma_streamk or prefill"
         ),
     }
 }
@@ -128,20 +130,22 @@ fn benches(c: &mut Criterion) {
             let io = ((m * k + m * n) * 2) as u64;
             let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
             bench_dlkern(&mut group, &gpu, ("dlkern_f16", "dlkern"), &shape, params, w4_bytes as u64 + io, rotation);
-            if variant.is_none() && chosen.as_ref().is_ok_and(|&v| v == Variant::PrefillPair) {
-                // The planner took the warp-specialized kernel: its unpaired build, and `wgmma`
-                // over whole tiles and over the stream-K partition, which it replaced.
-                for (forced, names) in [
-                    (Variant::Prefill, ("dlkern_prefill_f16", "dlkern prefill, unpaired")),
+            let large_m = variant.is_none() && gpu.device.has_wgmma() && m > 128;
+            if large_m {
+                // The large-M kernels the planner did not take.
+                for (other, names) in [
+                    (Variant::Prefill, ("dlkern_prefill_f16", "dlkern prefill 256 x 128")),
                     (Variant::Wgmma, ("dlkern_wgmma_f16", "dlkern wgmma 128 x 128")),
                     (Variant::WgmmaStreamK, ("dlkern_streamk_f16", "dlkern wgmma stream-K")),
                 ] {
-                    let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
-                    let p = MatMulNBitsParams { variant: Some(forced), ..params };
-                    bench_dlkern(&mut group, &gpu, names, &shape, p, w4_bytes as u64 + io, rotation);
+                    if chosen.as_ref().is_ok_and(|&v| v != other) {
+                        let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
+                        let p = MatMulNBitsParams { variant: Some(other), ..params };
+                        bench_dlkern(&mut group, &gpu, names, &shape, p, w4_bytes as u64 + io, rotation);
+                    }
                 }
             }
-            if variant.is_none() && chosen.is_ok_and(|v| v == Variant::WgmmaStreamK) {
+            if !large_m && variant.is_none() && chosen.is_ok_and(|v| v == Variant::WgmmaStreamK) {
                 // The planner took the stream-K partition: the same kernel over whole tiles.
                 let tiles = MatMulNBitsParams { variant: Some(Variant::Wgmma), ..params };
                 let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };

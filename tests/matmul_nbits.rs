@@ -599,13 +599,9 @@ mod gpu {
             (96, 1024, Some(Variant::WgmmaStreamK), 0),
             (128, 1024, Some(Variant::Wgmma), 0),
             (300, 1024, Some(Variant::Prefill), 0),
-            (300, 1024, Some(Variant::PrefillPair), 0),
         ];
         for (m, n, variant, splits) in cases {
-            let hopper_only = matches!(
-                variant,
-                Some(Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill | Variant::PrefillPair)
-            );
+            let hopper_only = matches!(variant, Some(Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill));
             if hopper_only && !device.has_wgmma() {
                 continue;
             }
@@ -845,29 +841,30 @@ mod gpu {
                 assert_eq!(problem::<bf16>(p, seed + 1).check().kernel, "matmul_nbits_wgmma_pair_bf16");
             }
         }
-        // The planner's choice: 297 tiles, which fill 3 waves of 132 SMs to 75%, run stream-K.
-        let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 1030, 4200, 320, 64) };
+        // The planner's choice: 66 tiles, which fill half a wave of 132 SMs, run stream-K.
+        let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 200, 4200, 320, 64) };
         let plan = problem::<f16>(p, 9).check();
         let expect = if device.multiprocessors() == 132 { "matmul_nbits_wgmma_streamk_f16" } else { plan.kernel };
         assert_eq!(plan.kernel, expect);
         assert!(variant_of(plan.kernel).starts_with("wgmma") && plan.kernel.ends_with("_f16"), "{}", plan.kernel);
     }
 
-    /// `prefill` and `prefill_pair` (Hopper; elsewhere only the refusal is checked): M, N and K
-    /// off the 256 x 128 tile and 128-wide K chunk (K ending inside a chunk and inside a block, K
-    /// odd), an odd number of column tiles (a pair's second tile past N), every block size they
-    /// take, both zero-point kinds, bias, both types; the planner's own choice where the tiles
-    /// fill the SMs.
+    /// `prefill` (Hopper; elsewhere only the refusal is checked): M, N and K off the 256 x 128
+    /// tile and 128-wide K chunk (K ending inside a chunk and inside a block, K odd, K of one
+    /// to many more chunks than the code ring holds), every block size it takes, both
+    /// zero-point kinds, bias, both types; the planner's own choice where the tiles fill the SMs.
     #[test]
     #[ignore = "needs a CUDA device"]
     fn gpu_prefill_kernel_matches_reference() {
-        if !hopper_or_refused(Variant::Prefill) || !hopper_or_refused(Variant::PrefillPair) {
+        if !hopper_or_refused(Variant::Prefill) {
             return;
         }
         let (device, _) = gpu();
         let mut seed = 900u64;
         for &(m, n, k, block) in &[
             (1, 8, 16, 32),
+            (260, 24, 256, 32),
+            (200, 40, 392, 128),
             (97, 80, 1032, 64),
             (257, 136, 776, 256),
             (300, 260, 4104, 128),
@@ -875,26 +872,24 @@ mod gpu {
             (1025, 72, 1001, 32),
         ] {
             for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
-                for (variant, kernel) in [(Variant::Prefill, "prefill"), (Variant::PrefillPair, "prefill_pair")] {
-                    seed += 1;
-                    let bias = seed.is_multiple_of(2);
-                    let p = MatMulNBitsParams {
-                        zero_points,
-                        bias,
-                        variant: Some(variant),
-                        ..params(DType::F16, m, n, k, block)
-                    };
-                    assert_eq!(problem::<f16>(p, seed).check().kernel, format!("matmul_nbits_{kernel}_f16"));
-                    let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
-                    assert_eq!(problem::<bf16>(p, seed + 1000).check().kernel, format!("matmul_nbits_{kernel}_bf16"));
-                }
+                seed += 1;
+                let bias = seed.is_multiple_of(2);
+                let p = MatMulNBitsParams {
+                    zero_points,
+                    bias,
+                    variant: Some(Variant::Prefill),
+                    ..params(DType::F16, m, n, k, block)
+                };
+                assert_eq!(problem::<f16>(p, seed).check().kernel, "matmul_nbits_prefill_f16");
+                let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                assert_eq!(problem::<bf16>(p, seed + 1000).check().kernel, "matmul_nbits_prefill_bf16");
             }
         }
         // The planner's choice where its tiles fill a wave: 2 x 66 of them on 132 SMs.
         let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 257, 66 * 128, 200, 32) };
         let plan = problem::<f16>(p, 9).check();
         if device.multiprocessors() <= 132 {
-            assert_eq!(plan.kernel, "matmul_nbits_prefill_pair_f16");
+            assert_eq!(plan.kernel, "matmul_nbits_prefill_f16");
         }
     }
 
@@ -1244,21 +1239,19 @@ fn gpu_plan_validates_and_splits() {
     assert_eq!((plan.kernel, plan.splits), ("matmul_nbits_wgmma_f16", 3));
     assert_eq!(plan.reduce.map(|(name, _)| name), Some("matmul_nbits_reduce_f16"));
     assert_eq!(plan.workspace_bytes, 128 * 8192 * 2 + 3 * 128 * 8192 * 4);
-    // From where its 256 x 128 tiles fill the SMs, the warp-specialized `prefill` in pairs of
-    // column tiles, unsplit, over the image of its stages.
+    // From where its 256 x 128 tiles fill the SMs, the warp-specialized `prefill`, unsplit,
+    // over the image of its stages.
     let plan = hopper(MatMulNBitsParams { m: 1024, ..ok });
     assert_eq!(
         (plan.variant, plan.kernel, plan.dims.grid, plan.dims.block, plan.splits),
-        (Variant::PrefillPair, "matmul_nbits_prefill_pair_f16", (64, 4, 1), (384, 1, 1), 1)
+        (Variant::Prefill, "matmul_nbits_prefill_f16", (64, 4, 1), (384, 1, 1), 1)
     );
     assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_image_f16"));
     assert_eq!(plan.workspace_bytes, 1024 * 8192 * 2);
-    // The image holds whole tiles of 256 rows; a pair's last tile may lie past N.
+    // The image holds whole tiles of 256 rows.
     let plan = hopper(MatMulNBitsParams { m: 300, n: 8192 + 3 * 128, ..ok });
-    assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_prefill_pair_f16", (68, 2, 1)));
-    assert_eq!(plan.workspace_bytes, 512 * 8192 * 2);
-    let plan = hopper(MatMulNBitsParams { m: 300, n: 8192 + 3 * 128, variant: Some(Variant::Prefill), ..ok });
     assert_eq!((plan.kernel, plan.dims.grid), ("matmul_nbits_prefill_f16", (67, 2, 1)));
+    assert_eq!(plan.workspace_bytes, 512 * 8192 * 2);
     assert_eq!(hopper(MatMulNBitsParams { m: 256, ..ok }).kernel, "matmul_nbits_wgmma_f16");
     let e = MatMulNBitsParams { m: 1024, splits: 2, variant: Some(Variant::Prefill), ..ok }.plan(132, true);
     assert!(e.unwrap_err().to_string().contains("does not split K"));
@@ -1282,7 +1275,7 @@ fn gpu_plan_validates_and_splits() {
     );
     assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_f16"));
     assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2 + 132 * (128 * 128 * 4 + 4), (256, 1, 1)));
-    assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..wide }).kernel, "matmul_nbits_prefill_pair_f16");
+    assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..wide }).kernel, "matmul_nbits_prefill_f16");
     // Nearly full waves keep whole tiles: 1792 tiles are 97% of 14 waves.
     let forced_wgmma = MatMulNBitsParams { m: 1024, variant: Some(Variant::Wgmma), ..wide };
     assert_eq!(hopper(forced_wgmma).kernel, "matmul_nbits_wgmma_f16");

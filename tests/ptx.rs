@@ -102,18 +102,12 @@ fn each_module_has_exactly_the_entries_of_the_families_it_ships() {
     }
 }
 
-/// The W4 `wgmma` pair entries run as clusters of their two K splits, the `prefill` pair
-/// entries as clusters of two column tiles: the build put the directive into their headers (and
-/// into no other entry).
+/// The W4 `wgmma` pair entries run as clusters of their two K splits: the build put the
+/// directive into their headers (and into no other entry).
 #[test]
 fn split_entries_require_clusters_of_their_splits() {
     let module = ptx::modules().find(|m| m.arch_specific).expect("an sm_90a module");
-    let clustered = [
-        ("matmul_nbits_wgmma_pair_f16", "1, 1, 2"),
-        ("matmul_nbits_wgmma_pair_bf16", "1, 1, 2"),
-        ("matmul_nbits_prefill_pair_f16", "2, 1, 1"),
-        ("matmul_nbits_prefill_pair_bf16", "2, 1, 1"),
-    ];
+    let clustered = [("matmul_nbits_wgmma_pair_f16", "1, 1, 2"), ("matmul_nbits_wgmma_pair_bf16", "1, 1, 2")];
     for (entry, shape) in &clustered {
         let at = module.text.find(&format!(".visible .entry {entry}(")).expect(entry);
         let header = &module.text[at..at + module.text[at..].find("\n{").expect("a body")];

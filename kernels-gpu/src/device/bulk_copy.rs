@@ -27,22 +27,3 @@ pub unsafe fn global_to_shared(dst: SharedAddr, src: *const u8, bytes: u32, bar:
         )
     };
 }
-
-/// As [`global_to_shared`], multicast (`.multicast::cluster`): the bytes land at `dst` in the
-/// shared memory of every block of the cluster whose rank is set in `blocks` (bit `r` for rank
-/// `r`), each block's barrier at `bar`'s offset counting them.
-///
-/// # Safety
-/// As [`global_to_shared`] in every block named by `blocks`, which must all be running (a
-/// cluster barrier after their barriers were initialized, and none exits before the bytes have
-/// landed in it).
-#[inline(always)]
-pub unsafe fn global_to_shared_multicast(dst: SharedAddr, src: *const u8, bytes: u32, bar: SharedAddr, blocks: u16) {
-    // SAFETY: the caller guarantees the addresses, the size, the barriers and the blocks.
-    unsafe {
-        asm!(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{}], [{}], {}, [{}], {};",
-            in(reg32) dst.0, in(reg64) src, in(reg32) bytes, in(reg32) bar.0, in(reg16) blocks, options(nostack)
-        )
-    };
-}

@@ -66,28 +66,6 @@ pub unsafe fn arrive_expect_tx(bar: SharedAddr, bytes: u32) {
     };
 }
 
-/// `mbarrier.arrive.release.cluster.shared::cluster.b64 _, [bar]` (PTX ISA §9.7.13.15.13):
-/// one arrival on the barrier at `bar` in another block of the cluster (an address from
-/// [`super::cluster::map_shared`]); this thread's earlier memory accesses happen before what
-/// that block's waiting threads do after the phase.
-///
-/// # Safety
-/// As [`arrive`], for the barrier in the block `bar` names, which must still be running.
-#[inline(always)]
-pub unsafe fn arrive_cluster(bar: u32) {
-    // SAFETY: the caller guarantees an initialized barrier, in a running block, expecting it.
-    unsafe { asm!("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [{}];", in(reg32) bar, options(nostack)) };
-}
-
-/// `fence.mbarrier_init.release.cluster` (PTX ISA §9.7.13.4.11): makes this thread's
-/// [`init`]s visible to the cluster's other blocks (their arrivals, and the bulk copies they
-/// multicast), ahead of a cluster barrier.
-#[inline(always)]
-pub fn fence_init_cluster() {
-    // SAFETY: a fence has no preconditions.
-    unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) };
-}
-
 /// `mbarrier.try_wait.parity.acquire.cta.shared::cta.b64` (PTX ISA §9.7.13.15.16), retried
 /// until it succeeds: returns once the phase of `bar` with parity `parity` (0 or 1) has
 /// completed; what the arriving threads did before their arrivals happens before what this

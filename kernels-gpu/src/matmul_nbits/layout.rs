@@ -203,20 +203,25 @@ pub const WGMMA_SHARED_BYTES: usize =
 pub const PREFILL_BM: usize = 256;
 pub const PREFILL_BN: usize = 128;
 pub const PREFILL_THREADS: usize = 384;
-/// Chunks in the ring (each 72 KiB: three fill the shared memory).
+/// Chunks of activations in the ring (each 64 KiB: three fill most of the shared memory).
 pub const PREFILL_STAGES: usize = 3;
+/// Chunks of codes in each consumer thread's ring: it refills the slot of the chunk before the
+/// one it multiplies with the chunk three ahead.
+pub const PREFILL_CODE_SLOTS: usize = 4;
 /// A stage's activations: two 64-K halves, each a 128-byte-swizzle tile of `PREFILL_BM` rows.
 pub const PREFILL_A_HALF_BYTES: usize = PREFILL_BM * 128;
 pub const PREFILL_A_STAGE_BYTES: usize = 2 * PREFILL_A_HALF_BYTES;
-/// A stage's codes: 64 bytes per weight row.
+/// A code slot: 64 bytes per weight row.
 pub const PREFILL_CODES_STAGE_BYTES: usize = PREFILL_BN * B_CHUNK_BYTES;
-/// Per stage, an `mbarrier` that completes when its copies have landed and one when the
+/// Per stage, an `mbarrier` that completes when its activations have landed and one when the
 /// consumers are done with it.
 pub const PREFILL_BARRIER_BYTES: usize = 2 * PREFILL_STAGES * 8;
-/// Dynamic shared memory of `prefill`: the ring and its barriers, plus 1 KiB to align the ring
-/// to the swizzle atom.
-pub const PREFILL_SHARED_BYTES: usize =
-    PREFILL_STAGES * (PREFILL_A_STAGE_BYTES + PREFILL_CODES_STAGE_BYTES) + PREFILL_BARRIER_BYTES + 1024;
+/// Dynamic shared memory of `prefill`: the rings and the barriers, plus 1 KiB to align the
+/// ring to the swizzle atom.
+pub const PREFILL_SHARED_BYTES: usize = PREFILL_STAGES * PREFILL_A_STAGE_BYTES
+    + PREFILL_CODE_SLOTS * PREFILL_CODES_STAGE_BYTES
+    + PREFILL_BARRIER_BYTES
+    + 1024;
 // Hopper's opt-in limit of dynamic shared memory per block (227 KiB).
 const _: () = assert!(PREFILL_SHARED_BYTES <= 232_448);
 
@@ -458,7 +463,6 @@ pub enum Entry {
     WgmmaStreamK,
     PackedWgmma16,
     Prefill,
-    PrefillPair,
     PermuteImage,
 }
 
@@ -476,7 +480,7 @@ impl Entry {
 /// The `[f16, bf16]` entry points of each [`Entry`], in its order. The device crate cannot
 /// make a kernel's symbol from a string, so its entries (`matmul_nbits/mod.rs`) spell these
 /// names again; the tests check that the PTX has exactly [`ENTRIES`] and [`HOPPER_ENTRIES`].
-const TYPED_ENTRIES: [[&str; 2]; 27] = [
+const TYPED_ENTRIES: [[&str; 2]; 26] = [
     ["matmul_nbits_decode8_f16", "matmul_nbits_decode8_bf16"],
     ["matmul_nbits_decode8_ahead3_f16", "matmul_nbits_decode8_ahead3_bf16"],
     ["matmul_nbits_decode16_f16", "matmul_nbits_decode16_bf16"],
@@ -502,7 +506,6 @@ const TYPED_ENTRIES: [[&str; 2]; 27] = [
     ["matmul_nbits_wgmma_streamk_f16", "matmul_nbits_wgmma_streamk_bf16"],
     ["matmul_nbits_packed_wgmma16_f16", "matmul_nbits_packed_wgmma16_bf16"],
     ["matmul_nbits_prefill_f16", "matmul_nbits_prefill_bf16"],
-    ["matmul_nbits_prefill_pair_f16", "matmul_nbits_prefill_pair_bf16"],
     ["matmul_nbits_permute_image_f16", "matmul_nbits_permute_image_bf16"],
 ];
 

@@ -303,18 +303,11 @@ mod hopper {
     matmul_nbits_entry!(matmul_nbits_packed_wgmma16_f16, F16, packed_wgmma::matmul_nbits_packed_wgmma::<F16, 2>);
     matmul_nbits_entry!(matmul_nbits_packed_wgmma16_bf16, Bf16, packed_wgmma::matmul_nbits_packed_wgmma::<Bf16, 2>);
 
-    // A producer and two consumer warpgroups, whose registers `setmaxnreg` moves between them;
-    // the pair builds run as clusters of two column tiles that share each stage's activations.
-    matmul_nbits_entry!(matmul_nbits_prefill_f16, F16, prefill::matmul_nbits_prefill::<F16, false, false>);
-    matmul_nbits_entry!(matmul_nbits_prefill_bf16, Bf16, prefill::matmul_nbits_prefill::<Bf16, true, false>);
-    matmul_nbits_entry!(matmul_nbits_prefill_pair_f16, F16, prefill::matmul_nbits_prefill::<F16, false, true>);
-    matmul_nbits_entry!(matmul_nbits_prefill_pair_bf16, Bf16, prefill::matmul_nbits_prefill::<Bf16, true, true>);
+    // A producer and two consumer warpgroups, whose registers `setmaxnreg` moves between them.
+    matmul_nbits_entry!(matmul_nbits_prefill_f16, F16, prefill::matmul_nbits_prefill::<F16, false>);
+    matmul_nbits_entry!(matmul_nbits_prefill_bf16, Bf16, prefill::matmul_nbits_prefill::<Bf16, true>);
     crate::entry_directive!(matmul_nbits_prefill_f16, ".maxntid 384, 1, 1");
     crate::entry_directive!(matmul_nbits_prefill_bf16, ".maxntid 384, 1, 1");
-    crate::entry_directive!(matmul_nbits_prefill_pair_f16, ".maxntid 384, 1, 1");
-    crate::entry_directive!(matmul_nbits_prefill_pair_bf16, ".maxntid 384, 1, 1");
-    crate::entry_directive!(matmul_nbits_prefill_pair_f16, ".reqnctapercluster 2, 1, 1");
-    crate::entry_directive!(matmul_nbits_prefill_pair_bf16, ".reqnctapercluster 2, 1, 1");
 
     macro_rules! permute_image_entry {
         ($name:ident, $ty:ty) => {

@@ -4,52 +4,53 @@
 //! block tile twice as wide and with the copies taken off the threads that multiply.
 //!
 //! A block is three warpgroups, as FlashAttention-3 divides the work. Warpgroup 0, the
-//! producer, gives up registers (`setmaxnreg`) and fills a ring of [`PREFILL_STAGES`] K chunks
-//! of 128: the chunk's [`PREFILL_BM`] rows of permuted activations, which `permute_image` laid
-//! out in global memory as the stage's image (two 64-K halves in the 128-byte swizzle `wgmma`
-//! reads), by one bulk copy that the stage's `mbarrier` counts in bytes; and the codes of the
-//! block's [`PREFILL_BN`] weight rows, each consumer thread's 16 bytes of each of its two rows
-//! where that thread reads them (`cp.async`, 4 per producer thread, each thread's arrival
-//! tracking its copies). Warpgroups 1 and 2, the consumers, own 64 weight rows each: per chunk,
-//! `m64n256k16` on all of the block's rows of A with the weights as the register operand, while
-//! they dequantize the next chunk's codes into a second set of fragments (as `wgmma` does), then
-//! release the chunk before last's stage to the producer. With 256 rows of A per `wgmma`
-//! instead of 128, each dequantized weight feeds twice the multiply-adds; no consumer issues a
-//! copy or waits at a block barrier.
+//! producer, gives up registers (`setmaxnreg`) and one of its threads fills a ring of
+//! [`PREFILL_STAGES`] K chunks of 128 with the chunk's [`PREFILL_BM`] rows of permuted
+//! activations, which `permute_image` laid out in global memory as the stage's image (two 64-K
+//! halves in the 128-byte swizzle `wgmma` reads): one bulk copy per stage, which the stage's
+//! `mbarrier` counts in bytes. Warpgroups 1 and 2, the consumers, own 64 weight rows each: per
+//! chunk, `m64n256k16` on all of the block's rows of A with the weights as the register
+//! operand, while they dequantize the next chunk's codes into a second set of fragments (as
+//! `wgmma` does), then release the chunk before last's stage to the producer. With 256 rows of
+//! A per `wgmma` instead of 128, each dequantized weight feeds twice the multiply-adds; no
+//! consumer waits at a block barrier.
 //!
-//! `PAIR` (`prefill_pair`): the blocks run as clusters of two column tiles of the same rows of
-//! A, and each block copies one 64-K half of every stage's activations into both blocks
-//! (`.multicast::cluster`): the activations, which every column tile reads again, cross from L2
-//! once per pair. A stage is then refilled only once both blocks' consumers have released it
-//! (each consumer warp arrives on both blocks' barriers).
+//! Each consumer thread copies its own codes (its 16 bytes of each of its two weight rows per
+//! chunk, `cp.async`, [`PREFILL_CODE_SLOTS`] chunks ahead of use in a ring of its own): the
+//! thread that reads a code slot is the one that refills it, so reusing a slot needs no
+//! barrier, and the stages' barriers order only bulk copies against `wgmma` reads.
 //!
-//! # Launch contract: `matmul_nbits_prefill{,_pair}_{f16,bf16}`
+//! (A cluster of two column tiles sharing each stage's activations by multicast ran 11-14% slower
+//! than this kernel on an H100, 2026-12-06; it was removed.)
+//!
+//! # Launch contract: `matmul_nbits_prefill_{f16,bf16}`
 //! - `a` is the image of the permuted A (`matmul_nbits_permute_image_*`), 16-byte aligned.
-//! - grid `(ceil(N / 128), ceil(M / 256), 1)`, for `_pair` with the x size rounded up to even
-//!   (the entry requires clusters of `(2, 1, 1)`: a tile past N computes columns never
-//!   stored); block `(384, 1, 1)` (`.maxntid`), dynamic shared memory [`PREFILL_SHARED_BYTES`]
-//!   (over 48 KiB: the launcher raises the function's limit).
+//! - grid `(ceil(N / 128), ceil(M / 256), 1)`; block `(384, 1, 1)` (`.maxntid`), dynamic
+//!   shared memory [`PREFILL_SHARED_BYTES`] (over 48 KiB: the launcher raises the function's
+//!   limit).
 //! - zero points none or u8 (`zeros_t` unused), `block_size >= 32`; `b` 16-byte aligned with
 //!   `row_bytes % 16 == 0`. K is not split (`chunks_per_split` unused); writes `y` (+ bias),
 //!   `workspace` unused.
 //! - may be launched as a programmatic dependent of the `permute_image` grid writing `a`:
 //!   every thread waits for it (`griddepcontrol.wait`) before it reads `a` or writes anything
-//!   (the producer copies the first chunks' codes before).
+//!   (the consumers copy the first chunks' codes before).
 
 use super::common::alternate_chunks;
 use super::layout::*;
 use super::wgmma::{Fragments, LaneConsts, RawConsts, dequantize_fragments};
-use crate::device::async_copy::{arrive_when_landed, commit_group, cp_async_16_zfill, wait_group};
+use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::bulk_copy;
 use crate::device::memory::st_global_v4;
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u16};
 use crate::device::wgmma::{self, SharedMatrix, mma_async_k16_register_a, pin_accumulators_f32};
-use crate::device::{cluster, index, mbarrier, sync};
+use crate::device::{index, mbarrier, sync};
 use crate::element::TensorElement;
 use crate::unroll;
 
 const _: () = assert!(PREFILL_BM == 256 && PREFILL_BN == 128 && PREFILL_THREADS == 384 && CHUNK == 128);
 const _: () = assert!(PREFILL_A_HALF_BYTES % 1024 == 0 && PREFILL_CODES_STAGE_BYTES % 1024 == 0);
+// A consumer refills the code slot of chunk `j - 1` with chunk `j + 3` (see `chunk_step`).
+const _: () = assert!(PREFILL_CODE_SLOTS == 4);
 
 /// Threads of the producer warpgroup, and of each consumer.
 const GROUP_THREADS: usize = 128;
@@ -61,9 +62,6 @@ const CONSUMER_THREADS: usize = 2 * GROUP_THREADS;
 const PRODUCER_REGISTERS: u32 = 40;
 const CONSUMER_REGISTERS: u32 = 232;
 
-/// Code pieces of a stage per producer thread: 2 per consumer thread.
-const CODE_PIECES: usize = 2 * CONSUMER_THREADS / GROUP_THREADS;
-const _: () = assert!(CODE_PIECES == 4);
 /// Consumer warps, each of which releases a stage with one arrival.
 const CONSUMER_WARPS: u32 = (CONSUMER_THREADS / 32) as u32;
 /// Bytes per row of the output tile staged in shared memory: 128 columns and 16 bytes of
@@ -75,7 +73,7 @@ const _: () = assert!(PREFILL_BM * STAGED_ROW_BYTES <= PREFILL_STAGES * PREFILL_
 /// The launch contract in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, const PAIR: bool>(
+pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
     a_image: *const T,
     b: *const u8,
     scales: *const T,
@@ -87,6 +85,7 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, co
     p: Dims,
 ) {
     const STAGES: u32 = PREFILL_STAGES as u32;
+    const CODE_SLOTS: u32 = PREFILL_CODE_SLOTS as u32;
     let tid = index::thread_idx_x() as usize;
     let warpgroup = tid / GROUP_THREADS;
     let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
@@ -97,130 +96,98 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, co
     let a_s = |slot: u32| base.offset(slot * PREFILL_A_STAGE_BYTES as u32);
     let codes_base = base.offset((PREFILL_STAGES * PREFILL_A_STAGE_BYTES) as u32);
     let codes_s = |slot: u32| codes_base.offset(slot * PREFILL_CODES_STAGE_BYTES as u32);
-    // Per stage: `full` completes a phase when a chunk has landed (the producer threads'
-    // arrivals track their code copies, and one of them announces the activations' bytes),
-    // `empty` when every consumer warp (of both blocks, `PAIR`) is done with the chunk (its
-    // codes dequantized, its `wgmma`s complete). Chunk `c` uses phase `c / STAGES` of stage
-    // `c % STAGES`.
-    let barriers = codes_base.offset((PREFILL_STAGES * PREFILL_CODES_STAGE_BYTES) as u32);
+    // Per stage: `full` completes a phase when a chunk's activations have landed (the
+    // producer announces their bytes), `empty` when every consumer warp is done with the chunk
+    // (its `wgmma`s complete). Chunk `c` uses phase `c / STAGES` of stage `c % STAGES`.
+    let barriers = codes_base.offset((PREFILL_CODE_SLOTS * PREFILL_CODES_STAGE_BYTES) as u32);
     let full = |slot: u32| barriers.offset(8 * slot);
     let empty = |slot: u32| barriers.offset(8 * (STAGES + slot));
     let parity = |c: u32| (c / STAGES) & 1;
-    let blocks = if PAIR { 2 } else { 1 };
-    let (rank, partner) = if PAIR { (cluster::cta_rank(), cluster::cta_rank() ^ 1) } else { (0, 0) };
     // This tile's stage images: `PREFILL_A_STAGE_BYTES` per chunk.
     let image =
         a_image.cast::<u8>().wrapping_add(index::block_idx_y() as usize * chunks as usize * PREFILL_A_STAGE_BYTES);
 
     // SAFETY (whole body): the launch contract sizes every buffer; copies stay inside the
     // image's tile and rows of B (rows past N copy 0 bytes from a row that exists); scales and
-    // zero points are read only for existing (row, block) pairs; the block and cluster barriers
-    // and the warpgroup instructions are reached by all threads they name (every bound depends
-    // on the block alone, and both blocks of a pair have the same chunks).
+    // zero points are read only for existing (row, block) pairs; the block barrier and the
+    // warpgroup instructions are reached by all threads they name (every bound depends on the
+    // block alone).
     unsafe {
         if tid == 0 {
             unroll!(S in [0, 1, 2] {
-                mbarrier::init(full(S as u32), GROUP_THREADS as u32 + 1);
-                mbarrier::init(empty(S as u32), blocks * CONSUMER_WARPS);
+                mbarrier::init(full(S as u32), 1);
+                mbarrier::init(empty(S as u32), CONSUMER_WARPS);
             });
-            if PAIR {
-                mbarrier::fence_init_cluster();
-            }
         }
-        // Both blocks' barriers exist before either copies into the other or arrives there.
-        if PAIR {
-            cluster::sync();
-        } else {
-            sync::sync_threads();
-        }
+        sync::sync_threads();
 
         if warpgroup == 0 {
             sync::release_registers::<PRODUCER_REGISTERS>();
-            // Codes: pieces `tid + 128 v`, piece `c` (`c + 256`) the 16 bytes of consumer thread
-            // `c`'s first (second) weight row at `16 (c % 4)` of the chunk's 64.
-            let code_src: [(*const u8, u32, u32); CODE_PIECES] = core::array::from_fn(|v| {
-                let piece = tid + GROUP_THREADS * v;
-                let (consumer, half) = (piece % CONSUMER_THREADS, piece / CONSUMER_THREADS);
-                let row = n0 + (consumer / 32) * 16 + (consumer % 32) / 4 + 8 * half;
-                let bytes = if row < n { 16 } else { 0 };
-                (b.add(row.min(n - 1) * p.row_bytes as usize), (16 * (consumer % 4)) as u32, bytes)
-            });
-            let copy_codes = |j: u32| {
-                let stage = codes_s(j % STAGES);
-                unroll!(V in [0, 1, 2, 3] {
-                    let (row, offset, bytes) = code_src[V];
-                    // The last chunk may end inside a row (blocks below 128): a piece past the
-                    // row is read as the row's last 16 bytes (rows hold at least 16), whose
-                    // codes then meet only zero activations.
-                    let at = (j * B_CHUNK_BYTES as u32 + offset).min(p.row_bytes - 16);
-                    cp_async_16_zfill(stage.offset(((tid + GROUP_THREADS * V) * 16) as u32), row.add(at as usize), bytes);
-                });
-            };
-            // Chunk j's activations: the whole stage image, or (`PAIR`) this block's 64-K half
-            // of it into both blocks.
-            let copy_activations = |j: u32| {
-                let (slot, from) = (j % STAGES, image.add(j as usize * PREFILL_A_STAGE_BYTES));
-                mbarrier::arrive_expect_tx(full(slot), PREFILL_A_STAGE_BYTES as u32);
-                if PAIR {
-                    let half = rank as usize * PREFILL_A_HALF_BYTES;
-                    let (dst, bytes) = (a_s(slot).offset(half as u32), PREFILL_A_HALF_BYTES as u32);
-                    bulk_copy::global_to_shared_multicast(dst, from.add(half), bytes, full(slot), 0b11);
-                } else {
-                    bulk_copy::global_to_shared(a_s(slot), from, PREFILL_A_STAGE_BYTES as u32, full(slot));
-                }
-            };
-            // The first stages' codes go before the wait for the grid writing the image.
-            unroll!(S in [0, 1, 2] {
-                if (S as u32) < chunks {
-                    copy_codes(S as u32);
-                }
-            });
+            if tid != 0 {
+                return;
+            }
             sync::wait_for_prerequisite_grids();
             for j in 0..chunks {
                 let slot = j % STAGES;
                 if j >= STAGES {
                     // Chunk j - STAGES, this stage's last, released by every consumer warp.
                     mbarrier::wait_parity(empty(slot), parity(j - STAGES));
-                    copy_codes(j);
                 }
-                if tid == 0 {
-                    copy_activations(j);
-                }
-                arrive_when_landed(full(slot));
+                mbarrier::arrive_expect_tx(full(slot), PREFILL_A_STAGE_BYTES as u32);
+                let from = image.add(j as usize * PREFILL_A_STAGE_BYTES);
+                bulk_copy::global_to_shared(a_s(slot), from, PREFILL_A_STAGE_BYTES as u32, full(slot));
             }
-            commit_group();
-            wait_group::<0>(); // no copy outlives the block
-            if PAIR {
-                // The partner's consumers may still arrive on this block's barriers.
-                cluster::sync();
-            }
+            // The consumers wait for every chunk: no copy outlives the block.
             return;
         }
 
         sync::claim_registers::<CONSUMER_REGISTERS>();
-        sync::wait_for_prerequisite_grids();
         let ctid = tid - GROUP_THREADS;
-        // This lane's weight rows: `g` and `g + 8` of its warp's 16 (consumer thread `c` of
-        // the producer's code pieces).
+        // This lane's weight rows: `g` and `g + 8` of its warp's 16. Its code slot holds the
+        // 16 bytes of each at `16 (lane % 4)` of the chunk's 64, at pieces `ctid` and
+        // `ctid + 256`.
         let row0 = n0 + (ctid / 32) * 16 + index::lane_id() as usize / 4;
         let rows = [row0, row0 + 8];
+        let code_src: [(*const u8, u32); 2] = core::array::from_fn(|h| {
+            let bytes = if rows[h] < n { 16 } else { 0 };
+            (b.add(rows[h].min(n - 1) * p.row_bytes as usize), bytes)
+        });
+        let code_offset = 16 * (ctid % 4) as u32;
+        // One `cp.async` group per chunk, empty past the last, so that a chunk's group is
+        // always the third from the newest when it is waited for.
+        let copy_codes = |j: u32| {
+            if j < chunks {
+                let slot = codes_s(j % CODE_SLOTS);
+                unroll!(H in [0, 1] {
+                    let (row, bytes) = code_src[H];
+                    // The last chunk may end inside a row (blocks below 128): a piece past the
+                    // row is read as the row's last 16 bytes (rows hold at least 16), whose
+                    // codes then meet only zero activations.
+                    let at = (j * B_CHUNK_BYTES as u32 + code_offset).min(p.row_bytes - 16);
+                    cp_async_16_zfill(slot.offset(((ctid + CONSUMER_THREADS * H) * 16) as u32), row.add(at as usize), bytes);
+                });
+            }
+            commit_group();
+        };
+        // The first chunks' codes go before the wait for the grid writing the image.
+        copy_codes(0);
+        copy_codes(1);
+        copy_codes(2);
+        sync::wait_for_prerequisite_grids();
         let consts = LaneConsts::new(scales, zeros_u8, rows, &p);
         let dequantize_chunk = |j: u32, c: [RawConsts; 2], f: &mut Fragments| {
-            let codes = codes_s(j % STAGES);
+            let codes = codes_s(j % CODE_SLOTS);
             let lo = ld_shared_v4(codes.offset((ctid * 16) as u32));
             let hi = ld_shared_v4(codes.offset(((CONSUMER_THREADS + ctid) * 16) as u32));
             dequantize_fragments::<T>(lo, hi, c, f);
         };
 
-        // One arrival per consumer warp on the stage's `empty` barrier, and on the partner's.
+        // One arrival per consumer warp on the stage's `empty` barrier.
         let lane0 = index::lane_id() == 0;
         let release = |slot: u32| {
             sync::sync_warp();
             if lane0 {
                 mbarrier::arrive(empty(slot));
-                if PAIR {
-                    mbarrier::arrive_cluster(cluster::map_shared(empty(slot), partner));
-                }
             }
         };
 
@@ -232,6 +199,7 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, co
         let (mut even_consts, mut odd_consts) = (consts.load(0, &p), consts.load(1, &p));
         let (mut f0, mut f1): (Fragments, Fragments) = ([[0; 4]; 8], [[0; 4]; 8]);
         mbarrier::wait_parity(full(0), 0);
+        wait_group::<2>();
         dequantize_chunk(0, even_consts, &mut f0);
         even_consts = consts.load(2, &p);
 
@@ -250,13 +218,17 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, co
                     mma_async_k16_register_a::<BF16, 128>(&mut acc, $cur[S], half.advance_k(32 * (S % 4) as u32));
                 });
                 wgmma::commit_group();
-                // Chunk j - 1's `wgmma`s are done: `$next` is free, and so is that chunk's stage.
+                // Chunk j - 1's `wgmma`s are done: `$next` is free, and so are that chunk's
+                // stage and this thread's code slot, which takes chunk j + 3 (whose group
+                // follows chunk j + 1's and j + 2's).
                 wgmma::wait_group::<1>();
                 if j > 0 {
                     release((j - 1) % STAGES);
                 }
+                copy_codes(j + 3);
                 if j + 1 < chunks {
                     mbarrier::wait_parity(full((j + 1) % STAGES), parity(j + 1));
+                    wait_group::<2>();
                     dequantize_chunk(j + 1, $consts, &mut $next);
                 }
                 $consts = consts.load(j + 3, &p);
@@ -306,9 +278,5 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, co
                 }
             }
         });
-        if PAIR {
-            // Every remote arrival of this block is done before the partner exits, and back.
-            cluster::sync();
-        }
     }
 }
