@@ -16,7 +16,8 @@
 //!   instruction); the masking and online softmax of this tile run under that `P V`; then the
 //!   previous tile's stage is released, O rescaled and P packed.
 //!
-//! The consumers never meet at a block barrier, so one's softmax overlaps the other's GEMMs.
+//! The consumers never meet at a block barrier; they take turns issuing their GEMMs (two named
+//! barriers, FlashAttention-3's ping-pong), so one's softmax overlaps the other's GEMMs.
 //!
 //! # Launch contract: `attention_fwd{,_cache}_wgmma_{f16,bf16}_d{64,128,256}`
 //! As `attention_fwd{,_cache}_*` (module docs of `mod.rs`), with: grid
@@ -352,13 +353,36 @@ unsafe fn attention_fwd_wgmma<
             });
         }}; }
 
+        // Ping-pong (FlashAttention-3): the consumers take turns issuing their GEMMs, each
+        // waiting at its own named barrier for the other to have issued, so that one's softmax
+        // runs while the other's GEMMs hold the tensor cores. Both issue the same number of
+        // times (the block's tiles plus one); consumer 0 goes first.
+        let take_turn = || {
+            if group == 0 {
+                sync::sync_named::<1, { 2 * PRODUCER_THREADS as u32 }>()
+            } else {
+                sync::sync_named::<2, { 2 * PRODUCER_THREADS as u32 }>()
+            }
+        };
+        let pass_turn = || {
+            if group == 0 {
+                sync::arrive_named::<2, { 2 * PRODUCER_THREADS as u32 }>()
+            } else {
+                sync::arrive_named::<1, { 2 * PRODUCER_THREADS as u32 }>()
+            }
+        };
         if tile_lo < tile_hi {
+            if group == 1 {
+                sync::arrive_named::<1, { 2 * PRODUCER_THREADS as u32 }>();
+            }
             // The first tile: scores alone (O is still zero).
             landed!(k_landed, tile_lo);
             fence_proxy_async_shared();
+            take_turn();
             wgmma::fence();
             issue_scores!(tile_lo);
             wgmma::commit_group();
+            pass_turn();
             wgmma::wait_group::<0>();
             pin_accumulators_f32(&mut s);
             release!(k_released, tile_lo);
@@ -371,11 +395,13 @@ unsafe fn attention_fwd_wgmma<
                 landed!(k_landed, tile);
                 landed!(v_landed, tile - 1);
                 fence_proxy_async_shared();
+                take_turn();
                 wgmma::fence();
                 issue_scores!(tile);
                 wgmma::commit_group();
                 issue_pv!(tile - 1);
                 wgmma::commit_group();
+                pass_turn();
                 wgmma::wait_group::<1>();
                 pin_accumulators_f32(&mut s);
                 release!(k_released, tile);
@@ -397,9 +423,11 @@ unsafe fn attention_fwd_wgmma<
 
             landed!(v_landed, tile_hi - 1);
             fence_proxy_async_shared();
+            take_turn();
             wgmma::fence();
             issue_pv!(tile_hi - 1);
             wgmma::commit_group();
+            pass_turn();
             wgmma::wait_group::<0>();
             pin_accumulators_f32(&mut o);
         }

@@ -32,6 +32,20 @@ pub unsafe fn sync_named<const ID: u32, const THREADS: u32>() {
     unsafe { asm!("bar.sync {}, {};", const ID, const THREADS, options(nostack)) };
 }
 
+/// `bar.arrive ID, THREADS` (PTX ISA §9.7.13.4): arrives at barrier `ID` without waiting: the
+/// other half of a [`sync_named`] of `THREADS` threads, for one group of warps to let another
+/// go on (the consumer warpgroups' turns at the tensor cores).
+///
+/// # Safety
+/// As [`sync_named`]: the arriving and the waiting threads together are exactly `THREADS`
+/// (whole warps) per phase of barrier `ID`, and no other use of barrier `ID` overlaps.
+#[inline(always)]
+pub unsafe fn arrive_named<const ID: u32, const THREADS: u32>() {
+    const { assert!(ID >= 1 && ID < 16 && THREADS % 32 == 0 && THREADS > 0) };
+    // SAFETY: the caller upholds the participation contract above.
+    unsafe { asm!("bar.arrive {}, {};", const ID, const THREADS, options(nostack)) };
+}
+
 /// `bar.warp.sync 0xffffffff` (PTX ISA §9.7.13.3): converges the full warp and orders its
 /// memory accesses.
 ///
