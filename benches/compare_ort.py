@@ -14,6 +14,7 @@ kernels beside dlkern's.
 
     DLKERN_LIB=.gpu/lib/libdlkern.so python3 benches/compare_ort.py out.json
     DLKERN_ORT_OPS=host,MatMulNBits ...   (those rows alone)
+    DLKERN_ORT_NBITS_M=2048 ...             (MatMulNBits at those M alone)
 """
 
 import json
@@ -204,7 +205,8 @@ def skip_norm_case(tokens, hidden=4096):
 NBITS_SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("up", 14336, 4096), ("down", 4096, 14336),
                 ("lm_head", 128256, 4096)]
 NBITS_FORMATS = [(32, False), (128, True)]
-NBITS_M = (1, 4, 16, 64, 256, 2048)
+# DLKERN_ORT_NBITS_M="256,2048": those M alone.
+NBITS_M = tuple(int(m) for m in os.environ.get("DLKERN_ORT_NBITS_M", "1,4,16,64,256,2048").split(","))
 # Nodes per session: each has weights of its own, so that the next node's are not in L2 (50 MB on
 # the H200), up to this many bytes of weights in all (a model over 2 GB cannot be serialized).
 NBITS_NODES, NBITS_WEIGHT_BYTES = 8, 600 << 20
