@@ -249,3 +249,7 @@ def test_compute_bound_rows_of_memory_bound_families_report_flops():
     lines = bench_report.render_ort([node("M 2048", 500_000_000), node("M 1", 2_000_000)])
     assert [l for l in lines if "| M 2048 |" in l][0].endswith("| 500 TFLOP/s |")
     assert [l for l in lines if "| M 1 |" in l][0].endswith("| 1.00 TB/s |")
+    # Records of runs before compare_ort.py recorded FLOPs: from the case's M, N and K.
+    old = {"op": "MatMulNBits", "case": "M 2048, o 4096 x 4096, block 32 sym", "ort_sync_us": 2.0, "ort_device_us": 2.0,
+           "dlkern_sync_us": 1.0, "dlkern_device_us": 100.0, "bytes": 9_437_184}
+    assert bench_report.render_ort([old])[-2].endswith("| 687 TFLOP/s |"), bench_report.render_ort([old])[-2]
