@@ -31,6 +31,7 @@ from onnx import TensorProto, helper
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dlkern_onnx as dx  # noqa: E402
+from bench_report import compute_bound  # noqa: E402
 from cupti import kernel_times  # noqa: E402
 
 LIB = os.path.abspath(os.environ["DLKERN_LIB"])
@@ -426,9 +427,11 @@ def main():
             for m in NBITS_M:
                 models, bind, nodes, nbytes = matmul_nbits_case(m, n, k, block, zero_points)
                 fmt = f"block {block}" + (" zp" if zero_points else " sym")
-                rec = compare("MatMulNBits", f"M {m}, {name} {n} x {k}, {fmt}", models, bind,
-                              lambda us, b=nbytes: f"{b / us / 1e6:.2f} TB/s", nodes)
-                records.append(rec | {"bytes": nbytes, "nodes": nodes})
+                flops = 2 * m * n * k
+                rate = ((lambda us, f=flops: f"{f / us / 1e6:.0f} TFLOP/s") if compute_bound(flops, nbytes)
+                        else (lambda us, b=nbytes: f"{b / us / 1e6:.2f} TB/s"))
+                rec = compare("MatMulNBits", f"M {m}, {name} {n} x {k}, {fmt}", models, bind, rate, nodes)
+                records.append(rec | {"bytes": nbytes, "nodes": nodes, "flops": flops})
                 if dest:  # as it goes: a run cut short keeps what it measured
                     open(dest, "w").write(json.dumps(records, indent=1))
     text = json.dumps(records, indent=1)

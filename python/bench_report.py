@@ -8,6 +8,7 @@ import argparse
 import collections
 import json
 import os
+import re
 
 
 def ceiling_tbps(results):
@@ -49,19 +50,28 @@ def family_ceiling(results, family, copy):
     ceiling and its unit, the note under the family's heading, or None for the copy rate).
     Attention (compute bound) divides its FLOP rate by cuBLAS's dense rate of the same dtype;
     decode divides its KV-read rate by the read-only stream rate at 1 GiB where the run has it;
-    every other family its bytes moved by the copy rate."""
-    if family == "attention":
-        rates = {d: r for d in ("f16", "bf16") if (r := dense_tflops(results, d))}
-        if rates:
-            note = ("% of ceiling: dlkern's TFLOP/s over cuBLAS's dense rate of the same dtype at 8192^3 in this run ("
-                    + ", ".join(f"{d} {r:.1f} TFLOP/s" for d, r in rates.items()) + ").")
-            return (lambda dtype: (rates.get(dtype), "flops")), note
+    every other family its bytes moved by the copy rate, except on compute-bound rows
+    (`compute_bound`), which divide their FLOP rate by the dense rate like attention (the
+    function takes the row's record too)."""
+    rates = {d: r for d in ("f16", "bf16") if (r := dense_tflops(results, d))}
+    dense_note = ("dlkern's TFLOP/s over cuBLAS's dense rate of the same dtype at 8192^3 in this run ("
+                  + ", ".join(f"{d} {r:.1f} TFLOP/s" for d, r in rates.items()) + ")")
+    if family == "attention" and rates:
+        return (lambda dtype, rec: (rates.get(dtype), "flops")), f"% of ceiling: {dense_note}."
     if family == "paged_attention":
         read = read_ceiling_tbps(results, "decode_kv_1g")
         if read:
             note = f"% of ceiling: KV bytes read per second over the read-only stream rate at 1 GiB in this run ({read:.2f} TB/s)."
-            return (lambda dtype: (read, "bytes")), note
-    return (lambda dtype: (copy, "bytes")), None
+            return (lambda dtype, rec: (read, "bytes")), note
+    if family in MEMORY_BOUND and rates:
+        def ceiling_of(dtype, rec):
+            if compute_bound(rec["flops"], rec["bytes"]):
+                return rates.get(dtype), "flops"
+            return copy, "bytes"
+        note = (f"% of ceiling: bytes moved over the copy rate; on rows above {COMPUTE_BOUND_FLOPS_PER_BYTE} FLOPs "
+                f"per byte (compute bound), {dense_note}.")
+        return ceiling_of, note
+    return (lambda dtype, rec: (copy, "bytes")), None
 
 
 def rows_by_family(results):
@@ -84,15 +94,25 @@ def rows_by_family(results):
 # run that measured them; appended to the report so that their numbers stay in BENCHMARKS.md.
 PRUNED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benches", "pruned.md")
 
-# Families bound by memory traffic: their rate is bytes per second.
+# Families bound by memory traffic: their rate is bytes per second, except on rows that do more
+# than COMPUTE_BOUND_FLOPS_PER_BYTE (W4 matmuls at large M): those report FLOPs per second.
 MEMORY_BOUND = {"rmsnorm", "paged_attention", "matmul_nbits"}
+
+# Above this many FLOPs per byte moved a row is bound by the tensor cores, not by memory: about
+# the ratio of the dense f16 rate to the copy rate on the H100 and H200 (750-790 TFLOP/s over
+# 3.1-4.2 TB/s: 185-240).
+COMPUTE_BOUND_FLOPS_PER_BYTE = 200
+
+
+def compute_bound(flops, nbytes):
+    return bool(flops) and flops > COMPUTE_BOUND_FLOPS_PER_BYTE * max(nbytes, 1)
 
 # Families whose issue names the baseline of their ratio; elsewhere it is the fastest baseline.
 RATIO_BASELINE = {"matmul_nbits": "cuBLAS f16 (criterion)"}
 
 
 def fmt_rate(rec):
-    if rec["flops"] and rec.get("family") not in MEMORY_BOUND:
+    if rec["flops"] and (rec.get("family") not in MEMORY_BOUND or compute_bound(rec["flops"], rec["bytes"])):
         return f"{rec['flops'] / rec['time_us'] / 1e6:.1f} TFLOP/s"
     return f"{rec['bytes'] / rec['time_us'] / 1e6:.2f} TB/s"
 
@@ -146,6 +166,16 @@ def render_ort_host(records):
     return lines + [""]
 
 
+def matmul_nbits_flops(record):
+    """2 M N K of a MatMulNBits node from its case ("M 2048, o 4096 x 4096, block 32 sym"), for the
+    records of runs before compare_ort.py recorded them; 0 for other ops."""
+    found = re.match(r"M (\d+), \S+ (\d+) x (\d+),", record.get("case", ""))
+    if record.get("op") != "MatMulNBits" or not found:
+        return 0
+    m, n, k = map(int, found.groups())
+    return 2 * m * n * k
+
+
 def render_ort(records):
     """The drop-in ops against onnxruntime-gpu's own nodes (`benches/compare_ort.py`)."""
     records = [r for r in records if r.get("kind") != "host"]
@@ -162,7 +192,8 @@ def render_ort(records):
         "32 q / 8 kv heads of 128, f16; rates are KV-cache bytes read (decode), FLOPs (prompt) or",
         "bytes moved (norm). Speedup = ORT time / dlkern time. MatMulNBits: Llama-3-8B's shapes (N x K),",
         "8 nodes side by side in one session (2 for the LM head), each with weights of its own so that",
-        "none is read from L2, times per node; rate = the node's weight bytes (codes and scales) read.",
+        "none is read from L2, times per node; rate = the node's weight bytes (codes and scales) read, or",
+        f"its FLOPs where it does more than {COMPUTE_BOUND_FLOPS_PER_BYTE} per weight byte (compute bound).",
         "",
         "| op | case | ORT per call | ORT GPU | dlkern per call | dlkern GPU | speedup (call) | speedup (GPU) | dlkern rate (GPU) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -173,10 +204,12 @@ def render_ort(records):
             lines.append(f"| {r['op']} | {r['case']} | {why[:80]} | | | | | | |")
             continue
         us = r["dlkern_device_us"]
-        if "flops" in r and not r["case"].startswith("decode"):
-            rate = f"{r['flops'] / us / 1e6:.0f} TFLOP/s"
+        nbytes = r.get("kv_bytes", r.get("bytes", 0))
+        flops = r.get("flops") or matmul_nbits_flops(r)
+        if compute_bound(flops, nbytes):
+            rate = f"{flops / us / 1e6:.0f} TFLOP/s"
         else:
-            rate = f"{r.get('kv_bytes', r.get('bytes', 0)) / us / 1e6:.2f} TB/s"
+            rate = f"{nbytes / us / 1e6:.2f} TB/s"
         lines.append(
             f"| {r['op']} | {r['case']} | {r['ort_sync_us']:.1f} us | {r['ort_device_us']:.1f} us | "
             f"{r['dlkern_sync_us']:.1f} us | {us:.1f} us | {r['ort_sync_us'] / r['dlkern_sync_us']:.2f} | "
@@ -300,8 +333,7 @@ def render_ceilings(results):
         m = meta.get(c["id"])
         if m and m["family"] == "ceilings":
             rec = dict(m, time_us=c["median_ns"] / 1e3)
-            rate = fmt_rate(rec) if not m["flops"] else f"{m['flops'] / rec['time_us'] / 1e6:.1f} TFLOP/s"
-            rows.append(f"| {m['dtype']} {m['shape']} | {m['implementation']} | {rec['time_us']:.2f} us | {rate} |")
+            rows.append(f"| {m['dtype']} {m['shape']} | {m['implementation']} | {rec['time_us']:.2f} us | {fmt_rate(rec)} |")
     if not rows:
         return []
     return ["## Measured ceilings", "", "| measurement | implementation | time | rate |", "| --- | --- | --- | --- |"] + rows + [""]
@@ -340,7 +372,7 @@ def render_families(results, ceiling, plots_dir=None, plots_rel=None):
             # Like for like where possible: the C ABI run is timed the way the baselines are.
             ratio = f"{base['time_us'] / (via_abi or best)['time_us']:.2f}" if base else "n/a"
             others = ", ".join(f"{n} {r['time_us']:.2f} us" for n, r in sorted(baselines.items()) if n != base_name)
-            limit, unit = ceiling_of(key[1])
+            limit, unit = ceiling_of(key[1], best)
             pct = f"{100 * best[unit] / best['time_us'] / 1e6 / limit:.0f}%" if limit else "n/a"
             def us(rec):
                 return f"{rec['time_us']:.2f} us" if rec else "n/a"

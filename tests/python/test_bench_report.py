@@ -218,3 +218,38 @@ def test_attention_and_decode_divide_by_their_own_ceilings():
     # Without the 1 GiB read row, decode falls back to the copy rate: 2 of 4 TB/s.
     results["criterion"] = [c for c in results["criterion"] if "decode_kv" not in c["id"]]
     assert "| 50% |" in [l for l in bench_report.render(results).splitlines() if l.startswith("| f16 | B1 |")][0]
+
+
+def test_compute_bound_rows_of_memory_bound_families_report_flops():
+    """W4A16 at large M does hundreds of FLOPs per byte: its row reports TFLOP/s and divides by
+    cuBLAS's dense rate of the run, while a decode-sized row of the same family stays in bytes
+    over the copy rate; ORT's node rows follow the same rule."""
+    ceiling = lambda cid, dtype, nbytes, flops: (
+        {"id": cid, "median_ns": 1000.0},
+        {"family": "ceilings", "id": cid, "implementation": "x", "shape": "8192x8192x8192" if flops else "s", "dtype": dtype, "bytes": nbytes, "flops": flops, "workspace_bytes": 0},
+    )
+    kernel = lambda cid, shape, nbytes, flops: (
+        {"id": cid, "median_ns": 2000.0},
+        {"family": "matmul_nbits", "id": cid, "implementation": "dlkern", "shape": shape, "dtype": "f16", "bytes": nbytes, "flops": flops, "workspace_bytes": 0},
+    )
+    rows = [
+        ceiling("ceilings/copy", "u8", 4_000_000, 0),  # 4 TB/s
+        ceiling("ceilings/gemm_f16", "f16", 0, 500_000_000),  # 500 TFLOP/s
+        kernel("w/big", "M2048", 1_000_000, 500_000_000),  # 500 FLOPs per byte: 250 TFLOP/s, 50%
+        kernel("w/small", "M1", 4_000_000, 8_000_000),  # 2 per byte: 2 TB/s, 50% of the copy
+    ]
+    results = {"date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c",
+               "criterion": [c for c, _ in rows], "meta": [m for _, m in rows], "comparison": []}
+    text = bench_report.render(results)
+    row = lambda prefix: [l for l in text.splitlines() if l.startswith(prefix)][0]
+    assert "| 250.0 TFLOP/s | 50% |" in row("| f16 | M2048 |"), row("| f16 | M2048 |")
+    assert "| 2.00 TB/s | 50% |" in row("| f16 | M1 |"), row("| f16 | M1 |")
+    node = lambda case, flops: {"op": "MatMulNBits", "case": case, "ort_sync_us": 2.0, "ort_device_us": 2.0,
+                                "dlkern_sync_us": 1.0, "dlkern_device_us": 1.0, "bytes": 1_000_000, "flops": flops}
+    lines = bench_report.render_ort([node("M 2048", 500_000_000), node("M 1", 2_000_000)])
+    assert [l for l in lines if "| M 2048 |" in l][0].endswith("| 500 TFLOP/s |")
+    assert [l for l in lines if "| M 1 |" in l][0].endswith("| 1.00 TB/s |")
+    # Records of runs before compare_ort.py recorded FLOPs: from the case's M, N and K.
+    old = {"op": "MatMulNBits", "case": "M 2048, o 4096 x 4096, block 32 sym", "ort_sync_us": 2.0, "ort_device_us": 2.0,
+           "dlkern_sync_us": 1.0, "dlkern_device_us": 100.0, "bytes": 9_437_184}
+    assert bench_report.render_ort([old])[-2].endswith("| 687 TFLOP/s |"), bench_report.render_ort([old])[-2]
