@@ -841,8 +841,9 @@ mod gpu {
                 assert_eq!(problem::<bf16>(p, seed + 1).check().kernel, "matmul_nbits_wgmma_pair_bf16");
             }
         }
-        // The planner's choice: 66 tiles, which fill half a wave of 132 SMs, run stream-K.
-        let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 200, 4200, 320, 64) };
+        // The planner's choice: 200 tiles, which fill 2 waves of 132 SMs to 76%, run stream-K
+        // (as 100 tiles of 256 rows they would not fill the SMs for `prefill`).
+        let p = MatMulNBitsParams { bias: true, ..params(DType::F16, 200, 12750, 320, 64) };
         let plan = problem::<f16>(p, 9).check();
         let expect = if device.multiprocessors() == 132 { "matmul_nbits_wgmma_streamk_f16" } else { plan.kernel };
         assert_eq!(plan.kernel, expect);
@@ -1276,6 +1277,10 @@ fn gpu_plan_validates_and_splits() {
     assert_eq!(plan.permute.map(|(name, _)| name), Some("matmul_nbits_permute_f16"));
     assert_eq!((plan.workspace_bytes, plan.dims.block), (128 * 8192 * 2 + 132 * (128 * 128 * 4 + 4), (256, 1, 1)));
     assert_eq!(hopper(MatMulNBitsParams { m: 1024, ..wide }).kernel, "matmul_nbits_prefill_f16");
+    // Above M = 128 stream-K keeps the shapes whose 256-row tiles would not fill the SMs: 200 x
+    // 12750 is 100 of them, and 200 tiles of 128 (76% of two waves).
+    let plan = hopper(MatMulNBitsParams { m: 200, n: 12750, k: 320, block_size: 64, ..ok });
+    assert_eq!(plan.kernel, "matmul_nbits_wgmma_streamk_f16");
     // Nearly full waves keep whole tiles: 1792 tiles are 97% of 14 waves.
     let forced_wgmma = MatMulNBitsParams { m: 1024, variant: Some(Variant::Wgmma), ..wide };
     assert_eq!(hopper(forced_wgmma).kernel, "matmul_nbits_wgmma_f16");
