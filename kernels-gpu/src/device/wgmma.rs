@@ -106,8 +106,10 @@ pub unsafe fn wait_group<const PENDING: u32>() {
 }
 
 /// `fence.proxy.async.shared::cta` (PTX ISA §9.7.13.4.18): makes this thread's generic-proxy
-/// writes to shared memory (`st.shared`, `cp.async`) visible to the async proxy that `wgmma`
-/// reads through. Each writing thread fences, then a barrier publishes the writes.
+/// writes to shared memory (`st.shared`, `cp.async`, `mbarrier.init`) visible to the async
+/// proxy: to `wgmma`, which reads operands through it, and to bulk and tensor copies, which
+/// complete their bytes on barriers through it. Each writing thread fences, then a barrier
+/// publishes the writes.
 #[inline(always)]
 pub fn fence_proxy_async_shared() {
     // SAFETY: a fence has no preconditions.

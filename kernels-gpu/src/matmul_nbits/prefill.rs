@@ -118,6 +118,8 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
                 mbarrier::init(full(S as u32), 1);
                 mbarrier::init(empty(S as u32), CONSUMER_WARPS);
             });
+            // The bulk copies complete their bytes on `full` through the async proxy.
+            wgmma::fence_proxy_async_shared();
         }
         sync::sync_threads();
 
