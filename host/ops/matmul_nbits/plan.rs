@@ -29,7 +29,7 @@ use super::layout::{
     PACKED_WGMMA_THREADS, PERMUTE_THREADS, PREFILL_BM, PREFILL_BN, PREFILL_SHARED_BYTES, PREFILL_THREADS,
     REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN,
     WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, decode_packed_shared_bytes, packed_record_bytes,
-    prefill_image_bytes, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
+    prefill_image_bytes, prefill_image_rows, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
 };
 use super::pack::valid_block_size;
 use crate::dtype::DType;
@@ -112,9 +112,9 @@ pub enum Variant {
     /// N = 28672: 224 tiles on 132 SMs, 85%).
     WgmmaStreamK,
     /// [`Variant::Wgmma`]'s operands and needs on a block tile of 128 weight rows x 256 rows of
-    /// A, warp-specialized (`prefill`: a producer warpgroup copies, two consumers dequantize and
-    /// multiply `m64n256k16`), over the permuted A laid out as its stages (`permute_image`, one
-    /// bulk copy per stage); K not split. The planner's choice where M > 128 and its tiles fill
+    /// A, warp-specialized (`prefill`: a producer warpgroup copies the activations, two
+    /// consumers copy their weight codes, dequantize and multiply `m64n256k16`), over the
+    /// permuted A laid out as its stages (`permute_image`, one bulk copy per stage); K not split. The planner's choice where M > 128 and its tiles fill
     /// at least one wave of the SMs.
     Prefill,
 }
@@ -524,7 +524,7 @@ impl MatMulNBitsParams {
                 Variant::Prefill => PREFILL_SHARED_BYTES as u32,
             },
         };
-        let permuted_rows = if prefill { p.m.div_ceil(PREFILL_BM) * PREFILL_BM } else { p.m };
+        let permuted_rows = if prefill { prefill_image_rows(p.m) } else { p.m };
         let permute_blocks = (permuted_rows * chunks * CHUNK / 8).div_ceil(PERMUTE_THREADS);
         if permute_blocks > i32::MAX as usize {
             return Err(bad("M x K too large for the permutation grid".into()));

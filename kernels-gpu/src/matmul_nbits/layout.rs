@@ -233,6 +233,12 @@ pub const fn prefill_image_bytes(m: usize, k: usize) -> usize {
     m.div_ceil(PREFILL_BM) * k.div_ceil(CHUNK) * PREFILL_A_STAGE_BYTES
 }
 
+/// Rows of A that image holds: whole tiles of [`PREFILL_BM`], the rows past M zero, all of
+/// which `permute_image` writes.
+pub const fn prefill_image_rows(m: usize) -> usize {
+    m.div_ceil(PREFILL_BM) * PREFILL_BM
+}
+
 /// Byte offset in that image of element `e` (0..128, in the permuted order) of K chunk `chunk`
 /// (of `chunks`) of row `row`: its 64-K half's tile, then the 128-byte swizzle of
 /// `SharedMatrix::k_major_swizzle128` (16-byte piece `p` of row `r` at piece `p ^ (r % 8)`),

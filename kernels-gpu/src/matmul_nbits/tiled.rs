@@ -181,7 +181,7 @@ pub(crate) unsafe fn permute<T: TensorElement, const IMAGE: bool>(
         unsafe { zeroed.add(flag).write(0) };
         flag += threads;
     }
-    let rows = if IMAGE { m.div_ceil(PREFILL_BM) * PREFILL_BM } else { m };
+    let rows = if IMAGE { prefill_image_rows(m) } else { m };
     if word >= rows * row_words.get() {
         return;
     }
