@@ -107,11 +107,11 @@ fn each_module_has_exactly_the_entries_of_the_families_it_ships() {
 #[test]
 fn split_entries_require_clusters_of_their_splits() {
     let module = ptx::modules().find(|m| m.arch_specific).expect("an sm_90a module");
-    let clustered = [("matmul_nbits_wgmma_pair_f16", "1, 1, 2"), ("matmul_nbits_wgmma_pair_bf16", "1, 1, 2")];
-    for (entry, shape) in &clustered {
+    let clustered = [("matmul_nbits_wgmma_pair_f16", 2), ("matmul_nbits_wgmma_pair_bf16", 2)];
+    for (entry, splits) in &clustered {
         let at = module.text.find(&format!(".visible .entry {entry}(")).expect(entry);
         let header = &module.text[at..at + module.text[at..].find("\n{").expect("a body")];
-        assert!(header.contains(&format!("\n.reqnctapercluster {shape}")), "{entry}: {header}");
+        assert!(header.ends_with(&format!(")\n.reqnctapercluster 1, 1, {splits}")), "{entry}: {header}");
     }
     assert_eq!(module.text.matches("\n.reqnctapercluster").count(), clustered.len());
 }

@@ -114,8 +114,9 @@ pub enum Variant {
     /// [`Variant::Wgmma`]'s operands and needs on a block tile of 128 weight rows x 256 rows of
     /// A, warp-specialized (`prefill`: a producer warpgroup copies the activations, two
     /// consumers copy their weight codes, dequantize and multiply `m64n256k16`), over the
-    /// permuted A laid out as its stages (`permute_image`, one bulk copy per stage); K not split. The planner's choice where M > 128 and its tiles fill
-    /// at least one wave of the SMs.
+    /// permuted A laid out as its stages (`permute_image`, one bulk copy per stage); K not
+    /// split. The planner's choice where M > 128 and its tiles fill at least one wave of the
+    /// SMs.
     Prefill,
 }
 

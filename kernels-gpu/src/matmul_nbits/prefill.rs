@@ -114,10 +114,10 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
     // block alone).
     unsafe {
         if tid == 0 {
-            unroll!(S in [0, 1, 2] {
-                mbarrier::init(full(S as u32), 1);
-                mbarrier::init(empty(S as u32), CONSUMER_WARPS);
-            });
+            for slot in 0..STAGES {
+                mbarrier::init(full(slot), 1);
+                mbarrier::init(empty(slot), CONSUMER_WARPS);
+            }
             // The bulk copies complete their bytes on `full` through the async proxy.
             wgmma::fence_proxy_async_shared();
         }
