@@ -83,6 +83,39 @@ fn cuda_tensor(address: u64, dtype: DType, shape: &mut [i64]) -> DLTensor {
     }
 }
 
+/// One C-ABI call as a C caller makes it (with a `site`, through `dlkern_call_at`); panics with
+/// the library's message on an error.
+fn c_abi_call(
+    stream: &cudarc::driver::CudaStream,
+    label: &str,
+    name: &std::ffi::CStr,
+    tensors: &mut [DLTensor],
+    inputs: usize,
+    attrs: &[CAttr],
+    site: Option<*const dlkern::kernel::CallSite>,
+) {
+    let (n_in, n_out) = (inputs as i32, (tensors.len() - inputs) as i32);
+    let (t, a, n_attrs) = (tensors.as_mut_ptr(), attrs.as_ptr(), attrs.len() as i32);
+    let raw_stream = stream.cu_stream();
+    // SAFETY: the header's contract: a NUL-terminated name, valid DLTensors over device
+    // buffers of their shapes (host ones where the kernel takes them) alive for the bench,
+    // `inputs` of them inputs, the bench stream, `attrs` with 'static names; a site from
+    // dlkern_site_create whose constant inputs are the same buffers at every call.
+    let code = unsafe {
+        match site {
+            Some(site) => {
+                dlkern::capi::dlkern_call_at(site, name.as_ptr(), t, n_in, n_out, raw_stream.cast(), a, n_attrs)
+            }
+            None => dlkern::capi::dlkern_call(name.as_ptr(), t, n_in, n_out, raw_stream.cast(), a, n_attrs),
+        }
+    };
+    if code != 0 {
+        // SAFETY: dlkern_last_error returns this thread's NUL-terminated message.
+        let message = unsafe { std::ffi::CStr::from_ptr(dlkern::capi::dlkern_last_error()) };
+        panic!("{label}: {}", message.to_string_lossy());
+    }
+}
+
 /// A row timing `dlkern_call` (or, with a `site`, `dlkern_call_at`) as a C caller makes it:
 /// name, tensors and attributes prepared once, only the call in the loop. The first call (module
 /// load, occupancy queries, a site's repacking) is made before the timing.
@@ -97,31 +130,29 @@ fn c_abi_row(
     attrs: &[CAttr],
     site: Option<*const dlkern::kernel::CallSite>,
 ) {
-    let raw_stream = stream.cu_stream();
-    let mut call = || {
-        let (n_in, n_out) = (inputs as i32, (tensors.len() - inputs) as i32);
-        let (t, a, n_attrs) = (tensors.as_mut_ptr(), attrs.as_ptr(), attrs.len() as i32);
-        // SAFETY: the header's contract: a NUL-terminated name, valid DLTensors over device
-        // buffers of their shapes (host ones where the kernel takes them) alive for the bench,
-        // `inputs` of them inputs, the bench stream, `attrs` with 'static names; a site from
-        // dlkern_site_create whose constant inputs are the same buffers at every call.
-        let code = unsafe {
-            match site {
-                Some(site) => {
-                    dlkern::capi::dlkern_call_at(site, name.as_ptr(), t, n_in, n_out, raw_stream.cast(), a, n_attrs)
-                }
-                None => dlkern::capi::dlkern_call(name.as_ptr(), t, n_in, n_out, raw_stream.cast(), a, n_attrs),
-            }
-        };
-        if code != 0 {
-            // SAFETY: dlkern_last_error returns this thread's NUL-terminated message.
-            let message = unsafe { std::ffi::CStr::from_ptr(dlkern::capi::dlkern_last_error()) };
-            panic!("{label}: {}", message.to_string_lossy());
-        }
-    };
+    let mut call = || c_abi_call(stream, label, name, tensors, inputs, attrs, site);
     call();
     stream.synchronize().expect("synchronize");
     group.bench_function(row(label), |b| b.iter_custom(|iters| host_time(stream, iters, &mut call)));
+}
+
+/// A row timing `dlkern_call` followed by a synchronization of the stream, each time: what one
+/// call costs a caller that waits for its result (host time and device time, in sequence).
+fn synchronized_c_abi_row(
+    group: &mut BenchmarkGroup<WallTime>,
+    stream: &cudarc::driver::CudaStream,
+    label: &'static str,
+    name: &std::ffi::CStr,
+    tensors: &mut [DLTensor],
+    inputs: usize,
+    attrs: &[CAttr],
+) {
+    let mut call = || {
+        c_abi_call(stream, label, name, tensors, inputs, attrs, None);
+        stream.synchronize().expect("synchronize");
+    };
+    call();
+    group.bench_function(row(label), |b| b.iter(&mut call));
 }
 
 fn benches(c: &mut Criterion) {
@@ -410,74 +441,106 @@ fn benches(c: &mut Criterion) {
         );
     }
 
-    // GroupQueryAttention decoding one token (batch 1, 32 query / 8 KV heads of 128, packed
-    // QKV, rotary, the builder's node) over a shared past/present cache of 4096 positions, 4095
-    // of them past, through the C ABI.
-    {
-        let (heads, kv_heads, head, context) = (32usize, 8usize, 128usize, 4096usize);
-        let qkv = (heads + 2 * kv_heads) * head;
-        let query = s.clone_htod(&vec![f16::from_f32(0.1); qkv]).expect("alloc");
-        let cache_len = kv_heads * context * head;
-        let key_cache = s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc");
-        let value_cache = s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc");
-        let seqlens_k = s.clone_htod(&[context as i32 - 1]).expect("alloc");
-        let mut total_sequence_length = context as i32;
-        let cos = s.clone_htod(&vec![f16::ONE; context * head / 2]).expect("alloc");
-        let sin = s.alloc_zeros::<f16>(context * head / 2).expect("alloc");
-        let mut out = s.alloc_zeros::<f16>(heads * head).expect("alloc");
-        let cache_shape = [1, kv_heads as i64, context as i64, head as i64];
-        let mut shapes = [
-            vec![1, 1, qkv as i64],
-            vec![0],
-            vec![0],
-            cache_shape.to_vec(),
-            cache_shape.to_vec(),
-            vec![1],
-            vec![1],
-            vec![context as i64, head as i64 / 2],
-            vec![context as i64, head as i64 / 2],
-            vec![1, 1, (heads * head) as i64],
-            cache_shape.to_vec(),
-            cache_shape.to_vec(),
-        ];
-        let [sq, sk, sv, spk, spv, sl, st, sc, ss, so, sok, sov] = &mut shapes;
-        let (kp, vp) = (key_cache.device_ptr(s).0, value_cache.device_ptr(s).0);
-        let mut total = cuda_tensor((&raw mut total_sequence_length) as u64, DType::I32, st);
-        total.device = DLDevice { device_type: DLDeviceType::CPU, device_id: 0 };
-        let mut tensors = [
-            cuda_tensor(query.device_ptr(s).0, DType::F16, sq),
-            cuda_tensor(0, DType::F16, sk),
-            cuda_tensor(0, DType::F16, sv),
-            cuda_tensor(kp, DType::F16, spk),
-            cuda_tensor(vp, DType::F16, spv),
-            cuda_tensor(seqlens_k.device_ptr(s).0, DType::I32, sl),
-            total,
-            cuda_tensor(cos.device_ptr(s).0, DType::F16, sc),
-            cuda_tensor(sin.device_ptr(s).0, DType::F16, ss),
-            cuda_tensor(out.device_ptr_mut(s).0, DType::F16, so),
-            cuda_tensor(kp, DType::F16, sok),
-            cuda_tensor(vp, DType::F16, sov),
-        ];
-        let attrs = [
-            CAttr::int(c"num_heads", heads as i64),
-            CAttr::int(c"kv_num_heads", kv_heads as i64),
-            CAttr::int(c"do_rotary", 1),
-            CAttr::int(c"local_window_size", -1),
-            CAttr::float(c"softcap", 0.0),
-            CAttr::float(c"scale", 1.0 / (head as f64).sqrt()),
-        ];
-        c_abi_row(
-            &mut group,
-            s,
-            "dlkern_call group_query_attention decode B1 32/8x128 ctx4096",
-            c"dlkern.group_query_attention",
-            &mut tensors,
-            9,
-            &attrs,
-            None,
-        );
+    // GroupQueryAttention decoding one token per sequence (32 query / 8 KV heads of 128, packed
+    // QKV, rotary, the builder's node) over shared past/present caches, through the C ABI: one
+    // launch (the default) and two (the rotary launch first, the CUDA-graph capture path).
+    gqa_decode_rows(&mut group, s, 1, 4096, Timing::Host);
+    for (batch, context) in [(1, 8192), (16, 4096), (64, 4096)] {
+        gqa_decode_rows(&mut group, s, batch, context, Timing::Synchronized);
     }
     group.finish();
+}
+
+/// What a row times.
+#[derive(Clone, Copy, PartialEq)]
+enum Timing {
+    /// The calling thread's time per call (the stream synchronized untimed, every [`BATCH`]).
+    Host,
+    /// Each call followed by a stream synchronization: the call's latency, host and device.
+    Synchronized,
+}
+
+/// GroupQueryAttention decode rows at `batch` sequences of `context` tokens (the new one
+/// included), one launch and two, timed as `timing` says.
+fn gqa_decode_rows(
+    group: &mut BenchmarkGroup<WallTime>,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    batch: usize,
+    context: usize,
+    timing: Timing,
+) {
+    let (heads, kv_heads, head) = (32usize, 8usize, 128usize);
+    let qkv = (heads + 2 * kv_heads) * head;
+    let query = s.clone_htod(&vec![f16::from_f32(0.1); batch * qkv]).expect("alloc");
+    let cache_len = batch * kv_heads * context * head;
+    let key_cache = s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc");
+    let value_cache = s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc");
+    let seqlens_k = s.clone_htod(&vec![context as i32 - 1; batch]).expect("alloc");
+    let mut total_sequence_length = context as i32;
+    let cos = s.clone_htod(&vec![f16::ONE; context * head / 2]).expect("alloc");
+    let sin = s.alloc_zeros::<f16>(context * head / 2).expect("alloc");
+    let mut out = s.alloc_zeros::<f16>(batch * heads * head).expect("alloc");
+    let (b, cache_shape) = (batch as i64, [batch as i64, kv_heads as i64, context as i64, head as i64]);
+    let mut shapes = [
+        vec![b, 1, qkv as i64],
+        vec![0],
+        vec![0],
+        cache_shape.to_vec(),
+        cache_shape.to_vec(),
+        vec![b],
+        vec![1],
+        vec![context as i64, head as i64 / 2],
+        vec![context as i64, head as i64 / 2],
+        vec![b, 1, (heads * head) as i64],
+        cache_shape.to_vec(),
+        cache_shape.to_vec(),
+    ];
+    let [sq, sk, sv, spk, spv, sl, st, sc, ss, so, sok, sov] = &mut shapes;
+    let (kp, vp) = (key_cache.device_ptr(s).0, value_cache.device_ptr(s).0);
+    let mut total = cuda_tensor((&raw mut total_sequence_length) as u64, DType::I32, st);
+    total.device = DLDevice { device_type: DLDeviceType::CPU, device_id: 0 };
+    let mut tensors = [
+        cuda_tensor(query.device_ptr(s).0, DType::F16, sq),
+        cuda_tensor(0, DType::F16, sk),
+        cuda_tensor(0, DType::F16, sv),
+        cuda_tensor(kp, DType::F16, spk),
+        cuda_tensor(vp, DType::F16, spv),
+        cuda_tensor(seqlens_k.device_ptr(s).0, DType::I32, sl),
+        total,
+        cuda_tensor(cos.device_ptr(s).0, DType::F16, sc),
+        cuda_tensor(sin.device_ptr(s).0, DType::F16, ss),
+        cuda_tensor(out.device_ptr_mut(s).0, DType::F16, so),
+        cuda_tensor(kp, DType::F16, sok),
+        cuda_tensor(vp, DType::F16, sov),
+    ];
+    let attrs = [
+        CAttr::int(c"num_heads", heads as i64),
+        CAttr::int(c"kv_num_heads", kv_heads as i64),
+        CAttr::int(c"do_rotary", 1),
+        CAttr::int(c"local_window_size", -1),
+        CAttr::float(c"softcap", 0.0),
+        CAttr::float(c"scale", 1.0 / (head as f64).sqrt()),
+    ];
+    let shape = format!("B{batch} 32/8x128 ctx{context}");
+    for two in [false, true] {
+        let path = if two { " two launches" } else { "" };
+        let label: &'static str = match timing {
+            Timing::Host => format!("dlkern_call group_query_attention decode {shape}{path}"),
+            Timing::Synchronized => format!("dlkern_call + synchronize group_query_attention decode {shape}{path}"),
+        }
+        .leak();
+        let run = |group: &mut BenchmarkGroup<WallTime>, tensors: &mut [DLTensor]| match timing {
+            Timing::Host => c_abi_row(group, s, label, c"dlkern.group_query_attention", tensors, 9, &attrs, None),
+            Timing::Synchronized => {
+                synchronized_c_abi_row(group, s, label, c"dlkern.group_query_attention", tensors, 9, &attrs)
+            }
+        };
+        if two {
+            dlkern::ops::attention::with_two_launch_decode(|| run(group, &mut tensors));
+        } else {
+            run(group, &mut tensors);
+        }
+    }
 }
 
 criterion_group!(host_cost, benches);

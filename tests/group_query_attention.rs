@@ -358,15 +358,39 @@ mod gpu_tests {
     /// Elements past each cache that no call may write.
     const GUARD: usize = 4096;
 
+    /// How the tensors of a CUDA call are laid out.
+    #[derive(Clone, Copy, Debug, Default)]
+    struct Layout {
+        /// Q, K and V as one packed QKV input (key and value absent).
+        packed: bool,
+        /// The past caches are the present ones, one buffer each (onnxruntime-genai's binding;
+        /// needs `past` at least the longest length).
+        shared: bool,
+    }
+
     /// The op on CUDA tensors (f16; `seqlens_k` as given); the caches carry a guard region.
-    fn run_gpu(c: &Case, x: &Inputs, seqlens: &[i32]) -> (Vec<f16>, Vec<f16>, Vec<f16>, bool) {
+    fn run_gpu(c: &Case, x: &Inputs, seqlens: &[i32], layout: Layout) -> (Vec<f16>, Vec<f16>, Vec<f16>, bool) {
         let (_device, stream) = gpu();
         let f = |v: &[f64]| v.iter().map(|&y| f16::from_f64(y)).collect::<Vec<f16>>();
         let (b, s, d) = (c.batch as i64, c.seq as i64, c.head as i64);
+        let (h, hkv) = (c.heads, c.kv_heads);
         let past_len = c.past.unwrap_or(0);
         let cap = x.total.max(past_len) as i64;
+        assert!(!layout.shared || cap == past_len as i64, "{c:?}: a shared cache holds every position");
         let up = |v: Vec<f16>| stream.clone_htod(&v).unwrap();
-        let q = up(f(&x.q));
+        // Packed rows: each token's query heads, then its key heads, then its value heads.
+        let qkv: Vec<f64> = (0..c.batch * c.seq)
+            .flat_map(|t| {
+                let (q, k, v) = (h * c.head, hkv * c.head, hkv * c.head);
+                x.q[t * q..][..q]
+                    .iter()
+                    .chain(&x.k[t * k..][..k])
+                    .chain(&x.v[t * v..][..v])
+                    .copied()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let q = up(f(if layout.packed { &qkv } else { &x.q }));
         let k = up(f(&x.k));
         let v = up(f(&x.v));
         let pk = up(f(&x.past_k).into_iter().chain(std::iter::repeat_n(f16::ONE, 8)).collect());
@@ -374,43 +398,50 @@ mod gpu_tests {
         let lens = stream.clone_htod(seqlens).unwrap();
         let cos = up(f(&x.cos).into_iter().chain([f16::ZERO; 8]).collect());
         let sin = up(f(&x.sin).into_iter().chain([f16::ZERO; 8]).collect());
-        let out_len = (b * s * c.heads as i64 * d) as usize;
-        let present_len = (b * c.kv_heads as i64 * cap * d) as usize;
+        let out_len = (b * s * h as i64 * d) as usize;
+        let present_len = (b * hkv as i64 * cap * d) as usize;
         let sentinel = f16::from_f32(7.25);
         let mut out = up(vec![f16::ZERO; out_len]);
-        let mut ok = up(vec![sentinel; present_len + GUARD]);
-        let mut ov = up(vec![sentinel; present_len + GUARD]);
+        // A shared cache starts as the past; its guard region follows it all the same.
+        let present_init = |past: &[f64]| {
+            let start: Vec<f16> = if layout.shared { f(past) } else { vec![sentinel; present_len] };
+            start.into_iter().chain(std::iter::repeat_n(sentinel, GUARD)).collect::<Vec<f16>>()
+        };
+        let mut ok = up(present_init(&x.past_k));
+        let mut ov = up(present_init(&x.past_v));
         let mut holder: Vec<Host<f16>> = Vec::new();
         let mut shape = |sh: &[i64]| {
             holder.push(Host::new(vec![], sh));
             holder.len() - 1
         };
+        let q_width = if layout.packed { (h + 2 * hkv) as i64 * d } else { h as i64 * d };
         let ids = [
-            shape(&[b, s, c.heads as i64 * d]),
-            shape(&[b, s, c.kv_heads as i64 * d]),
-            shape(&[b, s, c.kv_heads as i64 * d]),
-            shape(&[b, c.kv_heads as i64, past_len as i64, d]),
-            shape(&[b, c.kv_heads as i64, past_len as i64, d]),
+            shape(&[b, s, q_width]),
+            shape(&[b, s, hkv as i64 * d]),
+            shape(&[b, s, hkv as i64 * d]),
+            shape(&[b, hkv as i64, past_len as i64, d]),
+            shape(&[b, hkv as i64, past_len as i64, d]),
             shape(&[x.positions as i64, (c.rotary_dim / 2) as i64]),
             shape(&[x.positions as i64, (c.rotary_dim / 2) as i64]),
-            shape(&[b, s, c.heads as i64 * d]),
-            shape(&[b, c.kv_heads as i64, cap, d]),
-            shape(&[b, c.kv_heads as i64, cap, d]),
+            shape(&[b, s, h as i64 * d]),
+            shape(&[b, hkv as i64, cap, d]),
+            shape(&[b, hkv as i64, cap, d]),
             shape(&[0]),
         ];
         let mut lens_host = Host::<i32>::new(vec![], &[b]);
         let mut total = Host::new(vec![x.total as i32], &[1]);
+        let (ok_addr, ov_addr) = (ok.device_ptr_mut(&stream).0, ov.device_ptr_mut(&stream).0);
         let addr = [
             q.device_ptr(&stream).0,
             k.device_ptr(&stream).0,
             v.device_ptr(&stream).0,
-            pk.device_ptr(&stream).0,
-            pv.device_ptr(&stream).0,
+            if layout.shared { ok_addr } else { pk.device_ptr(&stream).0 },
+            if layout.shared { ov_addr } else { pv.device_ptr(&stream).0 },
             cos.device_ptr(&stream).0,
             sin.device_ptr(&stream).0,
             out.device_ptr_mut(&stream).0,
-            ok.device_ptr_mut(&stream).0,
-            ov.device_ptr_mut(&stream).0,
+            ok_addr,
+            ov_addr,
         ];
         let dl = |i: usize, holder: &mut Vec<Host<f16>>| common::on_cuda(holder[ids[i]].dl(), addr[i]);
         let hole = |holder: &mut Vec<Host<f16>>| common::on_cuda(holder[ids[10]].dl(), 0);
@@ -418,8 +449,8 @@ mod gpu_tests {
         let with_rotary = c.rotary_dim > 0;
         let mut tensors = [
             dl(0, &mut holder),
-            dl(1, &mut holder),
-            dl(2, &mut holder),
+            if layout.packed { hole(&mut holder) } else { dl(1, &mut holder) },
+            if layout.packed { hole(&mut holder) } else { dl(2, &mut holder) },
             if with_past { dl(3, &mut holder) } else { hole(&mut holder) },
             if with_past { dl(4, &mut holder) } else { hole(&mut holder) },
             common::on_cuda(lens_host.dl(), lens.device_ptr(&stream).0),
@@ -450,7 +481,7 @@ mod gpu_tests {
         for c in cases() {
             let x = inputs(&c, &mut rng);
             let lens: Vec<i32> = c.lengths.iter().map(|&t| t as i32 - 1).collect();
-            let (out, pk, pv, guards) = run_gpu(&c, &x, &lens);
+            let (out, pk, pv, guards) = run_gpu(&c, &x, &lens, Layout::default());
             assert!(guards, "{c:?}: a write past the caches");
             let want = naive(&c, &x);
             check(&c, &(out, pk, pv), &want, 8e-3);
@@ -477,8 +508,106 @@ mod gpu_tests {
         let x = inputs(&c, &mut rng);
         // Far beyond the cache, and negative: clamped on the device, never outside the buffers.
         for lens in [[1 << 30, 3], [-5, i32::MAX], [i32::MIN, 15]] {
-            let (_, _, _, guards) = run_gpu(&c, &x, &lens);
+            let (_, _, _, guards) = run_gpu(&c, &x, &lens, Layout::default());
             assert!(guards, "seqlens_k {lens:?}: a write past the caches");
+        }
+    }
+
+    /// A decode step (one new token per sequence) runs as one launch of the decode kernel, which
+    /// rotates the queries as it reads them and takes each new key and value from the inputs
+    /// while appending them; the two-launch path (rotary launch first, as under a CUDA-graph
+    /// capture) must give the same bits, and both the reference's values: over head sizes 64,
+    /// 80, 96, 128 and 256, groups 1 to 32 (two row tiles), partial and interleaved rotary, none,
+    /// window and cap, lengths 1 to 4097 (new tokens on partition edges and inside), ragged
+    /// batches, and the builder's layout (packed QKV, past and present one buffer).
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_one_launch_decode_matches_two_launches_bit_for_bit() {
+        let mut rng = Rng::new(29);
+        let base = Case {
+            batch: 1,
+            seq: 1,
+            heads: 4,
+            kv_heads: 1,
+            head: 64,
+            lengths: vec![1],
+            past: None,
+            rotary_dim: 0,
+            interleaved: false,
+            window: -1,
+            softcap: 0.0,
+        };
+        let cases = [
+            Case {
+                batch: 3,
+                heads: 32,
+                kv_heads: 8,
+                head: 128,
+                lengths: vec![1, 300, 1025],
+                past: Some(1025),
+                rotary_dim: 128,
+                ..base.clone()
+            },
+            Case {
+                batch: 2,
+                heads: 8,
+                kv_heads: 2,
+                lengths: vec![97, 7],
+                past: Some(97),
+                rotary_dim: 32,
+                interleaved: true,
+                window: 20,
+                softcap: 5.0,
+                ..base.clone()
+            },
+            Case {
+                heads: 4,
+                kv_heads: 2,
+                head: 256,
+                lengths: vec![4097],
+                past: Some(4097),
+                rotary_dim: 64,
+                ..base.clone()
+            },
+            Case { batch: 2, heads: 2, kv_heads: 1, head: 80, lengths: vec![15, 17], past: Some(17), ..base.clone() },
+            Case {
+                heads: 32,
+                kv_heads: 1,
+                head: 128,
+                lengths: vec![200],
+                past: Some(256),
+                rotary_dim: 128,
+                ..base.clone()
+            },
+            Case {
+                batch: 2,
+                heads: 6,
+                kv_heads: 3,
+                head: 96,
+                lengths: vec![1, 33],
+                past: Some(33),
+                rotary_dim: 96,
+                ..base
+            },
+        ];
+        for c in cases {
+            let x = inputs(&c, &mut rng);
+            let lens: Vec<i32> = c.lengths.iter().map(|&t| t as i32 - 1).collect();
+            let want = naive(&c, &x);
+            for layout in
+                [Layout::default(), Layout { packed: true, shared: true }, Layout { packed: true, shared: false }]
+            {
+                let one = run_gpu(&c, &x, &lens, layout);
+                let two = dlkern::ops::attention::with_two_launch_decode(|| run_gpu(&c, &x, &lens, layout));
+                assert!(one.3 && two.3, "{c:?} {layout:?}: a write past the caches");
+                let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+                for (what, a, b) in
+                    [("output", &one.0, &two.0), ("present_key", &one.1, &two.1), ("present_value", &one.2, &two.2)]
+                {
+                    assert!(bits(a) == bits(b), "{c:?} {layout:?}: {what} differs between one launch and two");
+                }
+                check(&c, &(one.0, one.1, one.2), &want, 8e-3);
+            }
         }
     }
 

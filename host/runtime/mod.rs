@@ -51,6 +51,9 @@ pub struct Device {
     shared_limits: Mutex<HashMap<&'static str, u32>>,
     /// [`Device::resident_blocks_per_sm`] by kernel, threads per block and dynamic shared bytes.
     occupancy: Mutex<HashMap<(&'static str, u32, u32), u32>>,
+    /// [`Device::stream_workspace`]'s buffers by stream, and the ones they outgrew (kept: a call
+    /// on another thread may still be about to launch on one).
+    stream_workspaces: Mutex<(HashMap<usize, DeviceBuffer>, Vec<DeviceBuffer>)>,
     max_shared_optin: u32,
     multiprocessors: u32,
 }
@@ -141,6 +144,7 @@ impl Device {
             functions: Mutex::new(HashMap::new()),
             shared_limits: Mutex::new(HashMap::new()),
             occupancy: Mutex::new(HashMap::new()),
+            stream_workspaces: Mutex::new((HashMap::new(), Vec::new())),
             max_shared_optin,
         }
     }
@@ -255,6 +259,35 @@ impl Device {
         })?;
         self.occupancy.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, blocks);
         Ok(blocks)
+    }
+
+    /// At least `bytes` of device memory kept for `stream` across calls, zero when first handed
+    /// out: for kernels that need a workspace whose counters start at zero and that leave them
+    /// zero when they end, so that a call needs neither an allocation nor a clearing launch
+    /// (GroupQueryAttention's one-launch decode). Calls on one stream run in its order, so they
+    /// can share it; a call needing more gets a new, larger buffer (zeroed in `stream` order)
+    /// and the old one is kept until the process ends. Not for CUDA-graph captures: a graph
+    /// would keep the address, replays on other streams would share it.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this device's primary context (or null), and only kernels
+    /// launched on it use the memory, each leaving zero whatever it found zero.
+    pub unsafe fn stream_workspace(&self, stream: CUstream, bytes: usize) -> Result<u64> {
+        let mut guard = self.stream_workspaces.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (buffers, outgrown) = &mut *guard;
+        let key = stream as usize;
+        if let Some(buffer) = buffers.get(&key).filter(|b| b.bytes() >= bytes) {
+            return Ok(buffer.address());
+        }
+        let size = bytes.max(64 << 10).next_power_of_two();
+        let buffer = DeviceBuffer::new(self, size)?;
+        // SAFETY: the new buffer's whole extent, on the caller's stream.
+        unsafe { memset_async(self, stream, buffer.address(), 0, size)? };
+        let address = buffer.address();
+        if let Some(old) = buffers.insert(key, buffer) {
+            outgrown.push(old);
+        }
+        Ok(address)
     }
 
     /// Checks `dims` against the device limits, raising the function's dynamic shared memory

@@ -12,9 +12,13 @@
 //! (onnxruntime-genai binds them so) only the new rows are written. Output rows `Q..S` and cache
 //! rows from `T` on are unspecified (dlkern writes zeros on the CPU and leaves them on the GPU).
 //!
-//! CPU tensors run the f64 reference; CUDA tensors (f16, bf16) run three rotary launches (new
-//! queries into a workspace, new keys and values into the cache; a copy of the past first when
-//! the present is another buffer), then the attention kernel in its KV-cache mode.
+//! CPU tensors run the f64 reference. On CUDA tensors (f16, bf16; a copy of the past first when
+//! the present is another buffer) a decode step (one new token per sequence) is one launch of
+//! the paged family's split-KV decode kernel, which rotates the queries as it reads them and
+//! takes each new key and value from the inputs while it appends them to the caches; under a
+//! CUDA-graph capture, and for prompts, one rotary launch (new queries into a workspace, new
+//! keys and values into the caches) comes first, then the decode kernel or the attention
+//! kernel's KV-cache mode.
 //! `total_sequence_length` is a host-memory input (as in ORT's CUDA kernel); `seqlens_k` stays
 //! on the device there, where the kernels clamp it to the cache (memory-safe, not checked for
 //! meaning), while the CPU path checks it.
@@ -36,9 +40,23 @@ use crate::kernel::{Attributes, InferArgs, KernelArgs, TensorSpec};
 use crate::ops::common::rotary::rotate_at;
 use crate::ops::common::{dims, fail, floats, head_count, round_to, store};
 use crate::ops::paged_attention::launch::{
-    BnshAttentionParams, DecodeLimits, PagedAttentionPointers, paged_attention_bnsh_raw,
+    BnshAttentionParams, DecodeLimits, NewToken, PagedAttentionPointers, paged_attention_bnsh_raw,
 };
-use crate::runtime::{Device, StreamScratch, copy_2d_async};
+use crate::runtime::{Device, StreamScratch, copy_2d_async, stream_is_capturing};
+
+thread_local! {
+    static TWO_LAUNCH_DECODE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread's GroupQueryAttention decode steps on CUDA taken by the two-launch
+/// path (the rotary launch, then the decode kernel), as under a CUDA-graph capture, instead of
+/// the one launch: for tests and comparisons of the two (their results agree bit for bit).
+pub fn with_two_launch_decode<R>(f: impl FnOnce() -> R) -> R {
+    let before = TWO_LAUNCH_DECODE.with(|c| c.replace(true));
+    let result = f();
+    TWO_LAUNCH_DECODE.with(|c| c.set(before));
+    result
+}
 
 /// Inputs by position (ORT's order).
 const QUERY: usize = 0;
@@ -562,8 +580,10 @@ unsafe fn compute_cpu(
     Ok(())
 }
 
-/// The GPU path: rotary / append launches, then the attention kernel in KV-cache mode, all on
-/// the caller's stream.
+/// The GPU path, on the caller's stream: a decode step in one launch of the decode kernel
+/// (rotary and append inside it; its workspace kept per stream), or under a capture and for
+/// prompts the rotary / append launch, then the decode kernel or the attention kernel's KV-cache
+/// mode.
 fn compute_cuda(
     args: &KernelArgs,
     ordinal: i32,
@@ -632,25 +652,23 @@ fn compute_cuda(
         scale,
         softcap: o.softcap as f32,
         window: o.window.map_or(0, |w| w + 1),
+        q_token_stride: row,
     };
     let decode = (s.seq == 1 && decode.supported()).then_some(decode);
+    // SAFETY: `stream` is ORT's (or the registry caller's) stream of this device.
+    let one_launch = decode.is_some()
+        && !TWO_LAUNCH_DECODE.with(|c| c.get())
+        && !unsafe { stream_is_capturing(&device, stream)? }
+        && [q.data_address(), k_src, v_src].iter().all(|a| a.is_multiple_of(16))
+        && (s.rotary_dim == 0 || [cos, sin].iter().all(|a| a.is_multiple_of(16)));
+    // The kernels read queries with a row stride, so only the two-launch path's rotated ones
+    // need the workspace's dense copy.
+    let dense_q = !one_launch && s.rotary_dim > 0;
+    let decode = decode.map(|p| BnshAttentionParams { q_token_stride: if dense_q { h * d } else { row }, ..p });
     let decode_plan = match &decode {
         Some(p) => Some(p.plan(DecodeLimits::of(&device, p.dtype, p.head_size)?)?),
         None => None,
     };
-    // The decode kernels read dense queries: rotated ones, or a copy of a packed input's.
-    let dense_q = s.rotary_dim > 0 || (decode.is_some() && row != h * d);
-    let q_bytes = if dense_q { (s.batch * s.seq * h * d * size).next_multiple_of(256) } else { 0 };
-    // Decode: the partial results, then the status word the kernels flag bad lengths in (they
-    // write NaN rows for them; nothing waits to read it) and the counters that let the last
-    // partition block of each row tile merge them (no combine launch), both cleared by the
-    // rotary launch.
-    let partials = decode_plan.map_or(0, |p| p.workspace_bytes.next_multiple_of(256));
-    let status_words = 1 + decode_plan.map_or(0, |p| p.arrival_words);
-    let workspace_bytes = q_bytes + if decode.is_some() { partials + 4 * status_words } else { 0 };
-    // SAFETY: `stream` is ORT's (or the registry caller's) stream of this device; the scratch
-    // is freed on it after the launches below.
-    let workspace = unsafe { StreamScratch::new(&device, stream, workspace_bytes)? };
     // SAFETY: the registry's caller guarantees the tensors' memory for their extents, which the
     // shape checks above relate to every parameter; the kernels clamp device-side lengths to
     // the caches and write NaN for device-side positions outside the cos / sin caches.
@@ -673,9 +691,48 @@ fn compute_cuda(
                 }
             }
         }
+        // Decode: the status word the kernels flag bad lengths in (they write NaN rows for
+        // them; nothing reads it back), the counters that let the last partition block of each
+        // row tile merge the partitions (no combine launch), then the partial results.
+        let status_words = decode_plan.map_or(0, |p| 1 + p.arrival_words);
+        let partials_at = (4 * status_words).next_multiple_of(256);
+        let decode_bytes = decode_plan.map_or(0, |p| partials_at + p.workspace_bytes);
+        if let (true, Some(params), Some(plan)) = (one_launch, &decode, decode_plan) {
+            // One launch: the kernel leaves the counters zero, so the stream's kept workspace
+            // serves every call on it without clearing.
+            let ws = device.stream_workspace(stream, decode_bytes)?;
+            let fresh = NewToken {
+                key: k_src,
+                value: v_src,
+                cos,
+                sin,
+                kv_batch_stride: kv_strides.batch as u32,
+                rotary_dim: s.rotary_dim as u32,
+                interleaved: o.interleaved as u32,
+                max_position: if s.rotary_dim == 0 { u32::MAX } else { s.max_position.min(u32::MAX as usize) as u32 },
+            };
+            let ptrs = PagedAttentionPointers {
+                q: q.data_address(),
+                key_cache: present_k.data_address(),
+                value_cache: present_v.data_address(),
+                block_tables: 0,
+                context_lens: seqlens,
+                alibi: 0,
+                out: out.data_address(),
+                workspace: if plan.workspace_bytes > 0 { ws + partials_at as u64 } else { 0 },
+                arrivals: if status_words > 1 { ws + 4 } else { 0 },
+                status: ws,
+            };
+            paged_attention_bnsh_raw(&device, stream, params, plan, &ptrs, &fresh)?;
+            return Ok(());
+        }
+        let q_bytes = if dense_q { (s.batch * s.seq * h * d * size).next_multiple_of(256) } else { 0 };
+        // SAFETY: `stream` is ORT's (or the registry caller's) stream of this device; the
+        // scratch is freed on it after the launches below.
+        let workspace = StreamScratch::new(&device, stream, q_bytes + decode_bytes)?;
         // The new keys (rotated) and values appended to the caches, and the queries rotated
         // into the dense workspace layout where the kernels need it: one launch, which also
-        // clears the decode kernels' status word.
+        // clears the decode kernels' status word and counters.
         let append = RotaryPositions::CacheAppend { capacity: s.present_len };
         let mut jobs = vec![
             (rotary(hkv, s.rotary_dim, kv_strides, cache, append), pointers(k_src, present_k.data_address())),
@@ -684,7 +741,6 @@ fn compute_cuda(
         let (q_ptr, q_row_stride) = if dense_q {
             let dense = HeadStrides { batch: s.seq * h * d, seq: h * d, head: d };
             let query = RotaryPositions::CacheQuery { capacity: s.present_len };
-            // (rotary_dim 0: a plain copy into the dense layout)
             jobs.push((
                 rotary(h, s.rotary_dim, q_strides, dense, query),
                 pointers(q.data_address(), workspace.address()),
@@ -693,7 +749,7 @@ fn compute_cuda(
         } else {
             (q.data_address(), row)
         };
-        let status = decode.is_some().then(|| workspace.address() + (q_bytes + partials) as u64);
+        let status = decode.is_some().then(|| workspace.address() + q_bytes as u64);
         rotary_jobs_raw(&device, stream, &jobs, (status.unwrap_or(0), status_words))?;
         let tensors = [q_ptr, present_k.data_address(), present_v.data_address(), out.data_address(), seqlens];
         if let (Some(params), Some(plan), Some(status)) = (&decode, decode_plan, status) {
@@ -705,11 +761,11 @@ fn compute_cuda(
                 context_lens: seqlens,
                 alibi: 0,
                 out: out.data_address(),
-                workspace: if partials > 0 { workspace.address() + q_bytes as u64 } else { 0 },
+                workspace: if plan.workspace_bytes > 0 { status + partials_at as u64 } else { 0 },
                 arrivals: if status_words > 1 { status + 4 } else { 0 },
                 status,
             };
-            paged_attention_bnsh_raw(&device, stream, params, plan, &ptrs)?;
+            paged_attention_bnsh_raw(&device, stream, params, plan, &ptrs, &NewToken::default())?;
             drop(workspace);
             return Ok(());
         }
@@ -728,7 +784,7 @@ fn compute_cuda(
             softcap: o.softcap as f32,
         };
         attention_cache_raw(&device, stream, &params, tensors)?;
+        drop(workspace);
     }
-    drop(workspace);
     Ok(())
 }

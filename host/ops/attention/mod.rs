@@ -13,6 +13,7 @@
 pub(crate) mod layout;
 
 mod gqa;
+pub use gqa::with_two_launch_decode;
 pub mod launch;
 pub mod op;
 pub mod reference;

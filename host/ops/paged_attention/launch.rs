@@ -26,6 +26,7 @@ const KERNEL: &str = "paged_attention";
 /// Head sizes with a kernel.
 pub const HEAD_SIZES: [usize; 5] = [64, 80, 96, 128, 256];
 use super::layout;
+pub use layout::NewToken;
 use layout::{Dims, M_TILE, THREADS};
 pub use layout::{STATUS_BAD_BLOCK, STATUS_BAD_CONTEXT, STATUS_BAD_POSITION};
 /// Most query rows (query heads per KV head times query tokens) one block handles.
@@ -238,6 +239,7 @@ impl PagedAttentionParams {
             kv_token_stride: (p.num_kv_heads * p.head_size) as u32,
             kv_head_stride: p.head_size as u32,
             context_bias: 0,
+            q_token_stride: (p.num_q_heads * d) as u32,
         };
         let attention_dims = LaunchDims {
             grid: (num_partitions as u32, (p.num_kv_heads * m_tiles * layout::split(d)) as u32, p.batch as u32),
@@ -307,7 +309,7 @@ pub unsafe fn paged_attention_raw(
     let plan = params.plan(DecodeLimits::of(device, params.dtype, params.head_size)?)?;
     check_pointer(KERNEL, "block_tables", ptrs.block_tables, 4)?;
     // SAFETY: forwarded.
-    unsafe { launch_plan(device, stream, params, plan, ptrs) }
+    unsafe { launch_plan(device, stream, params, plan, ptrs, &NewToken::default()) }
 }
 
 /// The decode kernels over a BNSH KV cache `[batch, kv_heads, capacity, D]` (ONNX Runtime's
@@ -329,6 +331,9 @@ pub struct BnshAttentionParams {
     pub softcap: f32,
     /// Keys a query sees, itself included (ORT's `local_window_size`); 0 for all.
     pub window: usize,
+    /// Elements between consecutive query tokens: `num_q_heads * head_size` for dense queries,
+    /// a packed QKV row's width for the leading heads of one (a multiple of 8).
+    pub q_token_stride: usize,
 }
 
 impl BnshAttentionParams {
@@ -373,6 +378,21 @@ impl BnshAttentionParams {
         d.kv_token_stride = p.head_size as u32;
         d.kv_head_stride = (p.capacity * p.head_size) as u32;
         d.context_bias = 1;
+        let dense = p.num_q_heads * p.head_size;
+        if p.q_token_stride < dense
+            || !p.q_token_stride.is_multiple_of(8)
+            || p.batch.saturating_mul(p.q_len).saturating_mul(p.q_token_stride) > i32::MAX as usize
+        {
+            return Err(Error::invalid(
+                KERNEL,
+                format!(
+                    "query token stride {} (a multiple of 8, at least num_q_heads x head size = {dense}, and the \
+                     queries within 2^31 elements)",
+                    p.q_token_stride
+                ),
+            ));
+        }
+        d.q_token_stride = p.q_token_stride as u32;
         Ok(plan)
     }
 }
@@ -381,18 +401,59 @@ impl BnshAttentionParams {
 /// `params.plan` gave for `device`; the caller sized the workspace by it): `ptrs.block_tables` is
 /// unused (0) and `ptrs.context_lens` holds `seqlens_k`.
 ///
+/// With a `fresh` new token (`fresh.key` not 0; `q_len` 1): the queries are rotated as they are
+/// read, and each sequence's last position comes from `fresh` and is appended to the caches by
+/// this launch (see the kernel's launch contract), so no rotary launch comes first; the
+/// arrival counters must then be zero (a [`Device::stream_workspace`] keeps them so).
+///
 /// # Safety
-/// As [`paged_attention_raw`]; `plan` is `params.plan(DecodeLimits::of(device, ..))`'s.
+/// As [`paged_attention_raw`]; `plan` is `params.plan(DecodeLimits::of(device, ..))`'s; with
+/// `fresh`, its buffers hold `batch` rows of `kv_heads` heads at `fresh.kv_batch_stride`
+/// and the caches `max_position` positions of angles, none of them written by the launch.
 pub unsafe fn paged_attention_bnsh_raw(
     device: &Device,
     stream: CUstream,
     params: &BnshAttentionParams,
     plan: PagedAttentionPlan,
     ptrs: &PagedAttentionPointers,
+    fresh: &NewToken,
 ) -> Result<PagedAttentionPlan> {
+    if fresh.key != 0 {
+        check_new_token(params, fresh)?;
+    }
     let ptrs = PagedAttentionPointers { block_tables: 0, ..*ptrs };
     // SAFETY: forwarded; a null block table makes the kernels read sequence b's block b.
-    unsafe { launch_plan(device, stream, &params.paged(), plan, &ptrs) }
+    unsafe { launch_plan(device, stream, &params.paged(), plan, &ptrs, fresh) }
+}
+
+/// What the kernel needs of a [`NewToken`] launch: one query token, 16-byte aligned heads and
+/// rows, whole 8-element rotary units, angle rows aligned for their loads.
+fn check_new_token(p: &BnshAttentionParams, fresh: &NewToken) -> Result<()> {
+    let bad = |m: String| Err(Error::invalid(KERNEL, m));
+    if p.q_len != 1 {
+        return bad(format!("a new-token launch takes one query token per sequence, not {}", p.q_len));
+    }
+    for (name, ptr) in [("new key", fresh.key), ("new value", fresh.value)] {
+        check_pointer(KERNEL, name, ptr, 16)?;
+    }
+    let stride = fresh.kv_batch_stride as usize;
+    if !stride.is_multiple_of(8) || stride < p.num_kv_heads * p.head_size {
+        return bad(format!("new-token row stride {stride} (a multiple of 8, at least kv_heads x head size)"));
+    }
+    let rotary = fresh.rotary_dim;
+    let interleaved = fresh.interleaved != 0;
+    if rotary > 0 {
+        if crate::ops::attention::layout::rotary_vector_units(p.head_size as u32, rotary, interleaved, 8).is_none() {
+            return bad(format!(
+                "rotary dimension {rotary} of head size {} does not split into 8-element units",
+                p.head_size
+            ));
+        }
+        for (name, ptr) in [("cos_cache", fresh.cos), ("sin_cache", fresh.sin)] {
+            check_pointer(KERNEL, name, ptr, if interleaved { 8 } else { 16 })?;
+        }
+    }
+    Ok(())
 }
 
 /// Launches a validated plan (block table checked by the caller, or null for a BNSH cache).
@@ -405,6 +466,7 @@ unsafe fn launch_plan(
     params: &PagedAttentionParams,
     plan: PagedAttentionPlan,
     ptrs: &PagedAttentionPointers,
+    fresh: &NewToken,
 ) -> Result<PagedAttentionPlan> {
     for (name, ptr) in
         [("q", ptrs.q), ("key_cache", ptrs.key_cache), ("value_cache", ptrs.value_cache), ("out", ptrs.out)]
@@ -438,9 +500,10 @@ unsafe fn launch_plan(
             arrivals,
             ptrs.status,
         ])
-        .value(plan.dims);
-    // SAFETY: eleven pointers and the Dims struct, as the kernel declares; validity by
-    // contract. Both kernels wait for the grid before them before they read or write anything
+        .value(plan.dims)
+        .value(*fresh);
+    // SAFETY: eleven pointers, the Dims and the NewToken structs, as the kernel declares;
+    // validity by contract. Both kernels wait for the grid before them before they read or write anything
     // (module docs), so each may start as a programmatic dependent.
     unsafe { device.launch_overlapping_in_one_wave(plan.attention, plan.attention_dims, stream, args)? };
     if let Some((combine, combine_dims)) = plan.combine.filter(|_| arrivals == 0) {
@@ -849,8 +912,9 @@ pub unsafe fn paged_attention_op_raw(
             0, // no arrival counters: the combine kernel merges
             status,
         ])
-        .value(a.dims);
-    // SAFETY: eleven pointers and the Dims struct, as the partition kernel declares; it and the
+        .value(a.dims)
+        .value(NewToken::default());
+    // SAFETY: eleven pointers, the Dims and the NewToken structs, as the partition kernel declares; it and the
     // combine kernel wait for the grid before them before they read or write anything.
     unsafe { device.launch_overlapping_in_one_wave(a.attention, a.attention_dims, stream, args)? };
     if let Some((combine, combine_dims)) = a.combine {

@@ -215,6 +215,94 @@ impl<T: Element> Token<T> {
     }
 }
 
+/// One token's rotation, a unit at a time, for kernels that rotate what they load (the paged
+/// decode kernel's one-launch GroupQueryAttention step): the same arithmetic as
+/// [`Token::rotate_vector`], element for element, so either path gives the same bits.
+#[derive(Clone, Copy)]
+pub(crate) struct Turn<T> {
+    /// The position's rows of the `cos` / `sin` caches (unread when not `valid`).
+    cos: *const T,
+    sin: *const T,
+    rotary_dim: usize,
+    interleaved: bool,
+    /// The position lies in the caches; otherwise every unit is NaN.
+    valid: bool,
+}
+
+impl<T: Element> Turn<T> {
+    /// The turn of `position` with `[max_position, rotary_dim / 2]` caches (no rotation and
+    /// always valid when `rotary_dim` is 0).
+    pub(crate) fn new(
+        cos: *const T,
+        sin: *const T,
+        rotary_dim: u32,
+        interleaved: bool,
+        max_position: u32,
+        position: u32,
+    ) -> Self {
+        let valid = rotary_dim == 0 || position < max_position;
+        let row = if valid { position as usize * (rotary_dim / 2) as usize } else { 0 };
+        Turn {
+            cos: cos.wrapping_add(row),
+            sin: sin.wrapping_add(row),
+            rotary_dim: rotary_dim as usize,
+            interleaved,
+            valid,
+        }
+    }
+
+    /// The `T::PER_VEC` elements at `at` (a multiple of it) of the head at `x`, rotated, or
+    /// passed through from `rotary_dim` on.
+    ///
+    /// # Safety
+    /// `x` is a head of at least `at + T::PER_VEC` (and `rotary_dim`) elements, 16-byte aligned at
+    /// every unit, read-only while the kernel runs; the rotated part splits into whole units
+    /// (`rotary_vector_units`' condition) and the caches' rows hold the position when `valid`,
+    /// 16-byte aligned (8 with `interleaved`).
+    #[inline(always)]
+    pub(crate) unsafe fn unit(&self, x: *const T, at: usize) -> [u32; 4] {
+        let w = T::PER_VEC;
+        if !self.valid {
+            return T::pack_vec(&[f32::NAN; 8]);
+        }
+        // SAFETY: in range and aligned by the contract; the caches read only when valid.
+        unsafe {
+            let raw = ld_global_nc_v4(x.add(at).cast());
+            let (rotary, half) = (self.rotary_dim, self.rotary_dim / 2);
+            if at >= rotary {
+                return raw;
+            }
+            let (mut own, mut partner, mut c, mut sn, mut out) =
+                ([0f32; 8], [0f32; 8], [0f32; 8], [0f32; 8], [0f32; 8]);
+            T::unpack_vec(raw, &mut own);
+            if self.interleaved {
+                let [c0, c1] = ld_global_nc_v2(self.cos.add(at / 2).cast());
+                let [s0, s1] = ld_global_nc_v2(self.sin.add(at / 2).cast());
+                T::unpack_vec([c0, c1, 0, 0], &mut c);
+                T::unpack_vec([s0, s1, 0, 0], &mut sn);
+                for k in 0..w / 2 {
+                    (out[2 * k], out[2 * k + 1]) = rotate(own[2 * k], own[2 * k + 1], c[k], sn[k]);
+                }
+            } else {
+                // The first half's element `k` pairs with the second half's `k`, both at angle `k`.
+                let first = at < half;
+                let (other, angle) = if first { (at + half, at) } else { (at - half, at - half) };
+                T::unpack_vec(ld_global_nc_v4(x.add(other).cast()), &mut partner);
+                T::unpack_vec(ld_global_nc_v4(self.cos.add(angle).cast()), &mut c);
+                T::unpack_vec(ld_global_nc_v4(self.sin.add(angle).cast()), &mut sn);
+                for k in 0..w {
+                    out[k] = if first {
+                        rotate(own[k], partner[k], c[k], sn[k]).0
+                    } else {
+                        rotate(partner[k], own[k], c[k], sn[k]).1
+                    };
+                }
+            }
+            T::pack_vec(&out)
+        }
+    }
+}
+
 /// One pair `(a, b)` turned by the angle whose cosine and sine are `c` and `s`.
 #[inline(always)]
 fn rotate(a: f32, b: f32, c: f32, s: f32) -> (f32, f32) {

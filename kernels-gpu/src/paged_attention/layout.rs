@@ -18,11 +18,20 @@ pub const STATUS_BAD_CONTEXT: u32 = 2;
 pub const STATUS_BAD_POSITION: u32 = 4;
 
 /// Dynamic shared memory of the partition kernel for head size `d`: permuted queries
-/// `[16][32 * ceil(d / 32) + 8]` b16, per-warp max/sum `[4][16][2]` f32, and per-warp
-/// accumulators `[4][32 * ceil(d / 64)][32]` f32.
+/// `[16][32 * ceil(d / 32) + 8]` b16, per-warp max/sum `[4][16][2]` f32, per-warp
+/// accumulators `[4][32 * ceil(d / 64)][32]` f32, and the new token's key and value rows
+/// `[2][d]` b16 (a [`NewToken`] launch).
 pub const fn shared_bytes(d: usize) -> usize {
     let d_out = d / split(d);
-    M_TILE * q_row_bytes(d) + (WARPS as usize) * M_TILE * 2 * 4 + (WARPS as usize) * 32 * d_out.div_ceil(64) * 32 * 4
+    M_TILE * q_row_bytes(d)
+        + (WARPS as usize) * M_TILE * 2 * 4
+        + (WARPS as usize) * 32 * d_out.div_ceil(64) * 32 * 4
+        + new_token_bytes(d)
+}
+
+/// Bytes of the new token's key and value rows in shared memory.
+pub const fn new_token_bytes(d: usize) -> usize {
+    2 * d * 2
 }
 
 /// Blocks that share one partition's output columns: 2 at head size 256 (each computes the
@@ -73,6 +82,36 @@ pub struct Dims {
     pub kv_head_stride: u32,
     /// Added to every context length read (1 where the lengths are `seqlens_k`, count - 1).
     pub context_bias: u32,
+    /// Elements between consecutive query tokens (`num_q_heads * D` when dense; more when the
+    /// queries are the leading heads of a packed QKV row).
+    pub q_token_stride: u32,
+}
+
+/// GroupQueryAttention's decode step in the partition kernel's launch (null `key`: none): the
+/// new token of each sequence, at position `context_len - 1` (`q_len` 1), comes from the step's
+/// inputs instead of the cache. Its queries are rotated as they are loaded; the blocks whose
+/// partition holds that position rotate its key and take it and its value from shared memory,
+/// and the one of row tile 0 (column half 0) appends both to the cache, which no block of the
+/// launch reads at that position.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct NewToken {
+    /// The new keys and values, `[batch, .., kv_heads, D]` with `kv_batch_stride` elements
+    /// between sequences (the packed QKV row, or their own tensors).
+    pub key: u64,
+    pub value: u64,
+    /// `[max_position, rotary_dim / 2]` angles; null when `rotary_dim` is 0.
+    pub cos: u64,
+    pub sin: u64,
+    pub kv_batch_stride: u32,
+    /// Rotated leading elements of each head, 0 for none; the head must split into whole 8-element
+    /// units (`rotary_vector_units`' condition).
+    pub rotary_dim: u32,
+    /// 1: pairs `(2p, 2p + 1)`; 0: pairs `(p, p + rotary_dim / 2)`.
+    pub interleaved: u32,
+    /// Positions the `cos`/`sin` caches hold; a position past them writes NaN over the token's
+    /// query, key and value (as the rotary launch does).
+    pub max_position: u32,
 }
 
 /// Scalar arguments of `paged_kv_write_rotary_*` (the op's prologue). Strides and offsets are in

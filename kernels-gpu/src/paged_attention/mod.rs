@@ -3,7 +3,9 @@
 //! the context and merged with a log-sum-exp reduction; and the cache write.
 //!
 //! Layouts (row-major, 16-byte aligned):
-//! - `q`, `out`: `[batch, q_len, num_q_heads, D]`; `key_cache`, `value_cache`:
+//! - `q`: `[batch, q_len, num_q_heads, D]` with `q_token_stride` elements between tokens (the
+//!   leading heads of a packed QKV row allowed); `out`: `[batch, q_len, num_q_heads, D]`;
+//!   `key_cache`, `value_cache`:
 //!   `[num_blocks, block_size, num_kv_heads, D]`; `block_tables`: i32 `[batch, max_blocks]`;
 //!   `context_lens`: i32 `[batch]`, counting the `q_len` new tokens, which are the last ones.
 //! - Query token `t` of sequence `b` sits at position `context_len - q_len + t` and sees cache
@@ -30,6 +32,13 @@
 //!   (u32 `[batch, kv_heads, m_tiles]`, zero when the grid starts), the last block to finish
 //!   each (sequence, KV head, row tile) merges its partitions into `out` itself, and no combine
 //!   kernel follows. The counters are zero again when the kernel ends.
+//! - `fresh` ([`NewToken`], GroupQueryAttention's decode step; `q_len` 1, a BNSH cache): with a
+//!   non-null `fresh.key` the queries are rotated as they are read, and the token at position
+//!   `context_len - 1` is the step's new one: the blocks whose partition holds it rotate its key
+//!   from `fresh.key` and take its value from `fresh.value`, and the block of row tile 0 and
+//!   column half 0 writes both into the caches, which no block of the launch reads at that
+//!   position (so the caches stay read-only to every other load). The inputs must be
+//!   16-byte aligned at every head and the rotated part split into 8-element units.
 //! - a block id outside `[0, num_blocks)` or a context length outside `[q_len, max_blocks *
 //!   block_size]` (or above `max_context`) is never dereferenced: the kernel
 //!   ORs a bit into `*status` (1: bad block id, 2: bad context length) and writes NaN for the
@@ -56,9 +65,12 @@
 pub mod layout;
 pub mod write;
 
+use crate::attention::rotary::Turn;
 use crate::device::ldmatrix::ldmatrix_x4;
 use crate::device::memory::{ld_global_cg_v2, ld_global_cg_v4, ld_global_nc_v4, red_global_or_u32, st_global_v4};
-use crate::device::shared::{dynamic_shared_base, ld_shared_f32, st_shared_f32, st_shared_u32};
+use crate::device::shared::{
+    dynamic_shared_base, ld_shared_f32, ld_shared_v4, st_shared_f32, st_shared_u32, st_shared_v4,
+};
 use crate::device::{SharedAddr, index, math, sync, warp};
 use crate::element::{Bf16, Element, F16, TensorElement};
 use crate::{shared_array, unroll};
@@ -138,6 +150,25 @@ const fn q_column(step: usize, kk: usize) -> usize {
     8 * (4 * j + q) + e
 }
 
+/// Where column pair `col` (even) of a query row sits in the permuted row: `16 * step + kk`
+/// with `q_column(step, kk) == col` (checked below for every head size).
+#[inline(always)]
+const fn q_slot(col: usize) -> usize {
+    let (chunk, e) = (col / 8, col % 8);
+    let (j, q, h) = (chunk / 4, chunk % 4, e / 4);
+    let kk = if e % 4 < 2 { 2 * q + e % 2 } else { 8 + 2 * q + e % 2 };
+    16 * (2 * j + h) + kk
+}
+
+const _: () = {
+    let mut col = 0;
+    while col < 256 {
+        let slot = q_slot(col);
+        assert!(q_column(slot / 16, slot % 16) == col);
+        col += 2;
+    }
+};
+
 /// The partition kernel: `KJ = ceil(D / 32)` K chunks and `VJ = ceil(D / 64)` V chunks per
 /// lane and token; `EARLY_V` issues the V loads with the K loads (registers allowing).
 #[inline(always)]
@@ -162,6 +193,7 @@ unsafe fn attention_partition<
     arrivals: *mut u32,
     status: *mut u32,
     p: Dims,
+    fresh: NewToken,
 ) {
     let part = index::block_idx_x();
     let y = index::block_idx_y() as usize;
@@ -177,7 +209,6 @@ unsafe fn attention_partition<
     let lane = index::lane_id() as usize;
     let (g, qd) = (lane / 4, lane % 4);
     let chunks = D / 8; // K chunks per token
-    let steps = 2 * KJ;
     let rows = (p.group * p.q_len) as usize;
     let row0 = mt * M_TILE;
     let rows_here = rows.saturating_sub(row0).min(M_TILE);
@@ -188,6 +219,8 @@ unsafe fn attention_partition<
     let q_s = base;
     let ml_s = q_s.offset((M_TILE * q_row_bytes(D)) as u32);
     let acc_s = ml_s.offset(WARPS * (M_TILE * 2 * 4) as u32);
+    // The new token's key row, then its value row (a `NewToken` launch).
+    let new_s = acc_s.offset((WARPS as usize * 32 * VJ * 32 * 4) as u32);
     let at = |region: SharedAddr, i: usize| region.offset((i * 4) as u32);
 
     // SAFETY (whole body): the launch contract sizes every buffer and the shared memory; loop
@@ -221,22 +254,73 @@ unsafe fn attention_partition<
         }
         let end = start + n;
 
-        // Queries of this row tile in the permuted order of `q_column`, zero past `rows`.
-        let words = M_TILE * steps * 8;
+        // GroupQueryAttention's one-launch decode (`fresh`): the sequence's last position is the
+        // step's new token, taken from the inputs; the cache holds it only after this launch.
+        let fused = fresh.key != 0;
+        let new_pos = ctx_or_zero.wrapping_sub(1);
+        let holds_new = fused && ctx.is_some() && end == ctx_or_zero;
+        // Cache rows are loaded up to here; the new token's come from shared memory.
+        let load_end = if holds_new { new_pos } else { end };
+        let turn = |rotary_dim: u32| {
+            Turn::<T>::new(
+                fresh.cos as *const T,
+                fresh.sin as *const T,
+                rotary_dim,
+                fresh.interleaved != 0,
+                fresh.max_position,
+                new_pos,
+            )
+        };
+
+        // Cache offset of token `pos` for this KV head, if its block id is valid.
+        let slot_of = |pos: u32| -> Option<usize> {
+            let (blk, off) = divmod(pos, p.block_size, p.block_magic, p.block_shift);
+            // No table: sequence `row` is block `row` (a BNSH cache).
+            let entry = if block_tables.is_null() {
+                row as i32
+            } else {
+                block_tables.add(row * p.max_blocks as usize + blk as usize).read()
+            };
+            if entry < 0 || entry as u32 >= p.num_blocks {
+                red_global_or_u32(status, STATUS_BAD_BLOCK);
+                return None;
+            }
+            Some(entry as usize * p.kv_block_stride as usize + off as usize * kv_row + h * p.kv_head_stride as usize)
+        };
+
+        // Queries of this row tile in the permuted order of `q_column`, zero past `rows`, a
+        // 16-byte unit (four column pairs) per thread at a time; rotated in a `fresh` launch.
+        let units = 4 * KJ;
+        let q_turn = turn(if fused { fresh.rotary_dim } else { 0 });
         let mut i = tid as usize;
-        while i < words {
-            let (r, w) = (i / (steps * 8), i % (steps * 8));
-            let (step, kk) = (w / 8, 2 * (w % 8));
-            let col = q_column(step, kk);
-            let mut v = 0u32;
-            if r < rows_here && col < D {
+        while i < M_TILE * units {
+            let (r, u) = (i / units, i % units);
+            let mut w = [0u32; 4];
+            if r < rows_here && 8 * u < D {
                 let rg = row0 + r;
                 let hq = h * p.group as usize + rem(rg, p.group);
-                let src = ((b * p.q_len as usize + div(rg, p.group)) * hq_total + hq) * D + col;
-                v = q.add(src).cast::<u32>().read();
+                let head = q.add((b * p.q_len as usize + div(rg, p.group)) * p.q_token_stride as usize + hq * D);
+                w = q_turn.unit(head, 8 * u);
             }
-            st_shared_u32(q_s.offset((r * q_row_bytes(D) + (step * 16 + kk) * 2) as u32), v);
+            unroll!(E in [0, 1, 2, 3] {
+                st_shared_u32(q_s.offset((r * q_row_bytes(D) + q_slot(8 * u + 2 * E) * 2) as u32), w[E]);
+            });
             i += THREADS as usize;
+        }
+        // The new token's key (rotated) and value, for the blocks whose partition holds it; the
+        // block of row tile 0 and column half 0 appends them to the cache.
+        if holds_new && (tid as usize) < 2 * (D / 8) {
+            let (which, u) = (tid as usize / (D / 8), tid as usize % (D / 8));
+            let (src, cache) = if which == 0 { (fresh.key, key_cache) } else { (fresh.value, value_cache) };
+            let head = (src as *const T).add(b * fresh.kv_batch_stride as usize + h * D);
+            let w = turn(if which == 0 { fresh.rotary_dim } else { 0 }).unit(head, 8 * u);
+            st_shared_v4(new_s.offset(((which * D + 8 * u) * 2) as u32), w);
+            if mt == 0
+                && split == 0
+                && let Some(slot) = slot_of(new_pos)
+            {
+                st_global_v4(cache.cast_mut().add(slot + 8 * u).cast(), w);
+            }
         }
         sync::sync_threads();
 
@@ -252,26 +336,11 @@ unsafe fn attention_partition<
         }
         let row_addr = q_s.offset(((lane % 8 + 8 * ((lane / 8) % 2)) * q_row_bytes(D) + 16 * (lane / 16)) as u32);
 
-        // Cache offset of token `pos` (< end) for this KV head, if its block id is valid.
-        let slot_of = |pos: u32| -> Option<usize> {
-            let (blk, off) = divmod(pos, p.block_size, p.block_magic, p.block_shift);
-            // No table: sequence `row` is block `row` (a BNSH cache).
-            let entry = if block_tables.is_null() {
-                row as i32
-            } else {
-                block_tables.add(row * p.max_blocks as usize + blk as usize).read()
-            };
-            if entry < 0 || entry as u32 >= p.num_blocks {
-                red_global_or_u32(status, STATUS_BAD_BLOCK);
-                return None;
-            }
-            Some(entry as usize * p.kv_block_stride as usize + off as usize * kv_row + h * p.kv_head_stride as usize)
-        };
         // With block sizes a multiple of 16 every step lies in one block: one table lookup per
         // step (`tile_slot`, the slot of its first token) instead of one per token.
         let one_block = p.block_size.is_multiple_of(TOKENS as u32) && start.is_multiple_of(TOKENS as u32);
         let token_slot = |tile_slot: Option<usize>, pos0: u32, c: usize| -> Option<usize> {
-            if pos0 + c as u32 >= end {
+            if pos0 + c as u32 >= load_end {
                 None
             } else if one_block {
                 tile_slot.map(|s| s + c * kv_row)
@@ -286,7 +355,7 @@ unsafe fn attention_partition<
                 unroll!(I in [0, 1, 2, 3] {
                     let c = 2 * qd + (I % 2) + 8 * (I / 2);
                     let slot = token_slot(tile_slot, pos0, c);
-                    *poisoned |= pos0 + (c as u32) < end && slot.is_none();
+                    *poisoned |= pos0 + (c as u32) < load_end && slot.is_none();
                     unroll!(J in [0, 1, 2, 3] {
                         if J < VJ && J >= from && J < to && 8 * J + g < out_chunks
                             && let Some(s) = slot
@@ -301,7 +370,7 @@ unsafe fn attention_partition<
             unroll!(NT in [0, 1] {
                 let c = 8 * NT + g;
                 let slot = token_slot(tile_slot, pos0, c);
-                *poisoned |= pos0 + (c as u32) < end && slot.is_none();
+                *poisoned |= pos0 + (c as u32) < load_end && slot.is_none();
                 unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
                     if J < KJ && 4 * J + qd < chunks
                         && let Some(s) = slot
@@ -309,6 +378,30 @@ unsafe fn attention_partition<
                         k[NT][J] = ld_global_nc_v4(key_cache.add(s + 8 * (4 * J + qd)).cast());
                     }
                 });
+            });
+        };
+        // The new token (step token `c`) from shared memory: its K chunks into the B fragments of
+        // the lanes of token `c`, its V chunks `from..to` into the lanes whose P columns hold it.
+        let new_k = |k: &mut [[[u32; 4]; KJ]; 2], c: usize| {
+            unroll!(NT in [0, 1] {
+                if 8 * NT + g == c {
+                    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        if J < KJ && 4 * J + qd < chunks {
+                            k[NT][J] = ld_shared_v4(new_s.offset(((4 * J + qd) * 16) as u32));
+                        }
+                    });
+                }
+            });
+        };
+        let new_v = |v: &mut [[[u32; 4]; VJ]; 4], c: usize, from: usize, to: usize| {
+            unroll!(I in [0, 1, 2, 3] {
+                if 2 * qd + (I % 2) + 8 * (I / 2) == c {
+                    unroll!(J in [0, 1, 2, 3] {
+                        if J < VJ && J >= from && J < to && 8 * J + g < out_chunks {
+                            v[I][J] = ld_shared_v4(new_s.offset(((D + d_base + 8 * (8 * J + g)) * 2) as u32));
+                        }
+                    });
+                }
             });
         };
         // Up to head size 128, V is loaded with K; at 256 V comes in halves after the scores,
@@ -334,6 +427,14 @@ unsafe fn attention_partition<
             load_k(&mut k, tile_slot, pos0, &mut poisoned);
             if EARLY_V {
                 load_v(&mut v, tile_slot, pos0, 0, VJ, &mut poisoned);
+            }
+            let new_c = new_pos.wrapping_sub(pos0) as usize;
+            let has_new = holds_new && new_c < TOKENS;
+            if has_new {
+                new_k(&mut k, new_c);
+                if EARLY_V {
+                    new_v(&mut v, new_c, 0, VJ);
+                }
             }
 
             // Scores: Q (16 x D) x K^T (D x 8) for each half of the step.
@@ -425,6 +526,9 @@ unsafe fn attention_partition<
                     let (from, to) = (VP * VJ / v_parts, (VP + 1) * VJ / v_parts);
                     if !EARLY_V {
                         load_v(&mut v, tile_slot, pos0, from, to, &mut poisoned);
+                        if has_new {
+                            new_v(&mut v, new_c, from, to);
+                        }
                     }
                     unroll!(J in [0, 1, 2, 3] {
                         if J < VJ && J >= from && J < to {
@@ -812,12 +916,12 @@ macro_rules! attention_entries {
         pub unsafe extern "ptx-kernel" fn $attn(
             q: *const $ty, key_cache: *const $ty, value_cache: *const $ty, block_tables: *const i32,
             context_lens: *const i32, seq_map: *const i32, alibi: *const f32, out: *mut $ty, partial: *mut f32,
-            arrivals: *mut u32, status: *mut u32, dims: Dims,
+            arrivals: *mut u32, status: *mut u32, dims: Dims, fresh: NewToken,
         ) {
             sync::wait_for_prerequisite_grids();
             sync::allow_dependent_launch();
             // SAFETY: forwarded launch contract.
-            unsafe { attention_partition::<$ty, $d, { split($d) }, { ($d as usize).div_ceil(32) }, { ($d as usize / split($d)).div_ceil(64) }, { $d <= 128 }>(q, key_cache, value_cache, block_tables, context_lens, seq_map, alibi, out, partial, arrivals, status, dims) }
+            unsafe { attention_partition::<$ty, $d, { split($d) }, { ($d as usize).div_ceil(32) }, { ($d as usize / split($d)).div_ceil(64) }, { $d <= 128 }>(q, key_cache, value_cache, block_tables, context_lens, seq_map, alibi, out, partial, arrivals, status, dims, fresh) }
         }
 
         /// Combine kernel; see the module docs for the launch contract.
