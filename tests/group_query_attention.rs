@@ -214,8 +214,10 @@ fn check(c: &Case, got: &(Vec<f16>, Vec<f16>, Vec<f16>), want: &(Vec<f64>, Vec<f
     }
 }
 
-fn cases() -> Vec<Case> {
-    let base = Case {
+/// One token of one sequence of 4 query heads of 64 over one KV head, nothing else: what the
+/// cases below vary.
+fn base_case() -> Case {
+    Case {
         batch: 1,
         seq: 1,
         heads: 4,
@@ -227,7 +229,11 @@ fn cases() -> Vec<Case> {
         interleaved: false,
         window: -1,
         softcap: 0.0,
-    };
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let base = base_case();
     vec![
         // A right-padded prompt, no past; head size 80, group 4.
         Case { batch: 2, seq: 7, heads: 8, kv_heads: 2, head: 80, lengths: vec![7, 3], ..base.clone() },
@@ -524,19 +530,7 @@ mod gpu_tests {
     #[ignore = "needs a CUDA device"]
     fn gpu_one_launch_decode_matches_two_launches_bit_for_bit() {
         let mut rng = Rng::new(29);
-        let base = Case {
-            batch: 1,
-            seq: 1,
-            heads: 4,
-            kv_heads: 1,
-            head: 64,
-            lengths: vec![1],
-            past: None,
-            rotary_dim: 0,
-            interleaved: false,
-            window: -1,
-            softcap: 0.0,
-        };
+        let base = base_case();
         let cases = [
             Case {
                 batch: 3,

@@ -40,7 +40,7 @@ use crate::kernel::{Attributes, InferArgs, KernelArgs, TensorSpec};
 use crate::ops::common::rotary::rotate_at;
 use crate::ops::common::{dims, fail, floats, head_count, round_to, store};
 use crate::ops::paged_attention::launch::{
-    BnshAttentionParams, DecodeLimits, NewToken, PagedAttentionPointers, paged_attention_bnsh_raw,
+    BnshAttentionParams, DecodeLimits, NewToken, PagedAttentionPlan, PagedAttentionPointers, paged_attention_bnsh_raw,
 };
 use crate::runtime::{Device, StreamScratch, copy_2d_async, stream_is_capturing};
 
@@ -697,6 +697,20 @@ fn compute_cuda(
         let status_words = decode_plan.map_or(0, |p| 1 + p.arrival_words);
         let partials_at = (4 * status_words).next_multiple_of(256);
         let decode_bytes = decode_plan.map_or(0, |p| partials_at + p.workspace_bytes);
+        // The decode kernel's pointers, with queries at `q_ptr` and its status word, counters
+        // and partial sums from `status` on.
+        let decode_ptrs = |q_ptr: u64, status: u64, plan: &PagedAttentionPlan| PagedAttentionPointers {
+            q: q_ptr,
+            key_cache: present_k.data_address(),
+            value_cache: present_v.data_address(),
+            block_tables: 0,
+            context_lens: seqlens,
+            alibi: 0,
+            out: out.data_address(),
+            workspace: if plan.workspace_bytes > 0 { status + partials_at as u64 } else { 0 },
+            arrivals: if status_words > 1 { status + 4 } else { 0 },
+            status,
+        };
         if let (true, Some(params), Some(plan)) = (one_launch, &decode, decode_plan) {
             // One launch: the kernel leaves the counters zero, so the stream's kept workspace
             // serves every call on it without clearing.
@@ -711,19 +725,7 @@ fn compute_cuda(
                 interleaved: o.interleaved as u32,
                 max_position: if s.rotary_dim == 0 { u32::MAX } else { s.max_position.min(u32::MAX as usize) as u32 },
             };
-            let ptrs = PagedAttentionPointers {
-                q: q.data_address(),
-                key_cache: present_k.data_address(),
-                value_cache: present_v.data_address(),
-                block_tables: 0,
-                context_lens: seqlens,
-                alibi: 0,
-                out: out.data_address(),
-                workspace: if plan.workspace_bytes > 0 { ws + partials_at as u64 } else { 0 },
-                arrivals: if status_words > 1 { ws + 4 } else { 0 },
-                status: ws,
-            };
-            paged_attention_bnsh_raw(&device, stream, params, plan, &ptrs, &fresh)?;
+            paged_attention_bnsh_raw(&device, stream, params, plan, &decode_ptrs(q.data_address(), ws, &plan), &fresh)?;
             return Ok(());
         }
         let q_bytes = if dense_q { (s.batch * s.seq * h * d * size).next_multiple_of(256) } else { 0 };
@@ -753,18 +755,7 @@ fn compute_cuda(
         rotary_jobs_raw(&device, stream, &jobs, (status.unwrap_or(0), status_words))?;
         let tensors = [q_ptr, present_k.data_address(), present_v.data_address(), out.data_address(), seqlens];
         if let (Some(params), Some(plan), Some(status)) = (&decode, decode_plan, status) {
-            let ptrs = PagedAttentionPointers {
-                q: q_ptr,
-                key_cache: present_k.data_address(),
-                value_cache: present_v.data_address(),
-                block_tables: 0,
-                context_lens: seqlens,
-                alibi: 0,
-                out: out.data_address(),
-                workspace: if plan.workspace_bytes > 0 { status + partials_at as u64 } else { 0 },
-                arrivals: if status_words > 1 { status + 4 } else { 0 },
-                status,
-            };
+            let ptrs = decode_ptrs(q_ptr, status, &plan);
             paged_attention_bnsh_raw(&device, stream, params, plan, &ptrs, &NewToken::default())?;
             drop(workspace);
             return Ok(());
