@@ -255,6 +255,35 @@ fn validation_rejects_bad_shapes() {
     assert!(plan_err(PagedAttentionParams { max_context_len: 0, ..ok }).contains("max_context_len = 0"));
 }
 
+/// A BNSH plan (GroupQueryAttention's) reads queries at the given token stride: the leading
+/// heads of a packed QKV row, or dense; a stride that is not a multiple of 8 (16-byte loads) or
+/// below the query heads' width is refused.
+#[test]
+fn bnsh_plan_takes_a_query_token_stride() {
+    let dense = 32 * 128;
+    let bnsh = |q_token_stride: usize| BnshAttentionParams {
+        dtype: DType::F16,
+        batch: 2,
+        q_len: 1,
+        num_q_heads: 32,
+        num_kv_heads: 8,
+        head_size: 128,
+        capacity: 4096,
+        max_keys: 4096,
+        scale: 0.088,
+        softcap: 0.0,
+        window: 0,
+        q_token_stride,
+    };
+    for stride in [dense, (32 + 2 * 8) * 128] {
+        bnsh(stride).plan(H100).unwrap();
+    }
+    for bad in [dense - 8, dense + 4, 0] {
+        let e = bnsh(bad).plan(H100).unwrap_err().to_string();
+        assert!(e.contains(&format!("query token stride {bad}")), "{e}");
+    }
+}
+
 /// The kernel's multiply-high division (`divmod` in the device code) with the launcher's
 /// constants, for every block size up to 4096, powers of two and large divisors.
 #[test]
@@ -1016,6 +1045,66 @@ fn gpu_op_refuses_a_cuda_graph_capture_clearly() {
     let e = run_gpu_op_capturing::<f16>(case, &case.attrs(), true).unwrap_err().to_string();
     assert!(e.contains("cannot be captured into a CUDA graph") && e.contains("status"), "{e}");
     check_gpu_op(case);
+}
+
+/// A BNSH launch with a new token (GroupQueryAttention's one-launch decode) refuses, before it
+/// launches anything, what the kernel cannot take: several query tokens, unaligned new rows, a
+/// row stride that is not a multiple of 8, a rotary dimension that does not split into 8-element
+/// units, unaligned angle caches.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_bnsh_new_token_refuses_what_the_kernel_cannot_take() {
+    let (device, stream) = gpu();
+    let p = BnshAttentionParams {
+        dtype: DType::F16,
+        batch: 1,
+        q_len: 1,
+        num_q_heads: 8,
+        num_kv_heads: 2,
+        head_size: 64,
+        capacity: 64,
+        max_keys: 64,
+        scale: 0.125,
+        softcap: 0.0,
+        window: 0,
+        q_token_stride: 12 * 64,
+    };
+    let plan = |p: &BnshAttentionParams| p.plan(DecodeLimits::of(&device, p.dtype, p.head_size).unwrap()).unwrap();
+    // Addresses are never dereferenced: every call below is refused first.
+    let ptrs = PagedAttentionPointers {
+        q: 0x10000,
+        key_cache: 0x20000,
+        value_cache: 0x30000,
+        block_tables: 0,
+        context_lens: 0x40000,
+        alibi: 0,
+        out: 0x50000,
+        workspace: 0x60000,
+        arrivals: 0x70000,
+        status: 0x80000,
+    };
+    let fresh = NewToken {
+        key: 0x10000 + 8 * 64 * 2,
+        value: 0x10000 + 10 * 64 * 2,
+        cos: 0x90000,
+        sin: 0xA0000,
+        kv_batch_stride: 12 * 64,
+        rotary_dim: 64,
+        interleaved: 0,
+        max_position: 64,
+    };
+    let refused = |p: &BnshAttentionParams, fresh: NewToken| -> String {
+        // SAFETY: refused before any launch (the test's claim), so no address is read.
+        unsafe { paged_attention_bnsh_raw(&device, stream.cu_stream(), p, plan(p), &ptrs, &fresh) }
+            .unwrap_err()
+            .to_string()
+    };
+    let two = BnshAttentionParams { q_len: 2, ..p };
+    assert!(refused(&two, fresh).contains("one query token per sequence, not 2"));
+    assert!(refused(&p, NewToken { key: fresh.key + 2, ..fresh }).contains("new key"));
+    assert!(refused(&p, NewToken { kv_batch_stride: 12 * 64 + 4, ..fresh }).contains("new-token row stride"));
+    assert!(refused(&p, NewToken { rotary_dim: 20, ..fresh }).contains("8-element units"));
+    assert!(refused(&p, NewToken { cos: fresh.cos + 8, ..fresh }).contains("cos_cache"));
 }
 
 #[test]
