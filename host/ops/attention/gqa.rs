@@ -655,12 +655,24 @@ fn compute_cuda(
         q_token_stride: row,
     };
     let decode = (s.seq == 1 && decode.supported()).then_some(decode);
-    // SAFETY: `stream` is ORT's (or the registry caller's) stream of this device.
-    let one_launch = decode.is_some()
+    // The new token as the one-launch decode takes it from the inputs.
+    let fresh = NewToken {
+        key: k_src,
+        value: v_src,
+        cos,
+        sin,
+        kv_batch_stride: kv_strides.batch as u32,
+        rotary_dim: s.rotary_dim as u32,
+        interleaved: o.interleaved as u32,
+        max_position: if s.rotary_dim == 0 { u32::MAX } else { s.max_position.min(u32::MAX as usize) as u32 },
+    };
+    // One launch where the kernel takes these inputs as they are (else the rotary launch makes
+    // them what the decode kernel reads).
+    let one_launch = decode.is_some_and(|p| p.check_new_token(&fresh).is_ok())
+        && q.data_address().is_multiple_of(16)
         && !TWO_LAUNCH_DECODE.with(|c| c.get())
-        && !unsafe { stream_is_capturing(&device, stream)? }
-        && [q.data_address(), k_src, v_src].iter().all(|a| a.is_multiple_of(16))
-        && (s.rotary_dim == 0 || [cos, sin].iter().all(|a| a.is_multiple_of(16)));
+        // SAFETY: `stream` is ORT's (or the registry caller's) stream of this device.
+        && !unsafe { stream_is_capturing(&device, stream)? };
     // The kernels read queries with a row stride, so only the two-launch path's rotated ones
     // need the workspace's dense copy.
     let dense_q = !one_launch && s.rotary_dim > 0;
@@ -715,16 +727,6 @@ fn compute_cuda(
             // One launch: the kernel leaves the counters zero, so the stream's kept workspace
             // serves every call on it without clearing.
             let ws = device.stream_workspace(stream, decode_bytes)?;
-            let fresh = NewToken {
-                key: k_src,
-                value: v_src,
-                cos,
-                sin,
-                kv_batch_stride: kv_strides.batch as u32,
-                rotary_dim: s.rotary_dim as u32,
-                interleaved: o.interleaved as u32,
-                max_position: if s.rotary_dim == 0 { u32::MAX } else { s.max_position.min(u32::MAX as usize) as u32 },
-            };
             paged_attention_bnsh_raw(&device, stream, params, plan, &decode_ptrs(q.data_address(), ws, &plan), &fresh)?;
             return Ok(());
         }

@@ -419,41 +419,47 @@ pub unsafe fn paged_attention_bnsh_raw(
     fresh: &NewToken,
 ) -> Result<PagedAttentionPlan> {
     if fresh.key != 0 {
-        check_new_token(params, fresh)?;
+        params.check_new_token(fresh)?;
     }
     let ptrs = PagedAttentionPointers { block_tables: 0, ..*ptrs };
     // SAFETY: forwarded; a null block table makes the kernels read sequence b's block b.
     unsafe { launch_plan(device, stream, &params.paged(), plan, &ptrs, fresh) }
 }
 
-/// What the kernel needs of a [`NewToken`] launch: one query token, 16-byte aligned heads and
-/// rows, whole 8-element rotary units, angle rows aligned for their loads.
-fn check_new_token(p: &BnshAttentionParams, fresh: &NewToken) -> Result<()> {
-    let bad = |m: String| Err(Error::invalid(KERNEL, m));
-    if p.q_len != 1 {
-        return bad(format!("a new-token launch takes one query token per sequence, not {}", p.q_len));
-    }
-    for (name, ptr) in [("new key", fresh.key), ("new value", fresh.value)] {
-        check_pointer(KERNEL, name, ptr, 16)?;
-    }
-    let stride = fresh.kv_batch_stride as usize;
-    if !stride.is_multiple_of(8) || stride < p.num_kv_heads * p.head_size {
-        return bad(format!("new-token row stride {stride} (a multiple of 8, at least kv_heads x head size)"));
-    }
-    let rotary = fresh.rotary_dim;
-    let interleaved = fresh.interleaved != 0;
-    if rotary > 0 {
-        if crate::ops::attention::layout::rotary_vector_units(p.head_size as u32, rotary, interleaved, 8).is_none() {
-            return bad(format!(
-                "rotary dimension {rotary} of head size {} does not split into 8-element units",
-                p.head_size
-            ));
+impl BnshAttentionParams {
+    /// Whether the kernel takes `fresh` with these params (what [`paged_attention_bnsh_raw`]
+    /// checks first): one query token, 16-byte aligned new rows and row stride, whole 8-element
+    /// rotary units, angle rows aligned for their loads. A caller with another path can ask
+    /// before it launches.
+    pub fn check_new_token(&self, fresh: &NewToken) -> Result<()> {
+        let p = self;
+        let bad = |m: String| Err(Error::invalid(KERNEL, m));
+        if p.q_len != 1 {
+            return bad(format!("a new-token launch takes one query token per sequence, not {}", p.q_len));
         }
-        for (name, ptr) in [("cos_cache", fresh.cos), ("sin_cache", fresh.sin)] {
-            check_pointer(KERNEL, name, ptr, if interleaved { 8 } else { 16 })?;
+        for (name, ptr) in [("new key", fresh.key), ("new value", fresh.value)] {
+            check_pointer(KERNEL, name, ptr, 16)?;
         }
+        let stride = fresh.kv_batch_stride as usize;
+        if !stride.is_multiple_of(8) || stride < p.num_kv_heads * p.head_size {
+            return bad(format!("new-token row stride {stride} (a multiple of 8, at least kv_heads x head size)"));
+        }
+        let rotary = fresh.rotary_dim;
+        let interleaved = fresh.interleaved != 0;
+        if rotary > 0 {
+            if crate::ops::attention::layout::rotary_vector_units(p.head_size as u32, rotary, interleaved, 8).is_none()
+            {
+                return bad(format!(
+                    "rotary dimension {rotary} of head size {} does not split into 8-element units",
+                    p.head_size
+                ));
+            }
+            for (name, ptr) in [("cos_cache", fresh.cos), ("sin_cache", fresh.sin)] {
+                check_pointer(KERNEL, name, ptr, if interleaved { 8 } else { 16 })?;
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Launches a validated plan (block table checked by the caller, or null for a BNSH cache).

@@ -110,7 +110,7 @@ pub struct NewToken {
     /// 1: pairs `(2p, 2p + 1)`; 0: pairs `(p, p + rotary_dim / 2)`.
     pub interleaved: u32,
     /// Positions the `cos`/`sin` caches hold; a position past them writes NaN over the token's
-    /// query, key and value (as the rotary launch does).
+    /// query and key (as the rotary launch does; the value is copied whatever its position).
     pub max_position: u32,
 }
 
