@@ -11,7 +11,8 @@
 //! N = K = 4096 (block 32 symmetric, weights constant at the site: the repacked path the ORT op
 //! runs), and RMSNorm of 16 x 4096; through `dlkern_call` (the C ABI, as a C caller makes it):
 //! RMSNorm, the same W4 GEMV (no call site there, so over the weights as given), the W8A8 GEMV
-//! at M = 1 and GroupQueryAttention decoding one token at 4k context; and, as the floor
+//! at M = 1 and GroupQueryAttention decoding one token at 4k context, with that call's pieces
+//! below the op (plan, capture query, kept workspace, the launcher alone); and, as the floor
 //! under all of them, the same kernel launched on the driver alone (`cuLaunchKernel`, and
 //! `cuLaunchKernelEx` with programmatic serialization).
 
@@ -26,9 +27,12 @@ use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
 use dlkern::kernel::{AttrValue, Attributes, CallSite};
 use dlkern::ops::matmul_nbits::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_with};
 use dlkern::ops::matmul_nbits::plan::{MatMulNBitsParams, Variant, ZeroPointKind};
+use dlkern::ops::paged_attention::launch::{
+    BnshAttentionParams, DecodeLimits, NewToken, PagedAttentionPointers, paged_attention_bnsh_raw,
+};
 use dlkern::ops::rmsnorm::launch::{RmsNormParams, rmsnorm_raw};
 use dlkern::registry::CAttr;
-use dlkern::runtime::{Device, StreamScratch};
+use dlkern::runtime::{Device, StreamScratch, stream_is_capturing};
 use dlkern::{DType, registry};
 use half::f16;
 
@@ -445,6 +449,7 @@ fn benches(c: &mut Criterion) {
     // QKV, rotary, the builder's node) over shared past/present caches, through the C ABI: one
     // launch (the default) and two (the rotary launch first, the CUDA-graph capture path).
     gqa_decode_rows(&mut group, s, 1, 4096, Timing::Host);
+    gqa_launcher_rows(&mut group, device, s, 4096);
     for (batch, context) in [(1, 8192), (16, 4096), (64, 4096)] {
         gqa_decode_rows(&mut group, s, batch, context, Timing::Synchronized);
     }
@@ -541,6 +546,112 @@ fn gqa_decode_rows(
             run(group, &mut tensors);
         }
     }
+}
+
+/// The pieces of a one-launch GroupQueryAttention decode call below the op (B1, 32 / 8 heads of
+/// 128, packed QKV with rotary, `context` keys): the decode plan (`DecodeLimits::of` and
+/// `BnshAttentionParams::plan`), the capture query, the stream's kept workspace, and the launcher
+/// on prepared arguments (its checks and one launch); `dlkern_call`'s row minus these is the C
+/// ABI's and the op's own share.
+fn gqa_launcher_rows(
+    group: &mut BenchmarkGroup<WallTime>,
+    device: &Device,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    context: usize,
+) {
+    let (heads, kv_heads, head) = (32usize, 8usize, 128usize);
+    let qkv = (heads + 2 * kv_heads) * head;
+    let raw_stream = s.cu_stream();
+    let query = s.clone_htod(&vec![f16::from_f32(0.1); qkv]).expect("alloc");
+    let key_cache = s.clone_htod(&vec![f16::from_f32(0.1); kv_heads * context * head]).expect("alloc");
+    let value_cache = s.clone_htod(&vec![f16::from_f32(0.1); kv_heads * context * head]).expect("alloc");
+    let seqlens_k = s.clone_htod(&[context as i32 - 1]).expect("alloc");
+    let cos = s.clone_htod(&vec![f16::ONE; context * head / 2]).expect("alloc");
+    let sin = s.alloc_zeros::<f16>(context * head / 2).expect("alloc");
+    let mut out = s.alloc_zeros::<f16>(heads * head).expect("alloc");
+    let params = BnshAttentionParams {
+        dtype: DType::F16,
+        batch: 1,
+        q_len: 1,
+        num_q_heads: heads,
+        num_kv_heads: kv_heads,
+        head_size: head,
+        capacity: context,
+        max_keys: context,
+        scale: 1.0 / (head as f32).sqrt(),
+        softcap: 0.0,
+        window: 0,
+        q_token_stride: qkv,
+    };
+    let plan_it = || params.plan(DecodeLimits::of(device, DType::F16, head).expect("limits")).expect("plan");
+    let plan = plan_it();
+    group.bench_function(row("GQA decode plan (DecodeLimits::of + BnshAttentionParams::plan)"), |b| {
+        b.iter_custom(|iters| {
+            host_time(s, iters, || {
+                std::hint::black_box(plan_it());
+            })
+        })
+    });
+    group.bench_function(row("stream_is_capturing"), |b| {
+        b.iter_custom(|iters| {
+            // SAFETY: the bench stream, alive for the whole bench.
+            host_time(s, iters, || drop(std::hint::black_box(unsafe { stream_is_capturing(device, raw_stream) })))
+        })
+    });
+    let partials_at = (4 * (1 + plan.arrival_words)).next_multiple_of(256);
+    let bytes = partials_at + plan.workspace_bytes;
+    // SAFETY: the bench stream; only the decode launches below use the memory, each leaving its
+    // counters zero.
+    let workspace = || unsafe { device.stream_workspace(raw_stream, bytes) }.expect("workspace");
+    let status = workspace();
+    group.bench_function(row("Device::stream_workspace (kept)"), |b| {
+        b.iter_custom(|iters| {
+            host_time(s, iters, || {
+                std::hint::black_box(workspace());
+            })
+        })
+    });
+    let (qp, _q) = query.device_ptr(s);
+    let (kp, _k) = key_cache.device_ptr(s);
+    let (vp, _v) = value_cache.device_ptr(s);
+    let (lp, _l) = seqlens_k.device_ptr(s);
+    let (cp, _c) = cos.device_ptr(s);
+    let (sp, _s) = sin.device_ptr(s);
+    let (op, _o) = out.device_ptr_mut(s);
+    let ptrs = PagedAttentionPointers {
+        q: qp,
+        key_cache: kp,
+        value_cache: vp,
+        block_tables: 0,
+        context_lens: lp,
+        alibi: 0,
+        out: op,
+        workspace: if plan.workspace_bytes > 0 { status + partials_at as u64 } else { 0 },
+        arrivals: if plan.arrival_words > 0 { status + 4 } else { 0 },
+        status,
+    };
+    let element = std::mem::size_of::<f16>() as u64;
+    let fresh = NewToken {
+        key: qp + (heads * head) as u64 * element,
+        value: qp + ((heads + kv_heads) * head) as u64 * element,
+        cos: cp,
+        sin: sp,
+        kv_batch_stride: qkv as u32,
+        rotary_dim: head as u32,
+        interleaved: 0,
+        max_position: context as u32,
+    };
+    // SAFETY: buffers of the shapes the params describe (one sequence whose last position is
+    // `context - 1`, angles for `context` positions), the plan's workspace from the stream's
+    // kept buffer, the bench stream.
+    let mut launch = || {
+        unsafe { paged_attention_bnsh_raw(device, raw_stream, &params, plan, &ptrs, &fresh) }.expect("launch");
+    };
+    launch();
+    s.synchronize().expect("synchronize");
+    group.bench_function(row("paged_attention_bnsh_raw GQA decode one launch B1 32/8x128 ctx4096"), |b| {
+        b.iter_custom(|iters| host_time(s, iters, &mut launch))
+    });
 }
 
 criterion_group!(host_cost, benches);
