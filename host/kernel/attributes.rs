@@ -36,6 +36,11 @@ impl Attributes {
         Self::default()
     }
 
+    /// Room for `n` attributes without growing (a converted C list's length).
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Attributes { items: Vec::with_capacity(n) }
+    }
+
     /// Adds (or replaces) an attribute; builder style.
     pub fn with(mut self, name: impl Into<String>, value: AttrValue) -> Self {
         self.set(name, value);

@@ -16,7 +16,7 @@ impl Attributes {
         if count < 0 || (count > 0 && attrs.is_null()) {
             return Err(bad(format!("{count} attributes at {attrs:?}")));
         }
-        let mut out = Attributes::new();
+        let mut out = Attributes::with_capacity(count as usize);
         for i in 0..count as usize {
             // SAFETY: the caller guarantees count valid elements.
             let a = unsafe { &*attrs.add(i) };

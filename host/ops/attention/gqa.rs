@@ -305,13 +305,20 @@ fn shape(name: &str, o: &Options, inputs: &[Option<&TensorView>], total: Option<
 }
 
 fn output_specs(o: &Options, s: &Shape, dtype: DType, num_outputs: usize) -> Vec<TensorSpec> {
-    let mut specs =
-        vec![TensorSpec { dtype, shape: vec![s.batch as i64, s.seq as i64, (o.heads * s.head_size) as i64] }];
-    let cache = vec![s.batch as i64, o.kv_heads as i64, s.present_len as i64, s.head_size as i64];
+    let (out, cache) = output_shapes(o, s);
+    let mut specs = vec![TensorSpec { dtype, shape: out.to_vec() }];
     for _ in 1..num_outputs.min(3) {
-        specs.push(TensorSpec { dtype, shape: cache.clone() });
+        specs.push(TensorSpec { dtype, shape: cache.to_vec() });
     }
     specs
+}
+
+/// The output's shape and the present caches'.
+fn output_shapes(o: &Options, s: &Shape) -> ([i64; 3], [i64; 4]) {
+    (
+        [s.batch as i64, s.seq as i64, (o.heads * s.head_size) as i64],
+        [s.batch as i64, o.kv_heads as i64, s.present_len as i64, s.head_size as i64],
+    )
 }
 
 /// `total_sequence_length`'s value when its data is readable here (host memory).
@@ -337,8 +344,8 @@ fn total_of(name: &str, t: &TensorView) -> Result<Option<usize>> {
 pub(super) fn infer(args: &InferArgs) -> Result<Vec<TensorSpec>> {
     let name = args.function_name;
     let o = options(name, args.attrs)?;
-    let inputs: Vec<Option<&TensorView>> =
-        (0..=SIN_CACHE).map(|i| args.inputs.get(i).filter(|t| !t.is_empty())).collect();
+    let inputs: [Option<&TensorView>; SIN_CACHE + 1] =
+        std::array::from_fn(|i| args.inputs.get(i).filter(|t| !t.is_empty()));
     let total = match inputs[TOTAL_SEQUENCE_LENGTH] {
         Some(t) => total_of(name, t)?,
         None => return Err(fail(name, "missing input total_sequence_length".into())),
@@ -352,12 +359,11 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
     let name = args.function_name;
     args.expect_count_ranges(7..=16, 1..=4)?;
     let o = options(name, args.attrs)?;
-    let mut inputs = Vec::with_capacity(16);
+    let mut inputs: [Option<TensorView>; 16] = [None; 16];
     for (i, name) in INPUT_NAMES.iter().enumerate().take(args.num_inputs()) {
         let t = args.input(i, name)?;
-        inputs.push(if t.is_empty() { None } else { Some(t) });
+        inputs[i] = if t.is_empty() { None } else { Some(t) };
     }
-    inputs.resize(16, None);
     for &(i, what) in REFUSED_INPUTS {
         if inputs[i].is_some() {
             return Err(fail(name, format!("input {what} is not supported by dlkern")));
@@ -369,7 +375,7 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
     if args.num_outputs() < 3 {
         return Err(fail(name, "dlkern needs the present_key and present_value outputs".into()));
     }
-    let refs: Vec<Option<&TensorView>> = inputs.iter().map(|t| t.as_ref()).collect();
+    let refs = inputs.each_ref().map(Option::as_ref);
     let seqlens = refs[SEQLENS_K].ok_or_else(|| fail(name, "missing input seqlens_k".into()))?;
     let total_t =
         refs[TOTAL_SEQUENCE_LENGTH].ok_or_else(|| fail(name, "missing input total_sequence_length".into()))?;
@@ -382,10 +388,10 @@ pub(super) fn compute(args: &KernelArgs) -> Result<()> {
     let out = args.output(0, "output")?;
     let present_k = args.output(1, "present_key")?;
     let present_v = args.output(2, "present_value")?;
-    let specs = output_specs(&o, &s, dtype, 3);
-    for (t, spec) in [&out, &present_k, &present_v].into_iter().zip(&specs) {
+    let (out_shape, cache_shape) = output_shapes(&o, &s);
+    for (t, shape) in [(&out, &out_shape[..]), (&present_k, &cache_shape), (&present_v, &cache_shape)] {
         t.expect_dtype(&[dtype])?;
-        t.expect_shape(&spec.shape)?;
+        t.expect_shape(shape)?;
     }
     let floats_in = [KEY, VALUE, PAST_KEY, PAST_VALUE, COS_CACHE, SIN_CACHE].iter().filter_map(|&i| refs[i]);
     for t in floats_in.clone().chain([&out, &present_k, &present_v]) {
