@@ -40,12 +40,43 @@ def merge(old, new, note):
     return merged
 
 
+def _without(old, new):
+    """`old` less the rows `new` measured again (keys as in `merge`)."""
+    pruned = dict(old)
+    for field, key in (("criterion", lambda r: r["id"]), ("meta", lambda r: r["id"]),
+                       ("comparison", lambda r: (r["family"], r["implementation"], r["shape"], r["dtype"]))):
+        fresh = {key(r) for r in new.get(field) or []}
+        pruned[field] = [r for r in old.get(field) or [] if key(r) not in fresh]
+    ops = {(r["op"], r.get("kind")) for r in new.get("ort_comparison") or []}
+    pruned["ort_comparison"] = [r for r in old.get("ort_comparison") or [] if (r["op"], r.get("kind")) not in ops]
+    if new.get("e2e"):
+        pruned["e2e"] = {}
+    return pruned
+
+
+def _has_rows(results):
+    return any(results.get(f) for f in ("criterion", "comparison", "ort_comparison", "e2e"))
+
+
 def add_supplement(old, new, note):
-    """`old` with `new` (a partial run on another GPU) kept beside it whole, rendered at the end
-    of the report under its own header; an earlier supplement from the same GPU and date goes."""
+    """`old` with `new` (a partial run on another GPU) kept beside it, rendered at the end of the
+    report under its own header. A supplement from the same GPU and date takes `new`'s rows in
+    place of the ones it repeats (as `merge` does); earlier ones from the same GPU lose the rows
+    `new` measured again, and go when none are left."""
     merged = dict(old)
-    kept = [s for s in old.get("supplements", []) if (s["gpu"], s["date"]) != (new["gpu"], new["date"])]
-    merged["supplements"] = kept + [dict(new, note=note)]
+    kept, same_day = [], None
+    for s in old.get("supplements", []):
+        if s["gpu"] != new["gpu"]:
+            kept.append(s)
+        elif s["date"] == new["date"]:
+            same_day = s
+        elif _has_rows(pruned := _without(s, new)):
+            kept.append(pruned)
+    if same_day is None:
+        supplement = dict(new, note=note)
+    else:
+        supplement = dict(merge(same_day, new, note), note=f"{same_day['note']}; {note}")
+    merged["supplements"] = kept + [supplement]
     return merged
 
 

@@ -149,14 +149,43 @@ def test_a_run_on_another_gpu_is_kept_whole_under_its_own_header():
             "ort_comparison": [{"op": "MatMulNBits", "case": "M 1", "nodes": 17, "kind": "host", "ort_run_us": 30.0,
                                 "ort_host_us": 3.5, "dlkern_run_us": 31.0, "dlkern_host_us": 4.5}]}
     merged = merge_results.add_supplement(base, part, "host cost")
-    merged = merge_results.add_supplement(merged, dict(part, command="again"), "host cost")
+    # The same GPU and day again: its rows take the repeated ones' places, the others stay.
+    again = dict(part, command="again", criterion=[{"id": "host_cost/call x", "median_ns": 3210.0},
+                                                   {"id": "host_cost/call y", "median_ns": 1.0}], ort_comparison=[])
+    merged = merge_results.add_supplement(merged, again, "more host cost")
     assert merged["date"] == "d1" and merged["ort_comparison"] == base["ort_comparison"]
-    assert [s["command"] for s in merged["supplements"]] == ["again"]
+    [supplement] = merged["supplements"]
+    assert supplement["command"] == "part; then on d2 (more host cost): again"
+    assert supplement["note"] == "host cost; more host cost"
+    assert [r["id"] for r in supplement["criterion"]] == ["host_cost/call x", "host_cost/call y"]
+    assert len(supplement["ort_comparison"]) == 1
     text = bench_report.render(merged)
     head, tail = text.split("## Later partial run: d2, H100")
-    assert "- later partial run: d2 on H100 (host cost), at the end" in head and "M 1 main" in head
+    assert "- later partial run: d2 on H100 (host cost; more host cost), at the end" in head and "M 1 main" in head
     assert "### Host time per call" in tail and "| call x | 3.21 us |" in tail
     assert "### Host time per ORT node" in tail and "| 3.50 us | 4.50 us |" in tail and "M 1 main" not in tail
+
+
+def test_a_later_supplement_from_the_same_gpu_supersedes_the_rows_it_measured_again():
+    import merge_results
+
+    base = {"date": "d1", "gpu": "H200", "driver": "1", "torch": "t", "command": "full", "criterion": [], "meta": [],
+            "comparison": []}
+    row = lambda i: {"id": i, "median_ns": 1.0}
+    day1 = {"date": "d1", "gpu": "H100", "driver": "2", "torch": "t", "command": "one", "e2e": {"rows": 1},
+            "criterion": [row("host_cost/a"), row("attention/b")], "meta": [], "comparison": [],
+            "ort_comparison": [{"op": "MatMulNBits", "case": "M 1", "kind": "host"}]}
+    day2 = {"date": "d2", "gpu": "H100", "driver": "2", "torch": "t", "command": "two", "e2e": {},
+            "criterion": [row("host_cost/a")], "meta": [], "comparison": [],
+            "ort_comparison": [{"op": "MatMulNBits", "case": "M 1", "kind": "host"}]}
+    merged = merge_results.add_supplement(merge_results.add_supplement(base, day1, "first"), day2, "second")
+    first, second = merged["supplements"]
+    assert [r["id"] for r in first["criterion"]] == ["attention/b"] and first["ort_comparison"] == []
+    assert first["e2e"] == {"rows": 1} and second["command"] == "two"
+    # A supplement left with nothing goes.
+    day3 = dict(day2, date="d3", criterion=[row("attention/b")], e2e={"rows": 2})
+    merged = merge_results.add_supplement(merged, day3, "third")
+    assert [s["date"] for s in merged["supplements"]] == ["d2", "d3"]
 
 
 def test_a_supplement_renders_its_family_tables_against_its_own_ceilings():
