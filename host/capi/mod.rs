@@ -308,18 +308,32 @@ unsafe fn call_through(
 ) -> Result<i32, Error> {
     // SAFETY: the caller's contract for every argument.
     unsafe {
-        let name = name_arg(name, "name")?;
+        let name = crate::registry::c_str(name).ok_or_else(|| invalid("name is null or not UTF-8"))?;
         if num_inputs < 0 || num_outputs < 0 {
             return Err(invalid(format!("negative tensor count ({num_inputs} inputs, {num_outputs} outputs)")));
         }
         let tensors = tensor_slice_mut(tensors, num_inputs.saturating_add(num_outputs), "tensors")?;
-        let attrs = Attributes::from_c(attrs, num_attrs)?;
-        match site {
-            Some(site) => registry::call_at(&name, tensors, num_inputs as usize, stream, &attrs, site),
-            None => registry::call(&name, tensors, num_inputs as usize, stream, &attrs),
-        }
-        .map(|()| OK)
+        let mut call = |attrs: &Attributes| match site {
+            Some(site) => registry::call_at(name, tensors, num_inputs as usize, stream, attrs, site),
+            None => registry::call(name, tensors, num_inputs as usize, stream, attrs),
+        };
+        // The thread's list, refilled in place (no allocation when a caller passes the same
+        // attributes again); a fresh one where a kernel calls back into dlkern_call.
+        CALL_ATTRS
+            .with(|kept| match kept.try_borrow_mut() {
+                Ok(mut kept) => {
+                    kept.refill_from_c(attrs, num_attrs)?;
+                    call(&kept)
+                }
+                Err(_) => call(&Attributes::from_c(attrs, num_attrs)?),
+            })
+            .map(|()| OK)
     }
+}
+
+thread_local! {
+    /// The attributes of this thread's current `dlkern_call`, kept between calls.
+    static CALL_ATTRS: std::cell::RefCell<Attributes> = std::cell::RefCell::new(Attributes::new());
 }
 
 /// `int32_t dlkern_infer(name, inputs, num_inputs, outputs, num_outputs, attrs, num_attrs)`:

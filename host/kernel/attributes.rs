@@ -56,6 +56,32 @@ impl Attributes {
         }
     }
 
+    /// [`set`](Self::set) into a list being refilled whose first `filled` items are this fill's
+    /// so far: an earlier one of the same name takes the value; otherwise item `filled` takes
+    /// the name (reusing its buffer) and the value. Returns the new count of filled items.
+    pub(crate) fn refill_at(&mut self, filled: usize, name: &str, value: AttrValue) -> usize {
+        if let Some(slot) = self.items[..filled].iter_mut().find(|(n, _)| n == name) {
+            slot.1 = value;
+            return filled;
+        }
+        match self.items.get_mut(filled) {
+            Some(item) => {
+                if item.0 != name {
+                    item.0.clear();
+                    item.0.push_str(name);
+                }
+                item.1 = value;
+            }
+            None => self.items.push((name.to_owned(), value)),
+        }
+        filled + 1
+    }
+
+    /// Keeps the first `len` attributes.
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.items.truncate(len);
+    }
+
     pub fn get(&self, name: &str) -> Option<&AttrValue> {
         self.items.iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }

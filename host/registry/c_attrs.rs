@@ -12,16 +12,29 @@ impl Attributes {
     /// `attrs` must be null (with `count` 0) or point to `count` valid `dlkern_attr`s whose
     /// strings are NUL-terminated and whose arrays hold `count` elements.
     pub unsafe fn from_c(attrs: *const CAttr, count: i32) -> Result<Self> {
+        let mut out = Attributes::with_capacity(count.max(0) as usize);
+        // SAFETY: forwarded contract.
+        unsafe { out.refill_from_c(attrs, count)? };
+        Ok(out)
+    }
+
+    /// As [`from_c`](Self::from_c), into `self`, whose names' buffers it reuses: a caller that
+    /// passes the same attributes call after call (the C ABI's per-thread list) allocates
+    /// nothing for them. On an error `self` holds an unspecified list.
+    ///
+    /// # Safety
+    /// As [`from_c`](Self::from_c).
+    pub(crate) unsafe fn refill_from_c(&mut self, attrs: *const CAttr, count: i32) -> Result<()> {
         let bad = |message: String| Error::InvalidArgument { kernel: "attributes", message };
         if count < 0 || (count > 0 && attrs.is_null()) {
             return Err(bad(format!("{count} attributes at {attrs:?}")));
         }
-        let mut out = Attributes::with_capacity(count as usize);
+        let mut filled = 0;
         for i in 0..count as usize {
             // SAFETY: the caller guarantees count valid elements.
             let a = unsafe { &*attrs.add(i) };
             // SAFETY: the caller guarantees NUL-terminated strings.
-            let name = unsafe { c_string(a.name) }.ok_or_else(|| bad(format!("attribute {i} has no valid name")))?;
+            let name = unsafe { c_str(a.name) }.ok_or_else(|| bad(format!("attribute {i} has no valid name")))?;
             let list_len = |n: i64| -> Result<usize> {
                 if !(0..=(1 << 24)).contains(&n) {
                     Err(bad(format!("attribute '{name}' has count {n}")))
@@ -61,9 +74,10 @@ impl Attributes {
                 }
                 other => return Err(bad(format!("attribute '{name}' has unknown kind {other}"))),
             };
-            out.set(name, value);
+            filled = self.refill_at(filled, name, value);
         }
-        Ok(out)
+        self.truncate(filled);
+        Ok(())
     }
 }
 
@@ -161,9 +175,70 @@ impl<'a> CAttrs<'a> {
 /// # Safety
 /// `p` must be null or a NUL-terminated string.
 pub(crate) unsafe fn c_string(p: *const c_char) -> Option<String> {
+    // SAFETY: forwarded contract.
+    unsafe { c_str(p) }.map(str::to_owned)
+}
+
+/// [`c_string`] borrowed: valid while the caller's string is (the call, for the C ABI's
+/// arguments).
+///
+/// # Safety
+/// `p` must be null or a NUL-terminated string that outlives `'a`.
+pub(crate) unsafe fn c_str<'a>(p: *const c_char) -> Option<&'a str> {
     if p.is_null() {
         return None;
     }
     // SAFETY: non-null and NUL-terminated by the caller's contract.
-    unsafe { CStr::from_ptr(p) }.to_str().ok().map(str::to_owned)
+    unsafe { CStr::from_ptr(p) }.to_str().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refill(kept: &mut Attributes, attrs: &[CAttr]) -> Result<()> {
+        // SAFETY: a slice of valid attributes with 'static names.
+        unsafe { kept.refill_from_c(attrs.as_ptr(), attrs.len() as i32) }
+    }
+
+    fn listed(a: &Attributes) -> Vec<(String, AttrValue)> {
+        a.iter().map(|(n, v)| (n.to_string(), v.clone())).collect()
+    }
+
+    #[test]
+    fn a_refilled_list_equals_a_fresh_one_and_reuses_its_names() {
+        let first = [CAttr::int(c"num_heads", 32), CAttr::float(c"scale", 0.5), CAttr::int(c"do_rotary", 1)];
+        let mut kept = Attributes::new();
+        refill(&mut kept, &first).unwrap();
+        // SAFETY: as in `refill`.
+        let fresh = unsafe { Attributes::from_c(first.as_ptr(), first.len() as i32) }.unwrap();
+        assert_eq!(listed(&kept), listed(&fresh));
+        let names: Vec<*const u8> = kept.iter().map(|(n, _)| n.as_ptr()).collect();
+        let again = [CAttr::int(c"num_heads", 16), CAttr::float(c"scale", 0.25), CAttr::int(c"do_rotary", 0)];
+        refill(&mut kept, &again).unwrap();
+        assert_eq!(kept.int("num_heads").unwrap(), Some(16));
+        assert_eq!(kept.float("scale").unwrap(), Some(0.25));
+        assert_eq!(names, kept.iter().map(|(n, _)| n.as_ptr()).collect::<Vec<_>>(), "names reallocated");
+    }
+
+    #[test]
+    fn a_refill_drops_what_the_new_list_lacks_and_keeps_the_last_of_a_name() {
+        let mut kept = Attributes::new();
+        refill(&mut kept, &[CAttr::int(c"a", 1), CAttr::int(c"b", 2), CAttr::int(c"c", 3)]).unwrap();
+        refill(&mut kept, &[CAttr::int(c"c", 4), CAttr::int(c"c", 5)]).unwrap();
+        assert_eq!(listed(&kept), vec![("c".to_string(), AttrValue::Int(5))]);
+        refill(&mut kept, &[]).unwrap();
+        assert!(kept.is_empty());
+    }
+
+    #[test]
+    fn a_failed_refill_is_an_error_and_the_next_one_starts_over() {
+        let mut kept = Attributes::new();
+        let nameless = CAttr { name: std::ptr::null(), ..CAttr::int(c"x", 1) };
+        refill(&mut kept, &[CAttr::int(c"a", 1), nameless]).unwrap_err();
+        // SAFETY: a negative count is refused before anything is read.
+        assert!(unsafe { kept.refill_from_c(std::ptr::null(), -1) }.is_err());
+        refill(&mut kept, &[CAttr::int(c"b", 2)]).unwrap();
+        assert_eq!(listed(&kept), vec![("b".to_string(), AttrValue::Int(2))]);
+    }
 }

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_void};
 use std::sync::{Arc, LazyLock, RwLock};
 
-pub(crate) use c_attrs::c_string;
 pub use c_attrs::{ATTR_FLOAT, ATTR_FLOATS, ATTR_INT, ATTR_INTS, ATTR_STRING, CAttr};
+pub(crate) use c_attrs::{c_str, c_string};
 pub use tvm_ffi::{TvmFfiKernel, register_tvm_ffi};
 // The call interface lives in `kernel` (below the op families); re-exported here, where Rust
 // users registering their own kernels look for it.
