@@ -12,7 +12,8 @@
 //! runs), and RMSNorm of 16 x 4096; through `dlkern_call` (the C ABI, as a C caller makes it):
 //! RMSNorm, the same W4 GEMV (no call site there, so over the weights as given), the W8A8 GEMV
 //! at M = 1 and GroupQueryAttention decoding one token at 4k context, with that call's pieces
-//! below the op (plan, capture query, kept workspace, the launcher alone); and, as the floor
+//! below the op (plan, capture query, kept workspace, the launcher alone, its launch through the
+//! device layer alone); and, as the floor
 //! under all of them, the same kernel launched on the driver alone (`cuLaunchKernel`, and
 //! `cuLaunchKernelEx` with programmatic serialization).
 
@@ -651,6 +652,24 @@ fn gqa_launcher_rows(
     s.synchronize().expect("synchronize");
     group.bench_function(row("paged_attention_bnsh_raw GQA decode one launch B1 32/8x128 ctx4096"), |b| {
         b.iter_custom(|iters| host_time(s, iters, &mut launch))
+    });
+    // The same launch through the device layer alone (function, shared-memory limit and
+    // occupancy lookups, `cuLaunchKernelEx` with its 13 parameters): the launcher's own checks
+    // are the row above minus this one.
+    let mut device_launch = || {
+        // SAFETY: as the launcher's launch above (the arguments it passes, already checked).
+        unsafe {
+            device.launch_overlapping_in_one_wave(
+                plan.attention,
+                plan.attention_dims,
+                raw_stream,
+                plan.attention_params(&ptrs, &fresh),
+            )
+        }
+        .expect("launch");
+    };
+    group.bench_function(row("Device::launch_overlapping_in_one_wave GQA decode B1 32/8x128 ctx4096"), |b| {
+        b.iter_custom(|iters| host_time(s, iters, &mut device_launch))
     });
 }
 

@@ -118,6 +118,31 @@ pub struct PagedAttentionPlan {
     dims: Dims,
 }
 
+impl PagedAttentionPlan {
+    /// The partition kernel's parameters as its launch passes them (eleven pointers, then the
+    /// plan's `Dims` and `fresh`): `ptrs` as that launch reads them (`alibi` 0 without ALiBi,
+    /// `arrivals` 0 where the combine kernel merges). For timing the launch apart from the
+    /// launcher's checks.
+    pub fn attention_params(&self, ptrs: &PagedAttentionPointers, fresh: &NewToken) -> KernelParams {
+        KernelParams::new()
+            .pointers(&[
+                ptrs.q,
+                ptrs.key_cache,
+                ptrs.value_cache,
+                ptrs.block_tables,
+                ptrs.context_lens,
+                0, // no row map: sequence b reads block-table row b
+                ptrs.alibi,
+                ptrs.out,
+                ptrs.workspace,
+                ptrs.arrivals,
+                ptrs.status,
+            ])
+            .value(self.dims)
+            .value(*fresh)
+    }
+}
+
 fn kernel_names(dtype: DType, head_size: usize) -> Option<(&'static str, &'static str)> {
     let t = layout::Dtype::from_name(dtype.name())?;
     Some((layout::entry(layout::Entry::Partition(t, head_size))?, layout::entry(layout::Entry::Combine(t, head_size))?))
@@ -492,26 +517,17 @@ unsafe fn launch_plan(
     if arrivals != 0 {
         check_pointer(KERNEL, "arrivals", arrivals, 4)?;
     }
-    let args = KernelParams::new()
-        .pointers(&[
-            ptrs.q,
-            ptrs.key_cache,
-            ptrs.value_cache,
-            ptrs.block_tables,
-            ptrs.context_lens,
-            0, // no row map: sequence b reads block-table row b
-            if params.alibi { ptrs.alibi } else { 0 },
-            ptrs.out,
-            ptrs.workspace,
-            arrivals,
-            ptrs.status,
-        ])
-        .value(plan.dims)
-        .value(*fresh);
-    // SAFETY: eleven pointers, the Dims and the NewToken structs, as the kernel declares;
-    // validity by contract. Both kernels wait for the grid before them before they read or write anything
-    // (module docs), so each may start as a programmatic dependent.
-    unsafe { device.launch_overlapping_in_one_wave(plan.attention, plan.attention_dims, stream, args)? };
+    let ptrs = PagedAttentionPointers { alibi: if params.alibi { ptrs.alibi } else { 0 }, arrivals, ..*ptrs };
+    // SAFETY: validity by contract. Both kernels wait for the grid before them before they
+    // read or write anything (module docs), so each may start as a programmatic dependent.
+    unsafe {
+        device.launch_overlapping_in_one_wave(
+            plan.attention,
+            plan.attention_dims,
+            stream,
+            plan.attention_params(&ptrs, fresh),
+        )?
+    };
     if let Some((combine, combine_dims)) = plan.combine.filter(|_| arrivals == 0) {
         let args =
             KernelParams::new().pointers(&[ptrs.context_lens, ptrs.out, ptrs.workspace, ptrs.status]).value(plan.dims);
