@@ -122,8 +122,9 @@ fn c_abi_call(
 }
 
 /// A row timing `dlkern_call` (or, with a `site`, `dlkern_call_at`) as a C caller makes it:
-/// name, tensors and attributes prepared once, only the call in the loop. The first call (module
-/// load, occupancy queries, a site's repacking) is made before the timing.
+/// name, tensors and attributes prepared once, only the call in the loop, timed as `timing`
+/// says. The first call (module load, occupancy queries, a site's repacking) is made before the
+/// timing.
 #[allow(clippy::too_many_arguments)]
 fn c_abi_row(
     group: &mut BenchmarkGroup<WallTime>,
@@ -134,30 +135,22 @@ fn c_abi_row(
     inputs: usize,
     attrs: &[CAttr],
     site: Option<*const dlkern::kernel::CallSite>,
+    timing: Timing,
 ) {
     let mut call = || c_abi_call(stream, label, name, tensors, inputs, attrs, site);
     call();
     stream.synchronize().expect("synchronize");
-    group.bench_function(row(label), |b| b.iter_custom(|iters| host_time(stream, iters, &mut call)));
-}
-
-/// A row timing `dlkern_call` followed by a synchronization of the stream, each time: what one
-/// call costs a caller that waits for its result (host time and device time, in sequence).
-fn synchronized_c_abi_row(
-    group: &mut BenchmarkGroup<WallTime>,
-    stream: &cudarc::driver::CudaStream,
-    label: &'static str,
-    name: &std::ffi::CStr,
-    tensors: &mut [DLTensor],
-    inputs: usize,
-    attrs: &[CAttr],
-) {
-    let mut call = || {
-        c_abi_call(stream, label, name, tensors, inputs, attrs, None);
-        stream.synchronize().expect("synchronize");
+    match timing {
+        Timing::Host => {
+            group.bench_function(row(label), |b| b.iter_custom(|iters| host_time(stream, iters, &mut call)))
+        }
+        Timing::Synchronized => group.bench_function(row(label), |b| {
+            b.iter(|| {
+                call();
+                stream.synchronize().expect("synchronize");
+            })
+        }),
     };
-    call();
-    group.bench_function(row(label), |b| b.iter(&mut call));
 }
 
 fn benches(c: &mut Criterion) {
@@ -286,6 +279,7 @@ fn benches(c: &mut Criterion) {
             3,
             &w4_attrs,
             None,
+            Timing::Host,
         );
         // Through a call site that marks B and the scales constant: the repacked path the ORT
         // op takes.
@@ -299,6 +293,7 @@ fn benches(c: &mut Criterion) {
             3,
             &w4_attrs,
             Some(site),
+            Timing::Host,
         );
         // SAFETY: the site of dlkern_site_create, used no more.
         unsafe { dlkern::capi::dlkern_site_destroy(site) };
@@ -407,6 +402,7 @@ fn benches(c: &mut Criterion) {
             2,
             &[CAttr::float(c"epsilon", 1e-5)],
             None,
+            Timing::Host,
         );
         group.bench_function(row("registry call rmsnorm 16x4096"), |bch| {
             bch.iter_custom(|iters| {
@@ -443,6 +439,7 @@ fn benches(c: &mut Criterion) {
             4,
             &[],
             None,
+            Timing::Host,
         );
     }
 
@@ -535,11 +532,8 @@ fn gqa_decode_rows(
             Timing::Synchronized => format!("dlkern_call + synchronize group_query_attention decode {shape}{path}"),
         }
         .leak();
-        let run = |group: &mut BenchmarkGroup<WallTime>, tensors: &mut [DLTensor]| match timing {
-            Timing::Host => c_abi_row(group, s, label, c"dlkern.group_query_attention", tensors, 9, &attrs, None),
-            Timing::Synchronized => {
-                synchronized_c_abi_row(group, s, label, c"dlkern.group_query_attention", tensors, 9, &attrs)
-            }
+        let run = |group: &mut BenchmarkGroup<WallTime>, tensors: &mut [DLTensor]| {
+            c_abi_row(group, s, label, c"dlkern.group_query_attention", tensors, 9, &attrs, None, timing)
         };
         if two {
             dlkern::ops::attention::with_two_launch_decode(|| run(group, &mut tensors));
