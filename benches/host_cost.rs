@@ -657,7 +657,7 @@ fn gqa_launcher_rows(
                 plan.attention,
                 plan.attention_dims,
                 raw_stream,
-                plan.attention_params(&ptrs, &fresh),
+                plan.attention_params(&ptrs, 0, &fresh),
             )
         }
         .expect("launch");

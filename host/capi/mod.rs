@@ -89,7 +89,16 @@ fn invalid(message: impl Into<String>) -> Error {
 /// `p` must be null or NUL-terminated.
 unsafe fn name_arg(p: *const c_char, what: &str) -> Result<String, Error> {
     // SAFETY: forwarded.
-    unsafe { crate::registry::c_string(p) }.ok_or_else(|| invalid(format!("{what} is null or not UTF-8")))
+    unsafe { name_ref(p, what) }.map(str::to_owned)
+}
+
+/// [`name_arg`] borrowed, for a string used only during the call.
+///
+/// # Safety
+/// `p` must be null or NUL-terminated, and outlive `'a`.
+unsafe fn name_ref<'a>(p: *const c_char, what: &str) -> Result<&'a str, Error> {
+    // SAFETY: forwarded.
+    unsafe { crate::registry::c_str(p) }.ok_or_else(|| invalid(format!("{what} is null or not UTF-8")))
 }
 
 /// Checks a definition struct's `struct_size` against the size of the `c_type` dlkern reads.
@@ -308,7 +317,7 @@ unsafe fn call_through(
 ) -> Result<i32, Error> {
     // SAFETY: the caller's contract for every argument.
     unsafe {
-        let name = crate::registry::c_str(name).ok_or_else(|| invalid("name is null or not UTF-8"))?;
+        let name = name_ref(name, "name")?;
         if num_inputs < 0 || num_outputs < 0 {
             return Err(invalid(format!("negative tensor count ({num_inputs} inputs, {num_outputs} outputs)")));
         }

@@ -121,9 +121,10 @@ pub struct PagedAttentionPlan {
 impl PagedAttentionPlan {
     /// The partition kernel's parameters as its launch passes them (eleven pointers, then the
     /// plan's `Dims` and `fresh`): `ptrs` as that launch reads them (`alibi` 0 without ALiBi,
-    /// `arrivals` 0 where the combine kernel merges). For timing the launch apart from the
-    /// launcher's checks.
-    pub fn attention_params(&self, ptrs: &PagedAttentionPointers, fresh: &NewToken) -> KernelParams {
+    /// `arrivals` 0 where the combine kernel merges), `row_map` 0 where sequence b reads
+    /// block-table row b (else each query token's sequence, as the op's mixed batches pass it).
+    /// Also for timing the launch apart from the launcher's checks.
+    pub fn attention_params(&self, ptrs: &PagedAttentionPointers, row_map: u64, fresh: &NewToken) -> KernelParams {
         KernelParams::new()
             .pointers(&[
                 ptrs.q,
@@ -131,7 +132,7 @@ impl PagedAttentionPlan {
                 ptrs.value_cache,
                 ptrs.block_tables,
                 ptrs.context_lens,
-                0, // no row map: sequence b reads block-table row b
+                row_map,
                 ptrs.alibi,
                 ptrs.out,
                 ptrs.workspace,
@@ -525,7 +526,7 @@ unsafe fn launch_plan(
             plan.attention,
             plan.attention_dims,
             stream,
-            plan.attention_params(&ptrs, fresh),
+            plan.attention_params(&ptrs, 0, fresh),
         )?
     };
     if let Some((combine, combine_dims)) = plan.combine.filter(|_| arrivals == 0) {
@@ -920,24 +921,21 @@ pub unsafe fn paged_attention_op_raw(
     // contract and the plan (the workspace regions are disjoint).
     unsafe { device.launch(write, plan.write_dims, stream, args)? };
     let a = &plan.attention;
-    let args = KernelParams::new()
-        .pointers(&[
-            q_out,
-            ptrs.key_cache,
-            ptrs.value_cache,
-            ptrs.block_table,
-            token_ctx,
-            token_seq,
-            0,
-            ptrs.out,
-            partials,
-            0, // no arrival counters: the combine kernel merges
-            status,
-        ])
-        .value(a.dims)
-        .value(NewToken::default());
-    // SAFETY: eleven pointers, the Dims and the NewToken structs, as the partition kernel declares; it and the
-    // combine kernel wait for the grid before them before they read or write anything.
+    let attention = PagedAttentionPointers {
+        q: q_out,
+        key_cache: ptrs.key_cache,
+        value_cache: ptrs.value_cache,
+        block_tables: ptrs.block_table,
+        context_lens: token_ctx,
+        alibi: 0,
+        out: ptrs.out,
+        workspace: partials,
+        arrivals: 0, // no arrival counters: the combine kernel merges
+        status,
+    };
+    let args = a.attention_params(&attention, token_seq, &NewToken::default());
+    // SAFETY: the partition kernel's parameters; it and the combine kernel wait for the grid
+    // before them before they read or write anything.
     unsafe { device.launch_overlapping_in_one_wave(a.attention, a.attention_dims, stream, args)? };
     if let Some((combine, combine_dims)) = a.combine {
         let args = KernelParams::new().pointers(&[token_ctx, ptrs.out, partials, status]).value(a.dims);
