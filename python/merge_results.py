@@ -16,42 +16,39 @@ import argparse
 import json
 
 
-def _replace(old_rows, new_rows, key):
-    fresh = {key(r) for r in new_rows}
-    return [r for r in old_rows if key(r) not in fresh] + list(new_rows)
+# Each kind of row and what identifies it: a new run's row replaces the old ones with its key
+# (for ORT rows (op, kind): a partial run that measured an op replaces every old row of it).
+_ROW_KEYS = (
+    ("criterion", lambda r: r["id"]),
+    ("meta", lambda r: r["id"]),
+    ("comparison", lambda r: (r["family"], r["implementation"], r["shape"], r["dtype"])),
+    ("ort_comparison", lambda r: (r["op"], r.get("kind"))),
+)
+
+
+def _without(old, new):
+    """`old` less the rows `new` measured again."""
+    pruned = dict(old)
+    for field, key in _ROW_KEYS:
+        fresh = {key(r) for r in new.get(field) or []}
+        pruned[field] = [r for r in old.get(field) or [] if key(r) not in fresh]
+    if new.get("e2e"):
+        pruned["e2e"] = {}
+    return pruned
 
 
 def merge(old, new, note):
     """`old` with `new`'s measurements in place of the ones it repeats (both results dicts)."""
     if old.get("gpu") != new.get("gpu"):
         raise ValueError(f"runs on different GPUs ({old.get('gpu')} and {new.get('gpu')}) are not merged")
-    merged = dict(old)
-    merged["criterion"] = _replace(old["criterion"], new["criterion"], lambda r: r["id"])
-    merged["meta"] = _replace(old["meta"], new["meta"], lambda r: r["id"])
-    merged["comparison"] = _replace(old.get("comparison") or [], new.get("comparison") or [],
-                                    lambda r: (r["family"], r["implementation"], r["shape"], r["dtype"]))
-    ops = {(r["op"], r.get("kind")) for r in new.get("ort_comparison") or []}
-    merged["ort_comparison"] = [r for r in old.get("ort_comparison") or [] if (r["op"], r.get("kind")) not in ops] + \
-        list(new.get("ort_comparison") or [])
+    merged = _without(old, new)
+    for field, _ in _ROW_KEYS:
+        merged[field] = merged[field] + list(new.get(field) or [])
     if new.get("e2e"):
         merged["e2e"] = new["e2e"]
     merged["date"], merged["driver"], merged["torch"] = new["date"], new["driver"], new["torch"]
     merged["command"] = f"{old['command']}; then on {new['date']} ({note}): {new['command']}"
     return merged
-
-
-def _without(old, new):
-    """`old` less the rows `new` measured again (keys as in `merge`)."""
-    pruned = dict(old)
-    for field, key in (("criterion", lambda r: r["id"]), ("meta", lambda r: r["id"]),
-                       ("comparison", lambda r: (r["family"], r["implementation"], r["shape"], r["dtype"]))):
-        fresh = {key(r) for r in new.get(field) or []}
-        pruned[field] = [r for r in old.get(field) or [] if key(r) not in fresh]
-    ops = {(r["op"], r.get("kind")) for r in new.get("ort_comparison") or []}
-    pruned["ort_comparison"] = [r for r in old.get("ort_comparison") or [] if (r["op"], r.get("kind")) not in ops]
-    if new.get("e2e"):
-        pruned["e2e"] = {}
-    return pruned
 
 
 def _has_rows(results):
