@@ -463,6 +463,40 @@ enum Timing {
     Synchronized,
 }
 
+/// The GroupQueryAttention rows' shape: 32 query heads over 8 KV heads of 128, packed QKV.
+const GQA_HEADS: usize = 32;
+const GQA_KV_HEADS: usize = 8;
+const GQA_HEAD: usize = 128;
+const GQA_QKV: usize = (GQA_HEADS + 2 * GQA_KV_HEADS) * GQA_HEAD;
+
+/// A decode step's device buffers for `batch` sequences of `context` positions (the last one
+/// new): packed QKV, BNSH caches, `seqlens_k`, cos / sin caches (angle 0) and the output.
+struct GqaBuffers {
+    query: cudarc::driver::CudaSlice<f16>,
+    key_cache: cudarc::driver::CudaSlice<f16>,
+    value_cache: cudarc::driver::CudaSlice<f16>,
+    seqlens_k: cudarc::driver::CudaSlice<i32>,
+    cos: cudarc::driver::CudaSlice<f16>,
+    sin: cudarc::driver::CudaSlice<f16>,
+    out: cudarc::driver::CudaSlice<f16>,
+}
+
+impl GqaBuffers {
+    fn new(s: &std::sync::Arc<cudarc::driver::CudaStream>, batch: usize, context: usize) -> Self {
+        let cache_len = batch * GQA_KV_HEADS * context * GQA_HEAD;
+        let angles = context * GQA_HEAD / 2;
+        GqaBuffers {
+            query: s.clone_htod(&vec![f16::from_f32(0.1); batch * GQA_QKV]).expect("alloc"),
+            key_cache: s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc"),
+            value_cache: s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc"),
+            seqlens_k: s.clone_htod(&vec![context as i32 - 1; batch]).expect("alloc"),
+            cos: s.clone_htod(&vec![f16::ONE; angles]).expect("alloc"),
+            sin: s.alloc_zeros::<f16>(angles).expect("alloc"),
+            out: s.alloc_zeros::<f16>(batch * GQA_HEADS * GQA_HEAD).expect("alloc"),
+        }
+    }
+}
+
 /// GroupQueryAttention decode rows at `batch` sequences of `context` tokens (the new one
 /// included), one launch and two, timed as `timing` says.
 fn gqa_decode_rows(
@@ -472,17 +506,9 @@ fn gqa_decode_rows(
     context: usize,
     timing: Timing,
 ) {
-    let (heads, kv_heads, head) = (32usize, 8usize, 128usize);
-    let qkv = (heads + 2 * kv_heads) * head;
-    let query = s.clone_htod(&vec![f16::from_f32(0.1); batch * qkv]).expect("alloc");
-    let cache_len = batch * kv_heads * context * head;
-    let key_cache = s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc");
-    let value_cache = s.clone_htod(&vec![f16::from_f32(0.1); cache_len]).expect("alloc");
-    let seqlens_k = s.clone_htod(&vec![context as i32 - 1; batch]).expect("alloc");
+    let (heads, kv_heads, head, qkv) = (GQA_HEADS, GQA_KV_HEADS, GQA_HEAD, GQA_QKV);
+    let GqaBuffers { query, key_cache, value_cache, seqlens_k, cos, sin, mut out } = GqaBuffers::new(s, batch, context);
     let mut total_sequence_length = context as i32;
-    let cos = s.clone_htod(&vec![f16::ONE; context * head / 2]).expect("alloc");
-    let sin = s.alloc_zeros::<f16>(context * head / 2).expect("alloc");
-    let mut out = s.alloc_zeros::<f16>(batch * heads * head).expect("alloc");
     let (b, cache_shape) = (batch as i64, [batch as i64, kv_heads as i64, context as i64, head as i64]);
     let mut shapes = [
         vec![b, 1, qkv as i64],
@@ -554,16 +580,9 @@ fn gqa_launcher_rows(
     s: &std::sync::Arc<cudarc::driver::CudaStream>,
     context: usize,
 ) {
-    let (heads, kv_heads, head) = (32usize, 8usize, 128usize);
-    let qkv = (heads + 2 * kv_heads) * head;
+    let (heads, kv_heads, head, qkv) = (GQA_HEADS, GQA_KV_HEADS, GQA_HEAD, GQA_QKV);
     let raw_stream = s.cu_stream();
-    let query = s.clone_htod(&vec![f16::from_f32(0.1); qkv]).expect("alloc");
-    let key_cache = s.clone_htod(&vec![f16::from_f32(0.1); kv_heads * context * head]).expect("alloc");
-    let value_cache = s.clone_htod(&vec![f16::from_f32(0.1); kv_heads * context * head]).expect("alloc");
-    let seqlens_k = s.clone_htod(&[context as i32 - 1]).expect("alloc");
-    let cos = s.clone_htod(&vec![f16::ONE; context * head / 2]).expect("alloc");
-    let sin = s.alloc_zeros::<f16>(context * head / 2).expect("alloc");
-    let mut out = s.alloc_zeros::<f16>(heads * head).expect("alloc");
+    let GqaBuffers { query, key_cache, value_cache, seqlens_k, cos, sin, mut out } = GqaBuffers::new(s, 1, context);
     let params = BnshAttentionParams {
         dtype: DType::F16,
         batch: 1,
