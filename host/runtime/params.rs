@@ -40,12 +40,31 @@ impl KernelParams {
 
     /// Appends one parameter: a copy of `value`'s bytes (a kernel scalar or `#[repr(C)]` struct
     /// whose layout matches the kernel's declaration).
+    #[inline(always)]
     pub fn value<T: Copy>(mut self, value: T) -> Self {
+        self.push(value);
+        self
+    }
+
+    /// Appends device addresses, one parameter each.
+    #[inline(always)]
+    pub fn pointers(mut self, addresses: &[u64]) -> Self {
+        for &address in addresses {
+            self.push(address);
+        }
+        self
+    }
+
+    /// The builder's step, in place: a list is half a kilobyte, and a chain of by-value steps
+    /// that the compiler does not fuse copies it whole at each one (measured: 390 ns to build
+    /// the decode attention's thirteen parameters that way, against ~20 ns in place).
+    #[inline(always)]
+    fn push<T: Copy>(&mut self, value: T) {
         const { assert!(align_of::<T>() <= align_of::<u64>()) };
         let words = size_of::<T>().div_ceil(8).max(1);
         if self.count == MAX_PARAMS || self.used + words > WORDS {
             self.overflow = true;
-            return self;
+            return;
         }
         // SAFETY: the slot is inside `words` (checked), 8-byte aligned, and T's alignment is at
         // most 8 (asserted); T is Copy, so a bitwise copy is a valid value.
@@ -53,12 +72,6 @@ impl KernelParams {
         self.starts[self.count] = self.used;
         self.count += 1;
         self.used += words;
-        self
-    }
-
-    /// Appends device addresses, one parameter each.
-    pub fn pointers(self, addresses: &[u64]) -> Self {
-        addresses.iter().fold(self, |params, &address| params.value(address))
     }
 
     /// Number of parameters.
