@@ -45,12 +45,9 @@ pub struct Device {
     ptx: ptx::Module,
     module: OnceLock<Arc<CudaModule>>,
     module_init: Mutex<()>,
-    functions: Mutex<HashMap<&'static str, Arc<CudaFunction>>>,
-    /// Per kernel, the dynamic shared memory limit raised so far (`cuFuncSetAttribute`): raised
-    /// once, not before every launch (a driver call on each launch of every kernel above 48 KiB).
-    shared_limits: Mutex<HashMap<&'static str, u32>>,
-    /// [`Device::resident_blocks_per_sm`] by kernel, threads per block and dynamic shared bytes.
-    occupancy: Mutex<HashMap<(&'static str, u32, u32), u32>>,
+    /// The kernels launched so far: handle, raised shared memory limit and occupancy, all under
+    /// one lock so that a launch looks its kernel up once.
+    kernels: Mutex<Kernels>,
     /// [`Device::stream_workspace`]'s buffers by stream, and the ones they outgrew (kept: a call
     /// on another thread may still be about to launch on one).
     stream_workspaces: Mutex<(HashMap<usize, DeviceBuffer>, Vec<DeviceBuffer>)>,
@@ -141,9 +138,7 @@ impl Device {
             ptx,
             module: OnceLock::new(),
             module_init: Mutex::new(()),
-            functions: Mutex::new(HashMap::new()),
-            shared_limits: Mutex::new(HashMap::new()),
-            occupancy: Mutex::new(HashMap::new()),
+            kernels: Mutex::new(Kernels::default()),
             stream_workspaces: Mutex::new((HashMap::new(), Vec::new())),
             max_shared_optin,
         }
@@ -230,35 +225,77 @@ impl Device {
 
     /// The handle of kernel `name`, loading the module on first use.
     pub fn function(&self, name: &'static str) -> Result<Arc<CudaFunction>> {
-        let mut functions = self.functions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(f) = functions.get(name) {
-            return Ok(f.clone());
-        }
-        let module = self.module()?;
-        let function = Arc::new(guarded("load kernel", || module.load_function(name).during("cuModuleGetFunction"))?);
-        functions.insert(name, function.clone());
-        Ok(function)
+        let mut kernels = self.kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = self.slot(&mut kernels, name)?;
+        Ok(kernels.slots[slot].function.clone())
     }
 
     /// How many blocks of kernel `name` launched with `dims`' block and dynamic shared memory
     /// one SM holds at once (`cuOccupancyMaxActiveBlocksPerMultiprocessor`), cached.
     pub fn resident_blocks_per_sm(&self, name: &'static str, dims: &LaunchDims) -> Result<u32> {
-        let (bx, by, bz) = dims.block;
-        let key = (name, bx * by * bz, dims.shared_bytes);
-        if let Some(&blocks) = self.occupancy.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&key) {
-            return Ok(blocks);
+        self.check_dims(name, dims)?;
+        Ok(self.launchable(name, dims, true)?.1)
+    }
+
+    /// Kernel `name`'s slot in `kernels`, its handle loaded on first use.
+    fn slot(&self, kernels: &mut Kernels, name: &'static str) -> Result<usize> {
+        let key = NameKey::of(name);
+        if let Some(&(_, slot)) = kernels.index.iter().find(|(k, _)| *k == key) {
+            return Ok(slot);
         }
-        let function = self.function(name)?;
-        // Raises the shared memory limit first where the launch needs it, which the query counts.
-        self.prepare(name, &function, dims)?;
-        let blocks = guarded("occupancy", || {
-            self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
-            function
-                .occupancy_max_active_blocks_per_multiprocessor(key.1, dims.shared_bytes as usize, None)
-                .during("cuOccupancyMaxActiveBlocksPerMultiprocessor")
-        })?;
-        self.occupancy.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, blocks);
-        Ok(blocks)
+        // The same text at another address (names are compared by address first) shares the
+        // slot, so the shared memory limit it records stays the function's.
+        let slot = match kernels.slots.iter().position(|s| s.name == name) {
+            Some(slot) => slot,
+            None => {
+                let module = self.module()?;
+                let function =
+                    Arc::new(guarded("load kernel", || module.load_function(name).during("cuModuleGetFunction"))?);
+                kernels.slots.push(KernelSlot { name, function, shared_limit: 0, occupancy: Vec::new() });
+                kernels.slots.len() - 1
+            }
+        };
+        kernels.index.push((key, slot));
+        Ok(slot)
+    }
+
+    /// Kernel `name`'s raw handle for a launch with `dims` (checked by [`Device::check_dims`]),
+    /// its dynamic shared memory limit raised to `dims.shared_bytes` where that is above the
+    /// default 48 KiB (once: `cuFuncSetAttribute` on every launch would be a driver call each),
+    /// and, with `occupancy`, how many such blocks one SM holds (else 0). One lock and one
+    /// lookup per launch: the handle stays valid while the device lives (its module is never
+    /// unloaded and the slot never dropped).
+    fn launchable(&self, name: &'static str, dims: &LaunchDims, occupancy: bool) -> Result<(CUfunction, u32)> {
+        let mut kernels = self.kernels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = self.slot(&mut kernels, name)?;
+        let slot = &mut kernels.slots[slot];
+        if dims.shared_bytes > 48 * 1024 && slot.shared_limit < dims.shared_bytes {
+            slot.function
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dims.shared_bytes as i32,
+                )
+                .during("cuFuncSetAttribute")?;
+            slot.shared_limit = dims.shared_bytes;
+        }
+        let (bx, by, bz) = dims.block;
+        let threads = bx * by * bz;
+        let blocks = match slot.occupancy.iter().find(|&&(t, s, _)| (t, s) == (threads, dims.shared_bytes)) {
+            _ if !occupancy => 0,
+            Some(&(_, _, blocks)) => blocks,
+            None => {
+                let function = &slot.function;
+                let blocks = guarded("occupancy", || {
+                    self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
+                    function
+                        .occupancy_max_active_blocks_per_multiprocessor(threads, dims.shared_bytes as usize, None)
+                        .during("cuOccupancyMaxActiveBlocksPerMultiprocessor")
+                })?;
+                slot.occupancy.push((threads, dims.shared_bytes, blocks));
+                blocks
+            }
+        };
+        Ok((slot.function.cu_function(), blocks))
     }
 
     /// At least `bytes` of device memory kept for `stream` across calls, zero when first handed
@@ -290,9 +327,8 @@ impl Device {
         Ok(address)
     }
 
-    /// Checks `dims` against the device limits, raising the function's dynamic shared memory
-    /// limit when the launch needs more than the default 48 KiB.
-    fn prepare(&self, kernel: &'static str, function: &CudaFunction, dims: &LaunchDims) -> Result<()> {
+    /// Checks `dims` against the device limits.
+    fn check_dims(&self, kernel: &'static str, dims: &LaunchDims) -> Result<()> {
         let (bx, by, bz) = dims.block;
         let threads = bx as u64 * by as u64 * bz as u64;
         if threads == 0 || threads > 1024 {
@@ -310,18 +346,6 @@ impl Device {
                     dims.shared_bytes, self.max_shared_optin
                 ),
             });
-        }
-        if dims.shared_bytes > 48 * 1024 {
-            let mut limits = self.shared_limits.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if limits.get(kernel).is_none_or(|&raised| raised < dims.shared_bytes) {
-                function
-                    .set_attribute(
-                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        dims.shared_bytes as i32,
-                    )
-                    .during("cuFuncSetAttribute")?;
-                limits.insert(kernel, dims.shared_bytes);
-            }
         }
         Ok(())
     }
@@ -341,7 +365,7 @@ impl Device {
         params: KernelParams,
     ) -> Result<()> {
         // SAFETY: forwarded contract.
-        unsafe { self.launch_with(name, dims, None, stream, params, false) }
+        unsafe { self.launch_with(name, dims, None, stream, params, Overlap::Never) }
     }
 
     /// [`Device::launch`] as a programmatic dependent launch where the device runs the sm_90a
@@ -361,9 +385,8 @@ impl Device {
         stream: CUstream,
         params: KernelParams,
     ) -> Result<()> {
-        let overlap = self.overlaps_launches();
         // SAFETY: forwarded contract.
-        unsafe { self.launch_with(name, dims, None, stream, params, overlap) }
+        unsafe { self.launch_with(name, dims, None, stream, params, Overlap::Always) }
     }
 
     /// [`Device::launch_overlapping`] for a grid that fits in one wave of resident blocks,
@@ -383,12 +406,8 @@ impl Device {
         stream: CUstream,
         params: KernelParams,
     ) -> Result<()> {
-        let (gx, gy, gz) = dims.grid;
-        let blocks = gx as u64 * gy as u64 * gz as u64;
-        let one_wave = self.overlaps_launches()
-            && blocks <= self.resident_blocks_per_sm(name, &dims)? as u64 * self.multiprocessors as u64;
         // SAFETY: forwarded contract.
-        unsafe { self.launch_with(name, dims, None, stream, params, one_wave) }
+        unsafe { self.launch_with(name, dims, None, stream, params, Overlap::InOneWave) }
     }
 
     /// [`Device::launch`] (or, with `overlap`, [`Device::launch_overlapping`]) in thread-block
@@ -420,14 +439,15 @@ impl Device {
                 format!("clusters need compute capability 9.0, {} has {:?}", self.name, self.compute_capability);
             return Err(Error::LaunchLimit { kernel: name, message });
         }
-        let overlap = overlap && self.overlaps_launches();
+        let overlap = if overlap { Overlap::Always } else { Overlap::Never };
         // SAFETY: forwarded contract.
         unsafe { self.launch_with(name, dims, Some(cluster), stream, params, overlap) }
     }
 
     /// # Safety
     /// As [`Device::launch_clustered`] when `cluster` is given, else as
-    /// [`Device::launch_overlapping`] when `overlap`, else as [`Device::launch`].
+    /// [`Device::launch_overlapping`] unless `overlap` is [`Overlap::Never`], else as
+    /// [`Device::launch`].
     unsafe fn launch_with(
         &self,
         name: &'static str,
@@ -435,14 +455,18 @@ impl Device {
         cluster: Option<(u32, u32, u32)>,
         stream: CUstream,
         mut params: KernelParams,
-        overlap: bool,
+        mode: Overlap,
     ) -> Result<()> {
         if params.overflowed() {
             return Err(Error::invalid(name, "more kernel parameters than a launch list holds"));
         }
-        let function = self.function(name)?;
-        self.prepare(name, &function, &dims)?;
-        let raw: CUfunction = function.cu_function();
+        self.check_dims(name, &dims)?;
+        let overlap = mode != Overlap::Never && self.overlaps_launches();
+        let in_one_wave = overlap && mode == Overlap::InOneWave;
+        let (raw, resident) = self.launchable(name, &dims, in_one_wave)?;
+        let (gx, gy, gz) = dims.grid;
+        let overlap = overlap
+            && (!in_one_wave || gx as u64 * gy as u64 * gz as u64 <= resident as u64 * self.multiprocessors as u64);
         let mut pointers = params.raw();
         guarded("launch", || {
             self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
@@ -489,6 +513,46 @@ impl Device {
                 .during("cuLaunchKernelEx")
         })
     }
+}
+
+/// Whether a launch is a programmatic dependent (where the device's module has
+/// `griddepcontrol`, [`Device::overlaps_launches`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Overlap {
+    Never,
+    Always,
+    /// Where its grid fits in one wave of resident blocks ([`Device::launch_overlapping_in_one_wave`]).
+    InOneWave,
+}
+
+/// A kernel name's address and length: launches find their kernel by these two words instead
+/// of hashing and comparing its text.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct NameKey(usize, usize);
+
+impl NameKey {
+    fn of(name: &'static str) -> Self {
+        NameKey(name.as_ptr() as usize, name.len())
+    }
+}
+
+/// A device's kernels. A process launches a few dozen at most, so a list scanned by address
+/// beats a hash map (one with SipHash over a name cost ~30 ns a lookup here, and a launch made
+/// three).
+#[derive(Default)]
+struct Kernels {
+    /// Name addresses to slots; two copies of one name at different addresses share a slot.
+    index: Vec<(NameKey, usize)>,
+    slots: Vec<KernelSlot>,
+}
+
+struct KernelSlot {
+    name: &'static str,
+    function: Arc<CudaFunction>,
+    /// The dynamic shared memory limit raised so far (0: the default 48 KiB).
+    shared_limit: u32,
+    /// Resident blocks per SM by threads per block and dynamic shared bytes.
+    occupancy: Vec<(u32, u32, u32)>,
 }
 
 /// Lets the device's default memory pool (where [`StreamScratch`] allocates) keep what calls
