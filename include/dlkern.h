@@ -185,7 +185,8 @@ int32_t dlkern_call_at(dlkern_site* site, const char* name, DLTensor* tensors, i
  * `__dlpack_c_exchange_api__`; void here because the dlpack.h shipped beside this header is
  * 1.1). dlkern walks its prev_api chain to the DLPack major version it reads.
  * - inputs: num_inputs (>= 1) objects of the table's type (PyObject* for Python frameworks),
- *   read through dltensor_from_py_object_no_sync: borrowed, nothing retained.
+ *   read through dltensor_from_py_object_no_sync: borrowed, nothing retained. The array needs
+ *   no alignment (Python passes the bytes of a packed struct).
  * - outputs: num_outputs slots. Their shapes come from the kernel's inference, their memory from
  *   the table's managed_tensor_allocator on the first input's device, and each slot receives a
  *   new object (a new reference) made by managed_tensor_to_py_object_no_sync. On failure the

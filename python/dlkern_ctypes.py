@@ -11,6 +11,7 @@ kernel is enqueued on `stream` (a CUstream handle as an int; None = legacy defau
 """
 
 import ctypes
+import struct
 from ctypes import POINTER, c_char, c_char_p, c_double, c_int32, c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_void_p
 
 DLKERN_OK = 0
@@ -165,7 +166,9 @@ def _attrs(attrs):
 
 
 # ctypes array types by length, made once: `c_void_p * n` looks its type up on every call.
-_POINTER_ARRAYS = [c_void_p * n for n in range(33)]
+# The input objects' addresses as the bytes of a pointer array (ctypes passes bytes as a pointer
+# to them): a third cheaper per call than filling a ctypes array.
+_ADDRESS_PACKERS = [struct.Struct(f"{n}P") for n in range(33)]
 _OBJECT_ARRAYS = [ctypes.py_object * n for n in range(17)]
 
 
@@ -245,7 +248,7 @@ class Library:
         cached ctypes array types and attribute arrays, no argtypes conversion."""
         name_b, arr, n_attrs, _ = self._prepare(name, attrs) if attrs else self._prepare_plain(name)
         n = len(inputs)
-        objects = (_POINTER_ARRAYS[n] if n < len(_POINTER_ARRAYS) else c_void_p * n)(*map(id, inputs))
+        objects = (_ADDRESS_PACKERS[n] if n < len(_ADDRESS_PACKERS) else struct.Struct(f"{n}P")).pack(*map(id, inputs))
         outs = (_OBJECT_ARRAYS[num_outputs] if num_outputs < len(_OBJECT_ARRAYS) else ctypes.py_object * num_outputs)()
         try:
             code = self._call_objects(site, name_b, table, objects, n, outs, num_outputs,

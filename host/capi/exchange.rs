@@ -14,14 +14,14 @@
 
 use std::ffi::{CStr, c_char, c_void};
 
-use super::{OK, guard, invalid, name_arg};
+use super::{OK, guard, invalid, name_ref, with_call_attrs};
 use crate::dlpack::{
     DLDeviceType, DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, ManagedTensor,
     dtype_to_dl,
 };
 use crate::error::Error;
 use crate::kernel::CallSite;
-use crate::registry::{self, Attributes, CAttr};
+use crate::registry::{self, CAttr};
 
 /// The DLPack major version whose exchange table dlkern reads.
 const EXCHANGE_MAJOR_VERSION: u32 = crate::dlpack::SUPPORTED_MAJOR_VERSION;
@@ -111,9 +111,9 @@ pub unsafe extern "C" fn dlkern_call_objects(
             std::slice::from_raw_parts_mut(outputs, num_outputs as usize).fill(std::ptr::null_mut());
         }
         let site = site.as_ref();
-        let name = name_arg(name, "name")?;
+        let name = name_ref(name, "name")?;
         let api = compatible_api(api)?;
-        call_objects(site, &name, api, (inputs, num_inputs), (outputs, num_outputs), stream, (attrs, num_attrs))
+        call_objects(site, name, api, (inputs, num_inputs), (outputs, num_outputs), stream, (attrs, num_attrs))
     })
 }
 
@@ -156,9 +156,11 @@ unsafe fn call_objects(
         let num_outputs = num_outputs as usize;
         let outputs = if num_outputs == 0 { &mut [][..] } else { std::slice::from_raw_parts_mut(outputs, num_outputs) };
 
-        let objects = std::slice::from_raw_parts(inputs, num_inputs as usize);
-        let mut tensors: Vec<DLTensor> = Vec::with_capacity(objects.len() + num_outputs);
-        for (i, &object) in objects.iter().enumerate() {
+        // Read without assuming alignment: Python passes the addresses as the bytes of a `bytes`.
+        let num_inputs = num_inputs as usize;
+        let objects = (0..num_inputs).map(|i| inputs.add(i).read_unaligned());
+        let mut tensors: Vec<DLTensor> = Vec::with_capacity(num_inputs + num_outputs);
+        for (i, object) in objects.enumerate() {
             if object.is_null() {
                 return Err(invalid(format!("{name}: input {i} is a null object")));
             }
@@ -185,68 +187,68 @@ unsafe fn call_objects(
         } else {
             stream
         };
-        let attrs = Attributes::from_c(attrs, num_attrs)?;
-
-        // Outputs: shapes from the kernel's inference, memory from the framework's allocator, so
-        // the objects handed back own it as any tensor of theirs does. Until then each is a
-        // ManagedTensor, released by its deleter if anything below fails.
-        let mut owned: Vec<ManagedTensor> = Vec::with_capacity(num_outputs);
-        if let Some((allocate, _)) = output_functions {
-            let specs = registry::infer(name, &tensors, num_outputs, &attrs)?;
-            if specs.len() != num_outputs {
-                return Err(invalid(format!("{name}: inference gave {} outputs for {num_outputs}", specs.len())));
-            }
-            for (i, mut spec) in specs.into_iter().enumerate() {
-                let mut prototype = DLTensor {
-                    data: std::ptr::null_mut(),
-                    device,
-                    ndim: spec.shape.len() as i32,
-                    dtype: dtype_to_dl(spec.dtype),
-                    shape: spec.shape.as_mut_ptr(),
-                    strides: std::ptr::null_mut(),
-                    byte_offset: 0,
-                };
-                let mut error = AllocatorError::default();
-                let mut made: *mut DLManagedTensorVersioned = std::ptr::null_mut();
-                let code = allocate(&mut prototype, &mut made, (&raw mut error).cast(), Some(keep_allocator_error));
-                if code != 0 || made.is_null() {
-                    return Err(Error::KernelFailed {
-                        name: name.to_string(),
-                        message: format!(
-                            "the framework could not allocate output {i} {:?} of {:?}: {}",
-                            spec.shape,
-                            spec.dtype,
-                            error.message.as_deref().unwrap_or("no reason given")
-                        ),
-                    });
+        with_call_attrs((attrs, num_attrs), |attrs| {
+            // Outputs: shapes from the kernel's inference, memory from the framework's allocator, so
+            // the objects handed back own it as any tensor of theirs does. Until then each is a
+            // ManagedTensor, released by its deleter if anything below fails.
+            let mut owned: Vec<ManagedTensor> = Vec::with_capacity(num_outputs);
+            if let Some((allocate, _)) = output_functions {
+                let specs = registry::infer(name, &tensors, num_outputs, attrs)?;
+                if specs.len() != num_outputs {
+                    return Err(invalid(format!("{name}: inference gave {} outputs for {num_outputs}", specs.len())));
                 }
-                let tensor = ManagedTensor::from_versioned(made)?;
-                tensors.push(*tensor.dl_tensor());
-                owned.push(tensor);
+                for (i, mut spec) in specs.into_iter().enumerate() {
+                    let mut prototype = DLTensor {
+                        data: std::ptr::null_mut(),
+                        device,
+                        ndim: spec.shape.len() as i32,
+                        dtype: dtype_to_dl(spec.dtype),
+                        shape: spec.shape.as_mut_ptr(),
+                        strides: std::ptr::null_mut(),
+                        byte_offset: 0,
+                    };
+                    let mut error = AllocatorError::default();
+                    let mut made: *mut DLManagedTensorVersioned = std::ptr::null_mut();
+                    let code = allocate(&mut prototype, &mut made, (&raw mut error).cast(), Some(keep_allocator_error));
+                    if code != 0 || made.is_null() {
+                        return Err(Error::KernelFailed {
+                            name: name.to_string(),
+                            message: format!(
+                                "the framework could not allocate output {i} {:?} of {:?}: {}",
+                                spec.shape,
+                                spec.dtype,
+                                error.message.as_deref().unwrap_or("no reason given")
+                            ),
+                        });
+                    }
+                    let tensor = ManagedTensor::from_versioned(made)?;
+                    tensors.push(*tensor.dl_tensor());
+                    owned.push(tensor);
+                }
             }
-        }
 
-        match site {
-            Some(site) => registry::call_at(name, &mut tensors, objects.len(), stream, &attrs, site),
-            None => registry::call(name, &mut tensors, objects.len(), stream, &attrs),
-        }?;
+            match site {
+                Some(site) => registry::call_at(name, &mut tensors, num_inputs, stream, attrs, site),
+                None => registry::call(name, &mut tensors, num_inputs, stream, attrs),
+            }?;
 
-        if let Some((_, to_object)) = output_functions {
-            for (i, tensor) in owned.into_iter().enumerate() {
-                // Outputs come from managed_tensor_allocator, whose tensors are versioned.
-                let Some(raw) = tensor.into_versioned_raw() else {
-                    return Err(invalid(format!("{name}: output {i} is not a versioned DLPack tensor")));
-                };
-                // The framework takes the tensor over whether or not it succeeds (the spec).
-                if to_object(raw, &mut outputs[i]) != 0 {
-                    outputs[i] = std::ptr::null_mut();
-                    return Err(invalid(format!(
-                        "{name}: the framework could not make an object of output {i} (its exception says why); \
+            if let Some((_, to_object)) = output_functions {
+                for (i, tensor) in owned.into_iter().enumerate() {
+                    // Outputs come from managed_tensor_allocator, whose tensors are versioned.
+                    let Some(raw) = tensor.into_versioned_raw() else {
+                        return Err(invalid(format!("{name}: output {i} is not a versioned DLPack tensor")));
+                    };
+                    // The framework takes the tensor over whether or not it succeeds (the spec).
+                    if to_object(raw, &mut outputs[i]) != 0 {
+                        outputs[i] = std::ptr::null_mut();
+                        return Err(invalid(format!(
+                            "{name}: the framework could not make an object of output {i} (its exception says why); \
                          the outputs before it are in `outputs` and are the caller's to release"
-                    )));
+                        )));
+                    }
                 }
             }
-        }
-        Ok(OK)
+            Ok(OK)
+        })
     }
 }

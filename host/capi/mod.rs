@@ -322,26 +322,37 @@ unsafe fn call_through(
             return Err(invalid(format!("negative tensor count ({num_inputs} inputs, {num_outputs} outputs)")));
         }
         let tensors = tensor_slice_mut(tensors, num_inputs.saturating_add(num_outputs), "tensors")?;
-        let mut call = |attrs: &Attributes| match site {
+        with_call_attrs((attrs, num_attrs), |attrs| match site {
             Some(site) => registry::call_at(name, tensors, num_inputs as usize, stream, attrs, site),
             None => registry::call(name, tensors, num_inputs as usize, stream, attrs),
-        };
-        // The thread's list, refilled in place (no allocation when a caller passes the same
-        // attributes again); a fresh one where a kernel calls back into dlkern_call.
-        CALL_ATTRS
-            .with(|kept| match kept.try_borrow_mut() {
-                Ok(mut kept) => {
-                    kept.refill_from_c(attrs, num_attrs)?;
-                    call(&kept)
-                }
-                Err(_) => call(&Attributes::from_c(attrs, num_attrs)?),
-            })
-            .map(|()| OK)
+        })
+        .map(|()| OK)
     }
 }
 
+/// Runs `call` with the C attributes `attrs` converted into the thread's kept list, refilled in
+/// place (no allocation when a caller passes the same attributes again), or into a fresh one
+/// where a kernel calls back into dlkern during the call.
+///
+/// # Safety
+/// `attrs` points at `num_attrs` valid attributes (or is null with 0).
+pub(crate) unsafe fn with_call_attrs<R>(
+    (attrs, num_attrs): (*const CAttr, i32),
+    call: impl FnOnce(&Attributes) -> Result<R, Error>,
+) -> Result<R, Error> {
+    // SAFETY: forwarded.
+    CALL_ATTRS.with(|kept| match kept.try_borrow_mut() {
+        Ok(mut kept) => {
+            unsafe { kept.refill_from_c(attrs, num_attrs) }?;
+            call(&kept)
+        }
+        Err(_) => call(&unsafe { Attributes::from_c(attrs, num_attrs) }?),
+    })
+}
+
 thread_local! {
-    /// The attributes of this thread's current `dlkern_call`, kept between calls.
+    /// The attributes of this thread's current `dlkern_call` (or `dlkern_call_objects`), kept
+    /// between calls.
     static CALL_ATTRS: std::cell::RefCell<Attributes> = std::cell::RefCell::new(Attributes::new());
 }
 

@@ -32,6 +32,15 @@ pub enum DeviceKind {
 }
 
 impl DeviceKind {
+    /// The kind of a DLPack device, `None` for a device type dlkern does not take.
+    pub fn of_dl(device: DLDevice) -> Option<DeviceKind> {
+        match device.device_type {
+            DLDeviceType::CPU | DLDeviceType::CUDAHOST => Some(DeviceKind::Cpu),
+            DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED => Some(DeviceKind::Cuda(device.device_id)),
+            _ => None,
+        }
+    }
+
     /// The DLPack device of this kind.
     pub fn to_dl(self) -> DLDevice {
         match self {
@@ -157,16 +166,12 @@ impl<'a> TensorView<'a> {
                 describe_dl_dtype(raw.dtype)
             ))
         })?;
-        let device = match raw.device.device_type {
-            DLDeviceType::CPU | DLDeviceType::CUDAHOST => DeviceKind::Cpu,
-            DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED => DeviceKind::Cuda(raw.device.device_id),
-            other => {
-                return Err(invalid(format!(
-                    "unsupported device type {} (supported: kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged)",
-                    other.0
-                )));
-            }
-        };
+        let device = DeviceKind::of_dl(raw.device).ok_or_else(|| {
+            invalid(format!(
+                "unsupported device type {} (supported: kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged)",
+                raw.device.device_type.0
+            ))
+        })?;
         let elements = shape
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize))

@@ -21,7 +21,7 @@ pub use tvm_ffi::{TvmFfiKernel, register_tvm_ffi};
 // users registering their own kernels look for it.
 pub use crate::kernel::{AttrValue, Attributes, CallSite, InferArgs, KernelArgs, StreamHandle, TensorSpec};
 
-use crate::dlpack::{DLTensor, MAX_NDIM, TensorView, dtype_from_dl, dtype_to_dl};
+use crate::dlpack::{DLTensor, DeviceKind, MAX_NDIM, TensorView, dtype_from_dl, dtype_to_dl};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -335,7 +335,14 @@ unsafe fn call_with(
     {
         return Err(fail(format!("called with {num_outputs} outputs, the kernel has {n}")));
     }
+    // A Rust kernel validates each tensor it takes (`KernelArgs::input`), so for it a tensor on
+    // an accepted device passes on its device alone; a C kernel reads them raw, so each is
+    // validated in full first (as is any tensor whose device is refused, for the error).
+    let raw_kernel = matches!(def.compute, Compute::C(_));
     for (i, t) in tensors.iter().enumerate() {
+        if !raw_kernel && DeviceKind::of_dl(t.device).is_some_and(|d| def.device_mask & d.mask_bit() != 0) {
+            continue;
+        }
         let label = tensor_label(i, num_inputs);
         // SAFETY: the caller guarantees valid DLTensors.
         let view = unsafe { TensorView::metadata_only(&label, t) }?;
