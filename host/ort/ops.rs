@@ -517,6 +517,20 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext, s: &mut CallScra
     // inputs, nothing else: calls that agree on those share its result. (A DLPackKernel's
     // inference is the plug-in's, which may read anything.)
     let mut cacheable = matches!(kernel.op.kind, Kind::Typed { .. });
+    // A CUDA node's tensors all live on its EP's device (ORT copies inputs there and allocates
+    // the outputs there): asked once per call, for the first of them, not once per tensor (two
+    // ORT calls each).
+    let mut device_of_node = None;
+    let mut device = |value: *const OrtValue| -> OrtResult<DLDevice> {
+        match device_of_node {
+            Some(device) => Ok(device),
+            None => {
+                let device = device_of(api, kernel.op.provider, value)?;
+                device_of_node = Some(device);
+                Ok(device)
+            }
+        }
+    };
     for i in 0..n_in {
         let mut value: *const OrtValue = std::ptr::null();
         // SAFETY: index < input count.
@@ -535,7 +549,7 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext, s: &mut CallScra
         let dtype =
             dtype_of(elem).ok_or_else(|| format!("input {i} has element type {elem:?}, which dlkern does not take"))?;
         let host = kernel.op.host_input(i);
-        let device = if host { device_of_provider(Provider::Cpu) } else { device_of(api, kernel.op.provider, value)? };
+        let device = if host { device_of_provider(Provider::Cpu) } else { device(value)? };
         let data = api.mutable_data(value.cast_mut())?;
         s.metas.push(TensorMeta { data, device, dtype, offset, ndim });
         s.key.extend([dtype as i64, ndim as i64]);
@@ -587,7 +601,7 @@ fn compute(kernel: &NodeKernel, context: *mut OrtKernelContext, s: &mut CallScra
             s.push_absent(kernel.op.provider);
             continue;
         }
-        let device = device_of(api, kernel.op.provider, value)?;
+        let device = device(value)?;
         let data = api.mutable_data(value)?;
         let offset = s.dims.len();
         s.dims.extend_from_slice(&spec.shape);
