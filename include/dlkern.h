@@ -127,6 +127,9 @@ typedef int32_t (*dlkern_plugin_init_fn)(const dlkern_plugin_api* api);
 
 int32_t dlkern_abi_version(void);
 const char* dlkern_last_error(void);
+/* The DLKERN_* code of the calling thread's last call (DLKERN_OK after a success), for the
+ * entries that return something else (dlkern_call_object). */
+int32_t dlkern_last_error_code(void);
 
 /* Registers a kernel; replace != 0 swaps an existing one of the same name. */
 int32_t dlkern_register_kernel(const dlkern_kernel_def* def, int32_t replace);
@@ -202,6 +205,15 @@ int32_t dlkern_call_at(dlkern_site* site, const char* name, DLTensor* tensors, i
 int32_t dlkern_call_objects(dlkern_site* site, const char* name, const void* api, void* const* inputs,
                             int32_t num_inputs, void** outputs, int32_t num_outputs, void* stream,
                             const dlkern_attr* attrs, int32_t num_attrs);
+
+/* dlkern_call_objects for a kernel with one output, which it returns: a new object (a new
+ * reference), or `failed` on failure (dlkern_last_error_code() and dlkern_last_error() say why).
+ * From Python declare restype ctypes.py_object, which takes the reference over (no output array,
+ * no release afterwards), and pass a sentinel object as `failed` (ctypes cannot take NULL back
+ * as a py_object; it then holds one reference to the sentinel that it was never given: add one). */
+void* dlkern_call_object(dlkern_site* site, const char* name, const void* api, void* const* inputs,
+                         int32_t num_inputs, void* stream, const dlkern_attr* attrs, int32_t num_attrs,
+                         void* failed);
 
 /* Infers the outputs of kernel `name` (each outputs[i].shape must point to DLKERN_MAX_NDIM
  * int64s; ndim, dtype and shape are written). */

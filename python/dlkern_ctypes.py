@@ -86,6 +86,12 @@ _capsule_is_valid.argtypes = [ctypes.py_object, c_char_p]
 _decref = ctypes.pythonapi.Py_DecRef
 _decref.restype = None
 _decref.argtypes = [ctypes.py_object]
+_incref = ctypes.pythonapi.Py_IncRef
+_incref.restype = None
+_incref.argtypes = [ctypes.py_object]
+# What dlkern_call_object returns on failure (ctypes cannot take NULL back as a py_object).
+_FAILED = object()
+_FAILED_ARGUMENT = ctypes.py_object(_FAILED)
 
 # Where a tensor type publishes DLPack's C exchange table (DLPackExchangeAPI): the attribute the
 # DLPack spec names, then the name PyTorch 2.10 shipped first (an int or a capsule).
@@ -218,6 +224,11 @@ class Library:
         # as ctypes objects already, and conversion per call is most of what a call costs here.
         self._call_objects = ctypes.PyDLL(path).dlkern_call_objects
         self._call_objects.restype = c_int32
+        # One output: returned as the object itself, whose reference ctypes takes over.
+        self._call_object = ctypes.PyDLL(path).dlkern_call_object
+        self._call_object.restype = ctypes.py_object
+        L.dlkern_last_error_code.argtypes = []
+        L.dlkern_last_error_code.restype = c_int32
         self._prepared = {}
 
     def _prepare(self, name, attrs):
@@ -249,6 +260,16 @@ class Library:
         name_b, arr, n_attrs, _ = self._prepare(name, attrs) if attrs else self._prepare_plain(name)
         n = len(inputs)
         objects = (_ADDRESS_PACKERS[n] if n < len(_ADDRESS_PACKERS) else struct.Struct(f"{n}P")).pack(*map(id, inputs))
+        if num_outputs == 1:
+            result = self._call_object(site, name_b, table, objects, n, None if stream is None else c_void_p(stream),
+                                       arr, n_attrs, _FAILED_ARGUMENT)
+            if result is not _FAILED:
+                return [result]
+            # ctypes took over a reference to the sentinel that dlkern never added: add it (and
+            # drop this frame's, which a traceback would otherwise keep).
+            _incref(_FAILED)
+            del result
+            raise DLKernError(self.lib.dlkern_last_error_code() or -1, self.lib.dlkern_last_error().decode())
         outs = (_OBJECT_ARRAYS[num_outputs] if num_outputs < len(_OBJECT_ARRAYS) else ctypes.py_object * num_outputs)()
         try:
             code = self._call_objects(site, name_b, table, objects, n, outs, num_outputs,

@@ -117,6 +117,35 @@ pub unsafe extern "C" fn dlkern_call_objects(
     })
 }
 
+/// `void* dlkern_call_object(site, name, api, inputs, num_inputs, stream, attrs, num_attrs,
+/// failed)`: `dlkern_call_objects` for one output, which it returns (a new reference), or
+/// `failed` on failure (`dlkern_last_error_code` and `dlkern_last_error` say why). Python
+/// declares it with `restype = ctypes.py_object`, which takes the reference over: no output
+/// array to make and no reference to drop afterwards, two ctypes round trips fewer per call.
+/// (`failed` is a sentinel object there: ctypes cannot take a null `py_object` back.)
+///
+/// # Safety
+/// As `dlkern_call_objects`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn dlkern_call_object(
+    site: *const CallSite,
+    name: *const c_char,
+    api: *const DLPackExchangeAPIHeader,
+    inputs: *const *mut c_void,
+    num_inputs: i32,
+    stream: *mut c_void,
+    attrs: *const CAttr,
+    num_attrs: i32,
+    failed: *mut c_void,
+) -> *mut c_void {
+    let mut output = std::ptr::null_mut();
+    // SAFETY: forwarded; one writable output slot. With one output a failure leaves it null.
+    let code =
+        unsafe { dlkern_call_objects(site, name, api, inputs, num_inputs, &mut output, 1, stream, attrs, num_attrs) };
+    if code == OK { output } else { failed }
+}
+
 /// The body of `dlkern_call_objects`.
 ///
 /// # Safety

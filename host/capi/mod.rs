@@ -15,7 +15,7 @@ use crate::dlpack::DLTensor;
 use crate::error::Error;
 use crate::kernel::CallSite;
 use crate::registry::{self, Attributes, CAttr, CComputeFn, CInferFn, Compute, Infer, KernelDef, UserData};
-pub use exchange::dlkern_call_objects;
+pub use exchange::{dlkern_call_object, dlkern_call_objects};
 pub use plugin::{ABI_VERSION, PluginApi, load_plugin};
 pub use tvm_ffi::{TvmFfiDefC, dlkern_register_tvm_ffi};
 
@@ -44,11 +44,18 @@ pub struct KernelDefC {
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static LAST_CODE: std::cell::Cell<i32> = const { std::cell::Cell::new(OK) };
 }
 
-fn set_last_error(message: &str) {
-    let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+fn set_last_error(code: i32, message: &str) {
+    LAST_CODE.with(|c| c.set(code));
+    LAST_ERROR.with(|e| {
+        let mut e = e.borrow_mut();
+        // A success after a success touches nothing (no allocation on the success path).
+        if !(message.is_empty() && e.is_empty()) {
+            *e = CString::new(message.replace('\0', " ")).unwrap_or_default();
+        }
+    });
 }
 
 fn code_of(error: &Error) -> i32 {
@@ -67,15 +74,16 @@ fn code_of(error: &Error) -> i32 {
 fn guard(what: &str, body: impl FnOnce() -> Result<i32, Error>) -> i32 {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(Ok(code)) => {
-            set_last_error("");
+            set_last_error(OK, "");
             code
         }
         Ok(Err(error)) => {
-            set_last_error(&error.to_string());
-            code_of(&error)
+            let code = code_of(&error);
+            set_last_error(code, &error.to_string());
+            code
         }
         Err(_) => {
-            set_last_error(&format!("{what}: internal error (panic caught at the C boundary)"));
+            set_last_error(ERR_INTERNAL, &format!("{what}: internal error (panic caught at the C boundary)"));
             ERR_INTERNAL
         }
     }
@@ -151,6 +159,13 @@ pub extern "C" fn dlkern_abi_version() -> i32 {
 #[unsafe(no_mangle)]
 pub extern "C" fn dlkern_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// `int32_t dlkern_last_error_code(void)`: the code of the calling thread's last call
+/// (`DLKERN_OK` after a success), for entries that return something other than a code.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlkern_last_error_code() -> i32 {
+    LAST_CODE.with(|c| c.get())
 }
 
 /// `uint64_t dlkern_device_bytes_held(void)`: device memory dlkern keeps between calls (the

@@ -280,9 +280,12 @@ impl Device {
         }
         let (bx, by, bz) = dims.block;
         let threads = bx * by * bz;
-        let blocks = match slot.occupancy.iter().find(|&&(t, s, _)| (t, s) == (threads, dims.shared_bytes)) {
-            _ if !occupancy => 0,
-            Some(&(_, _, blocks)) => blocks,
+        let known = match occupancy {
+            true => slot.occupancy.iter().find(|&&(t, s, _)| (t, s) == (threads, dims.shared_bytes)).map(|e| e.2),
+            false => Some(0),
+        };
+        let blocks = match known {
+            Some(blocks) => blocks,
             None => {
                 let function = &slot.function;
                 let blocks = guarded("occupancy", || {

@@ -119,11 +119,13 @@ int main(int argc, char** argv) {
   CHECK(dlkern_call("c.scale", io, 1, 1, NULL, &factor, 1) == DLKERN_OK);
   CHECK(scaled[3] == 10.0f && scaled[4] == -2.5f);
   CHECK(strcmp(dlkern_last_error(), "") == 0);
+  CHECK(dlkern_last_error_code() == DLKERN_OK);
 
   /* The kernel's own failure message reaches the caller. */
   factor.f = -1.0;
   CHECK(dlkern_call("c.scale", io, 1, 1, NULL, &factor, 1) == DLKERN_ERR_KERNEL_FAILED);
   CHECK(strstr(dlkern_last_error(), "negative factor -1") != NULL);
+  CHECK(dlkern_last_error_code() == DLKERN_ERR_KERNEL_FAILED);
 
   /* Errors: unknown names (with suggestions), null pointers, bad tensors, bad counts. */
   CHECK(dlkern_call("c.scael", io, 1, 1, NULL, NULL, 0) == DLKERN_ERR_UNKNOWN_KERNEL);

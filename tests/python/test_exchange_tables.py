@@ -196,6 +196,8 @@ def test_two_outputs_of_other_dtypes(framework):
 
 def test_failures_raise_dlkerns_message_and_release_the_outputs(framework):
     x = Boxed(np.ones((2, 8), np.float32))
+    # A failed one-output call hands back dlkern_call_object's sentinel; its count must hold.
+    sentinel_references = sys.getrefcount(dk._FAILED)
     with pytest.raises(dk.DLKernError, match=r"shape \[7\] \(expected \[8\]\)"):
         dlkern.call("dlkern.rmsnorm", x, Boxed(np.ones(7, np.float32)))
     assert framework.allocations == 1 and not framework.live
@@ -205,6 +207,9 @@ def test_failures_raise_dlkerns_message_and_release_the_outputs(framework):
     framework.fail_allocation = False
     with pytest.raises(dk.DLKernError, match="no kernel named"):
         dlkern.call("dlkern.no_such_kernel", x)
+    # (Counted outside the assert, whose rewriting keeps the operands it shows on failure.)
+    references = sys.getrefcount(dk._FAILED)
+    assert references == sentinel_references
 
 
 def test_mixed_frameworks_go_through_dlpack(framework):
@@ -222,18 +227,23 @@ def test_a_kernel_handle_with_a_site_goes_through_the_table(framework):
     x = Boxed(rng.uniform(-1, 1, (2, 33)).astype(np.float32))
     w = Boxed(rng.uniform(0.5, 1.5, 33).astype(np.float32))
     lib = dlkern.library()
-    real, seen = lib._call_objects, []
+    # (One output goes through dlkern_call_object, several through dlkern_call_objects.)
+    entries, seen = {e: getattr(lib, e) for e in ("_call_object", "_call_objects")}, []
 
-    def recording(site, *rest):
-        seen.append(site)
-        return real(site, *rest)
+    def recording(real):
+        def record(site, *rest):
+            seen.append(site)
+            return real(site, *rest)
+        return record
 
-    lib._call_objects = recording
+    for entry, real in entries.items():
+        setattr(lib, entry, recording(real))
     try:
         rmsnorm = dlkern.kernel("dlkern.rmsnorm", constant_inputs=(1,))
         ys = [rmsnorm(x, w, epsilon=1e-6) for _ in range(3)]
     finally:
-        lib._call_objects = real
+        for entry, real in entries.items():
+            setattr(lib, entry, real)
     # The site reaches C whole: a c_void_p (a plain int would be masked to 32 bits without
     # argtypes), the same one at every call.
     assert all(isinstance(s, ctypes.c_void_p) and s.value == seen[0].value for s in seen) and len(seen) == 3

@@ -176,7 +176,8 @@ def test_library_exports_only_its_api_and_links_no_runtime():
     dynsym = subprocess.run(["nm", "-D", "--defined-only", LIB_PATH], capture_output=True, text=True, check=True).stdout
     exported = sorted(line.split()[-1] for line in dynsym.splitlines() if line.split()[1] in "TDB" and not line.split()[-1].startswith("_"))
     assert exported == sorted(["RegisterCustomOps", "dlkern_abi_version", "dlkern_call", "dlkern_call_at",
-                               "dlkern_call_objects", "dlkern_device_bytes_held", "dlkern_infer", "dlkern_last_error",
+                               "dlkern_call_object", "dlkern_call_objects", "dlkern_device_bytes_held", "dlkern_infer",
+                               "dlkern_last_error", "dlkern_last_error_code",
                                "dlkern_list_kernels", "dlkern_load_plugin", "dlkern_register_kernel",
                                "dlkern_register_tvm_ffi", "dlkern_site_create", "dlkern_site_destroy",
                                "dlkern_unregister_kernel"]), exported
