@@ -261,8 +261,11 @@ class Library:
         n = len(inputs)
         objects = (_ADDRESS_PACKERS[n] if n < len(_ADDRESS_PACKERS) else struct.Struct(f"{n}P")).pack(*map(id, inputs))
         if num_outputs == 1:
-            result = self._call_object(site, name_b, table, objects, n, None if stream is None else c_void_p(stream),
-                                       arr, n_attrs, _FAILED_ARGUMENT)
+            try:
+                result = self._call_object(site, name_b, table, objects, n,
+                                           None if stream is None else c_void_p(stream), arr, n_attrs, _FAILED_ARGUMENT)
+            except Exception as e:  # a table function failed and left its Python exception
+                raise DLKernError(self.lib.dlkern_last_error_code() or -1, self.lib.dlkern_last_error().decode()) from e
             if result is not _FAILED:
                 return [result]
             # ctypes took over a reference to the sentinel that dlkern never added: add it (and
