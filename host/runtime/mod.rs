@@ -239,24 +239,10 @@ impl Device {
 
     /// Kernel `name`'s slot in `kernels`, its handle loaded on first use.
     fn slot(&self, kernels: &mut Kernels, name: &'static str) -> Result<usize> {
-        let key = NameKey::of(name);
-        if let Some(&(_, slot)) = kernels.index.iter().find(|(k, _)| *k == key) {
-            return Ok(slot);
-        }
-        // The same text at another address (names are compared by address first) shares the
-        // slot, so the shared memory limit it records stays the function's.
-        let slot = match kernels.slots.iter().position(|s| s.name == name) {
-            Some(slot) => slot,
-            None => {
-                let module = self.module()?;
-                let function =
-                    Arc::new(guarded("load kernel", || module.load_function(name).during("cuModuleGetFunction"))?);
-                kernels.slots.push(KernelSlot { name, function, shared_limit: 0, occupancy: Vec::new() });
-                kernels.slots.len() - 1
-            }
-        };
-        kernels.index.push((key, slot));
-        Ok(slot)
+        kernels.slot_or_insert(name, || {
+            let module = self.module()?;
+            Ok(Arc::new(guarded("load kernel", || module.load_function(name).during("cuModuleGetFunction"))?))
+        })
     }
 
     /// Kernel `name`'s raw handle for a launch with `dims` (checked by [`Device::check_dims`]),
@@ -541,17 +527,43 @@ impl NameKey {
 
 /// A device's kernels. A process launches a few dozen at most, so a list scanned by address
 /// beats a hash map (one with SipHash over a name cost ~30 ns a lookup here, and a launch made
-/// three).
-#[derive(Default)]
-struct Kernels {
+/// three). `F` is the handle (a type of its own in the unit tests, which have no driver).
+struct Kernels<F = Arc<CudaFunction>> {
     /// Name addresses to slots; two copies of one name at different addresses share a slot.
     index: Vec<(NameKey, usize)>,
-    slots: Vec<KernelSlot>,
+    slots: Vec<KernelSlot<F>>,
 }
 
-struct KernelSlot {
+impl<F> Default for Kernels<F> {
+    fn default() -> Self {
+        Kernels { index: Vec::new(), slots: Vec::new() }
+    }
+}
+
+impl<F> Kernels<F> {
+    /// The slot of kernel `name`: found by its address, else by its text (the same name at
+    /// another address shares the slot, so the shared memory limit it records stays the
+    /// function's), else a new one with the handle `load` gives.
+    fn slot_or_insert(&mut self, name: &'static str, load: impl FnOnce() -> Result<F>) -> Result<usize> {
+        let key = NameKey::of(name);
+        if let Some(&(_, slot)) = self.index.iter().find(|(k, _)| *k == key) {
+            return Ok(slot);
+        }
+        let slot = match self.slots.iter().position(|s| s.name == name) {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(KernelSlot { name, function: load()?, shared_limit: 0, occupancy: Vec::new() });
+                self.slots.len() - 1
+            }
+        };
+        self.index.push((key, slot));
+        Ok(slot)
+    }
+}
+
+struct KernelSlot<F> {
     name: &'static str,
-    function: Arc<CudaFunction>,
+    function: F,
     /// The dynamic shared memory limit raised so far (0: the default 48 KiB).
     shared_limit: u32,
     /// Resident blocks per SM by threads per block and dynamic shared bytes.
@@ -799,4 +811,48 @@ pub unsafe fn copy_2d_async(
         // SAFETY: the caller's contract; `copy` lives through the call (the driver reads it then).
         unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream) }.result().during("cuMemcpy2DAsync")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name with the same text as `name` at an address of its own.
+    fn copy_of(name: &str) -> &'static str {
+        Box::leak(name.to_string().into_boxed_str())
+    }
+
+    #[test]
+    fn a_kernel_is_loaded_once_and_copies_of_its_name_share_its_slot() {
+        let mut kernels = Kernels::<u32>::default();
+        let loads = std::cell::Cell::new(0);
+        let load = |handle: u32| {
+            let loads = &loads;
+            move || {
+                loads.set(loads.get() + 1);
+                Ok(handle)
+            }
+        };
+        let (a, b) = (copy_of("kernel_a"), copy_of("kernel_b"));
+        let a_again = copy_of(a);
+        assert_ne!(a.as_ptr(), a_again.as_ptr());
+        assert_eq!(kernels.slot_or_insert(a, load(10)).unwrap(), 0);
+        assert_eq!(kernels.slot_or_insert(b, load(20)).unwrap(), 1);
+        assert_eq!(kernels.slot_or_insert(a, load(99)).unwrap(), 0);
+        assert_eq!(kernels.slot_or_insert(a_again, load(99)).unwrap(), 0, "same text, same slot");
+        assert_eq!(kernels.slot_or_insert(a_again, load(99)).unwrap(), 0);
+        assert_eq!(loads.get(), 2, "one load per name");
+        assert_eq!(kernels.slots.iter().map(|s| s.function).collect::<Vec<_>>(), [10, 20]);
+        assert_eq!(kernels.index.len(), 3, "the second address is indexed too");
+    }
+
+    #[test]
+    fn a_failed_load_leaves_no_slot() {
+        let mut kernels = Kernels::<u32>::default();
+        let name = copy_of("missing");
+        let failed = kernels.slot_or_insert(name, || Err(Error::invalid("test", "no such kernel")));
+        assert!(failed.is_err());
+        assert!(kernels.slots.is_empty() && kernels.index.is_empty());
+        assert_eq!(kernels.slot_or_insert(name, || Ok(7)).unwrap(), 0);
+    }
 }
