@@ -612,8 +612,7 @@ fn gqa_launcher_rows(
             host_time(s, iters, || drop(std::hint::black_box(unsafe { stream_is_capturing(device, raw_stream) })))
         })
     });
-    let partials_at = (4 * (1 + plan.arrival_words)).next_multiple_of(256);
-    let bytes = partials_at + plan.workspace_bytes;
+    let bytes = plan.scratch_bytes();
     // SAFETY: the bench stream; only the decode launches below use the memory, each leaving its
     // counters zero.
     let workspace = || unsafe { device.stream_workspace(raw_stream, bytes) }.expect("workspace");
@@ -636,13 +635,9 @@ fn gqa_launcher_rows(
         q: qp,
         key_cache: kp,
         value_cache: vp,
-        block_tables: 0,
         context_lens: lp,
-        alibi: 0,
         out: op,
-        workspace: if plan.workspace_bytes > 0 { status + partials_at as u64 } else { 0 },
-        arrivals: if plan.arrival_words > 0 { status + 4 } else { 0 },
-        status,
+        ..plan.scratch_pointers(status)
     };
     let element = std::mem::size_of::<f16>() as u64;
     let fresh = NewToken {

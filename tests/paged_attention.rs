@@ -284,6 +284,40 @@ fn bnsh_plan_takes_a_query_token_stride() {
     }
 }
 
+/// Scratch laid out from the status word (GroupQueryAttention's decode): the status word, the
+/// arrival counters after it, the partial results from the next 256-byte boundary; a plan that
+/// merges in one launch has all three, one that needs no partials only the status word.
+#[test]
+fn status_scratch_holds_the_status_word_counters_and_aligned_partials() {
+    let bnsh = |batch: usize, capacity: usize| BnshAttentionParams {
+        dtype: DType::F16,
+        batch,
+        q_len: 1,
+        num_q_heads: 32,
+        num_kv_heads: 8,
+        head_size: 128,
+        capacity,
+        max_keys: capacity,
+        scale: 0.088,
+        softcap: 0.0,
+        window: 0,
+        q_token_stride: 32 * 128,
+    };
+    let base = 1 << 20;
+    let split = bnsh(1, 65536).plan(H100).unwrap();
+    assert!(split.arrival_words > 0 && split.workspace_bytes > 0, "{split:?}");
+    let partials = (4 * (1 + split.arrival_words)).next_multiple_of(256);
+    assert_eq!(split.status_words(), 1 + split.arrival_words);
+    assert_eq!(split.scratch_bytes(), partials + split.workspace_bytes);
+    let p = split.scratch_pointers(base);
+    assert_eq!((p.status, p.arrivals, p.workspace), (base, base + 4, base + partials as u64));
+    let whole = bnsh(256, 1024).plan(H100).unwrap();
+    assert_eq!((whole.arrival_words, whole.workspace_bytes), (0, 0), "{whole:?}");
+    assert_eq!((whole.status_words(), whole.scratch_bytes()), (1, 256));
+    let p = whole.scratch_pointers(base);
+    assert_eq!((p.status, p.arrivals, p.workspace), (base, 0, 0));
+}
+
 /// The kernel's multiply-high division (`divmod` in the device code) with the launcher's
 /// constants, for every block size up to 4096, powers of two and large divisors.
 #[test]

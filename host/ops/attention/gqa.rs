@@ -712,22 +712,17 @@ fn compute_cuda(
         // Decode: the status word the kernels flag bad lengths in (they write NaN rows for
         // them; nothing reads it back), the counters that let the last partition block of each
         // row tile merge the partitions (no combine launch), then the partial results.
-        let status_words = decode_plan.map_or(0, |p| 1 + p.arrival_words);
-        let partials_at = (4 * status_words).next_multiple_of(256);
-        let decode_bytes = decode_plan.map_or(0, |p| partials_at + p.workspace_bytes);
+        let status_words = decode_plan.map_or(0, |p| p.status_words());
+        let decode_bytes = decode_plan.map_or(0, |p| p.scratch_bytes());
         // The decode kernel's pointers, with queries at `q_ptr` and its status word, counters
         // and partial sums from `status` on.
         let decode_ptrs = |q_ptr: u64, status: u64, plan: &PagedAttentionPlan| PagedAttentionPointers {
             q: q_ptr,
             key_cache: present_k.data_address(),
             value_cache: present_v.data_address(),
-            block_tables: 0,
             context_lens: seqlens,
-            alibi: 0,
             out: out.data_address(),
-            workspace: if plan.workspace_bytes > 0 { status + partials_at as u64 } else { 0 },
-            arrivals: if status_words > 1 { status + 4 } else { 0 },
-            status,
+            ..plan.scratch_pointers(status)
         };
         if let (true, Some(params), Some(plan)) = (one_launch, &decode, decode_plan) {
             // One launch: the kernel leaves the counters zero, so the stream's kept workspace

@@ -142,6 +142,39 @@ impl PagedAttentionPlan {
             .value(self.dims)
             .value(*fresh)
     }
+
+    /// u32 words at the start of scratch laid out from the kernels' status word (what
+    /// GroupQueryAttention's decode passes): the status word, then the arrival counters.
+    pub fn status_words(&self) -> usize {
+        1 + self.arrival_words
+    }
+
+    /// Bytes of such scratch: the status words, then the partial results from the next
+    /// 256-byte boundary.
+    pub fn scratch_bytes(&self) -> usize {
+        self.partials_offset() + self.workspace_bytes
+    }
+
+    /// The scratch pointers for such scratch at `status` (`workspace`, `arrivals`, `status`;
+    /// the others 0 for the caller to fill): arrivals and partials only where the plan has them.
+    pub fn scratch_pointers(&self, status: u64) -> PagedAttentionPointers {
+        PagedAttentionPointers {
+            q: 0,
+            key_cache: 0,
+            value_cache: 0,
+            block_tables: 0,
+            context_lens: 0,
+            alibi: 0,
+            out: 0,
+            workspace: if self.workspace_bytes > 0 { status + self.partials_offset() as u64 } else { 0 },
+            arrivals: if self.arrival_words > 0 { status + 4 } else { 0 },
+            status,
+        }
+    }
+
+    fn partials_offset(&self) -> usize {
+        (4 * self.status_words()).next_multiple_of(256)
+    }
 }
 
 fn kernel_names(dtype: DType, head_size: usize) -> Option<(&'static str, &'static str)> {
