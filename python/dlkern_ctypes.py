@@ -171,10 +171,10 @@ def _attrs(attrs):
     return arr, len(attrs), keep
 
 
-# ctypes array types by length, made once: `c_void_p * n` looks its type up on every call.
 # The input objects' addresses as the bytes of a pointer array (ctypes passes bytes as a pointer
 # to them): a third cheaper per call than filling a ctypes array.
 _ADDRESS_PACKERS = [struct.Struct(f"{n}P") for n in range(33)]
+# ctypes array types by length, made once: `py_object * n` looks its type up on every call.
 _OBJECT_ARRAYS = [ctypes.py_object * n for n in range(17)]
 
 
@@ -265,14 +265,14 @@ class Library:
                 result = self._call_object(site, name_b, table, objects, n,
                                            None if stream is None else c_void_p(stream), arr, n_attrs, _FAILED_ARGUMENT)
             except Exception as e:  # a table function failed and left its Python exception
-                raise DLKernError(self.lib.dlkern_last_error_code() or -1, self.lib.dlkern_last_error().decode()) from e
+                raise self._last_error() from e
             if result is not _FAILED:
                 return [result]
             # ctypes took over a reference to the sentinel that dlkern never added: add it (and
             # drop this frame's, which a traceback would otherwise keep).
             _incref(_FAILED)
             del result
-            raise DLKernError(self.lib.dlkern_last_error_code() or -1, self.lib.dlkern_last_error().decode())
+            raise self._last_error()
         outs = (_OBJECT_ARRAYS[num_outputs] if num_outputs < len(_OBJECT_ARRAYS) else ctypes.py_object * num_outputs)()
         try:
             code = self._call_objects(site, name_b, table, objects, n, outs, num_outputs,
@@ -296,6 +296,10 @@ class Library:
         except KeyError:
             prepared = self._prepared[name] = self._prepare(name, {})
             return prepared
+
+    def _last_error(self):
+        """The thread's last dlkern error, for an entry that returns no code."""
+        return DLKernError(self.lib.dlkern_last_error_code() or -1, self.lib.dlkern_last_error().decode())
 
     def _check(self, code):
         if code != DLKERN_OK:

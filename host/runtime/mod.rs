@@ -266,9 +266,10 @@ impl Device {
         }
         let (bx, by, bz) = dims.block;
         let threads = bx * by * bz;
-        let known = match occupancy {
-            true => slot.occupancy.iter().find(|&&(t, s, _)| (t, s) == (threads, dims.shared_bytes)).map(|e| e.2),
-            false => Some(0),
+        let known = if occupancy {
+            slot.occupancy.iter().find(|&&(t, s, _)| (t, s) == (threads, dims.shared_bytes)).map(|e| e.2)
+        } else {
+            Some(0)
         };
         let blocks = match known {
             Some(blocks) => blocks,
@@ -450,12 +451,17 @@ impl Device {
             return Err(Error::invalid(name, "more kernel parameters than a launch list holds"));
         }
         self.check_dims(name, &dims)?;
-        let overlap = mode != Overlap::Never && self.overlaps_launches();
-        let in_one_wave = overlap && mode == Overlap::InOneWave;
-        let (raw, resident) = self.launchable(name, &dims, in_one_wave)?;
+        let overlaps = self.overlaps_launches();
+        let (raw, resident) = self.launchable(name, &dims, overlaps && mode == Overlap::InOneWave)?;
         let (gx, gy, gz) = dims.grid;
-        let overlap = overlap
-            && (!in_one_wave || gx as u64 * gy as u64 * gz as u64 <= resident as u64 * self.multiprocessors as u64);
+        let overlap = overlaps
+            && match mode {
+                Overlap::Never => false,
+                Overlap::Always => true,
+                Overlap::InOneWave => {
+                    gx as u64 * gy as u64 * gz as u64 <= resident as u64 * self.multiprocessors as u64
+                }
+            };
         let mut pointers = params.raw();
         guarded("launch", || {
             self.ctx.bind_to_thread().during("cuCtxSetCurrent")?;
