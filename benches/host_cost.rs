@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
-use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
+use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor, dense_tensor};
 use dlkern::kernel::{AttrValue, Attributes, CallSite};
 use dlkern::ops::matmul_nbits::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_with};
 use dlkern::ops::matmul_nbits::plan::{MatMulNBitsParams, Variant, ZeroPointKind};
@@ -77,15 +77,8 @@ fn host_time(stream: &cudarc::driver::CudaStream, iters: u64, mut call: impl FnM
 
 /// A CUDA DLTensor over `address` with `shape` (dense).
 fn cuda_tensor(address: u64, dtype: DType, shape: &mut [i64]) -> DLTensor {
-    DLTensor {
-        data: address as *mut std::ffi::c_void,
-        device: DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 },
-        ndim: shape.len() as i32,
-        dtype: dtype_to_dl(dtype),
-        shape: shape.as_mut_ptr(),
-        strides: std::ptr::null_mut(),
-        byte_offset: 0,
-    }
+    let cuda = DLDevice { device_type: DLDeviceType::CUDA, device_id: 0 };
+    dense_tensor(address as *mut std::ffi::c_void, cuda, dtype, shape)
 }
 
 /// One C-ABI call as a C caller makes it (with a `site`, through `dlkern_call_at`); panics with

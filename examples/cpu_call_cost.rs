@@ -8,21 +8,13 @@
 //!     cargo run --release --example cpu_call_cost [calls]
 
 use dlkern::DType;
-use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
+use dlkern::dlpack::{DLDevice, DLDeviceType, DLTensor, dense_tensor};
 use dlkern::registry::CAttr;
 use std::time::Instant;
 
 /// A dense CPU DLTensor over `data` (null for an absent input).
 fn t(data: *mut f32, dtype: DType, shape: &mut [i64]) -> DLTensor {
-    DLTensor {
-        data: data.cast(),
-        device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
-        ndim: shape.len() as i32,
-        dtype: dtype_to_dl(dtype),
-        shape: shape.as_mut_ptr(),
-        strides: std::ptr::null_mut(),
-        byte_offset: 0,
-    }
+    dense_tensor(data.cast(), DLDevice { device_type: DLDeviceType::CPU, device_id: 0 }, dtype, shape)
 }
 
 fn main() {

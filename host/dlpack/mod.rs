@@ -353,6 +353,20 @@ impl<'a> TensorView<'a> {
     }
 }
 
+/// A dense row-major `DLTensor` (no strides, no offset) over `data` on `device`, with `shape`
+/// borrowed: `shape` must outlive every use of the result.
+pub fn dense_tensor(data: *mut std::ffi::c_void, device: DLDevice, dtype: DType, shape: &mut [i64]) -> DLTensor {
+    DLTensor {
+        data,
+        device,
+        ndim: shape.len() as i32,
+        dtype: dtype_to_dl(dtype),
+        shape: shape.as_mut_ptr(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    }
+}
+
 /// Row-major strides (elements) of `shape`.
 pub fn row_major_strides(shape: &[i64]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];

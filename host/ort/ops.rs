@@ -8,7 +8,7 @@ use ort_sys::ONNXTensorElementDataType as Elem;
 use ort_sys::*;
 
 use super::api::{Api, ORT_API_VERSION_NEEDED, ORT_API_VERSION_SHAPE_REFERENCE, OrtResult};
-use crate::dlpack::{DLDevice, DLDeviceType, DLTensor, dtype_to_dl};
+use crate::dlpack::{DLDevice, DLDeviceType, DLTensor, dense_tensor};
 use crate::dtype::DType;
 use crate::kernel::{AttrKind, AttrValue, Attributes, CallSite, OpDecl, TensorDecl, TensorSpec, TensorType};
 use crate::registry;
@@ -392,19 +392,6 @@ fn dtype_of(elem: Elem) -> Option<DType> {
     })
 }
 
-/// A DLTensor over an ORT tensor (borrowing `shape`, which must outlive it).
-fn dl_tensor(data: *mut c_void, device: DLDevice, dtype: DType, shape: &mut [i64]) -> DLTensor {
-    DLTensor {
-        data,
-        device,
-        ndim: shape.len() as i32,
-        dtype: dtype_to_dl(dtype),
-        shape: shape.as_mut_ptr(),
-        strides: std::ptr::null_mut(), // ORT tensors are dense row-major
-        byte_offset: 0,
-    }
-}
-
 unsafe extern "system" fn kernel_compute(kernel: *mut c_void, context: *mut OrtKernelContext) -> OrtStatusPtr {
     // SAFETY: created by create_kernel, alive until KernelDestroy.
     let kernel = unsafe { &*kernel.cast::<NodeKernel>() };
@@ -467,7 +454,7 @@ impl CallScratch {
             // SAFETY: offset + ndim <= dims.len() (each meta's dims were pushed with it), and the
             // metas' ranges do not overlap.
             let shape = unsafe { std::slice::from_raw_parts_mut(base.add(m.offset), m.ndim) };
-            dl_tensor(m.data, m.device, m.dtype, shape)
+            dense_tensor(m.data, m.device, m.dtype, shape)
         }));
     }
 }
@@ -713,7 +700,7 @@ fn infer_shapes(op: &DlkernOp, context: *mut OrtShapeInferContext) -> OrtResult<
         let tensors: Vec<DLTensor> = shapes
             .iter_mut()
             .zip(&inputs)
-            .map(|(s, (d, _, _))| dl_tensor(std::ptr::null_mut(), device, *d, s))
+            .map(|(s, (d, _, _))| dense_tensor(std::ptr::null_mut(), device, *d, s))
             .collect();
         // SAFETY: metadata-only tensors with live shape arrays.
         probes.push(unsafe { registry::infer(&function_name, &tensors, n_out, &attrs) }.map_err(|e| e.to_string())?);
