@@ -117,6 +117,16 @@ def fmt_rate(rec):
     return f"{rec['bytes'] / rec['time_us'] / 1e6:.2f} TB/s"
 
 
+def c_abi_cell(rec):
+    """The C ABI column's cell: device time per call from graph replay, then the host time per call
+    where the record has it."""
+    if not rec:
+        return "n/a"
+    if rec.get("host_us") is None:
+        return f"{rec['time_us']:.2f} us"
+    return f"{rec['time_us']:.2f} / {rec['host_us']:.2f} us"
+
+
 def render_host_cost(results):
     """Host time per call of the launch path (`benches/host_cost.rs`), when the run has it."""
     meta = {m["id"]: m for m in results["meta"]}
@@ -302,13 +312,24 @@ def render(results, plots_dir=None, plots_rel=None):
     lines += [f"- later partial run: {s['date']} on {s['gpu']} ({s['note']}), at the end" for s in results.get("supplements", [])]
     lines += [
         "",
-        "dlkern times are criterion medians of CUDA-event-timed launch loops (`cargo bench`), and",
-        "CUDA-graph replays through the DLPack C ABI on PyTorch tensors (`benches/compare_torch.py`),",
-        "where the PyTorch baselines are timed the same way. Ratio = baseline time / dlkern time (the",
-        "C ABI time where there is one; above 1: dlkern is faster), the baseline being the fastest one",
-        "measured, except for matmul_nbits: cuBLAS f16 on the dequantized weights, its issue's bar",
-        "(PyTorch's own W4A16 kernel is among the other baselines there). Rates are bytes moved per",
-        "second (for attention decode: KV-cache bytes read).",
+        "dlkern times are criterion medians of CUDA-event-timed launch loops (`cargo bench`) and, in the",
+        "C ABI column, the registry kernel called through the DLPack C ABI on PyTorch tensors",
+        "(`benches/compare_torch.py`, where the PyTorch baselines are timed the same way): the device time",
+        "per call from CUDA-graph replays, then the host time per call of one `LIB.call` from Python on",
+        "torch tensors (ctypes, DLPack, the C ABI and the launch; the median over batches of 20 calls, the",
+        "device synchronized before each); the host-cost table (\"Host time per call\") gives the C ABI's own",
+        "host time per call from Rust. The column is n/a where the run has no such record, and always on",
+        "rows no registry call runs: paged_attention's (`dlkern.paged_attention` is the whole",
+        "PagedAttention op, and it reads a status back to the host on every call, which no CUDA graph can",
+        "hold) and the kernels a bench forces (attention's mma.sync; W4's mma.sync over packed B, whole",
+        "tiles and the large-M kernels the planner did not take). On W4's plain rows at M <= 16 the C ABI",
+        "calls, without a call site, do not mark the weights constant as the criterion launches do (on",
+        "Hopper the decode kernel then reads them only once the kernel before it has finished); its",
+        "(packed B) rows call through a site that does, where the kernel repacks them once. Ratio =",
+        "baseline time / dlkern time (the C ABI time where there is one; above 1: dlkern is faster), the",
+        "baseline being the fastest one measured, except for matmul_nbits: cuBLAS f16 on the dequantized",
+        "weights, its issue's bar (PyTorch's own W4A16 kernel is among the other baselines there). Rates",
+        "are bytes moved per second (for attention decode: KV-cache bytes read).",
         "",
     ]
     lines += render_ceilings(results)
@@ -350,7 +371,7 @@ def render_families(results, ceiling, plots_dir=None, plots_rel=None):
         ceiling_of, ceiling_note = family_ceiling(results, family, ceiling)
         if ceiling_note:
             lines += [ceiling_note, ""]
-        lines += ["| dtype | shape | dlkern (criterion) | dlkern (C ABI, graph) | baseline | baseline time | ratio | dlkern rate | % of ceiling | extra device memory | other baselines |",
+        lines += ["| dtype | shape | dlkern (criterion) | dlkern C ABI (graph / host per call) | baseline | baseline time | ratio | dlkern rate | % of ceiling | extra device memory | other baselines |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         plot_points = collections.defaultdict(list)
         rows = []
@@ -358,11 +379,12 @@ def render_families(results, ceiling, plots_dir=None, plots_rel=None):
             recs = table[key]
             baselines = {n: r for n, r in recs.items() if not n.startswith("dlkern")}
             # Other dlkern variants of the same call (e.g. "dlkern packed W"): a row each, against
-            # the same baselines.
+            # the same baselines, with the C ABI record of the same variant where there is one.
             rows.append((key, key[2], recs.get("dlkern (criterion)"), recs.get("dlkern"), baselines))
-            for name in sorted(n for n in recs if n.startswith("dlkern ") and n != "dlkern (criterion)"):
+            variants = (n for n in recs if n.startswith("dlkern ") and n.endswith(" (criterion)"))
+            for name in sorted(n for n in variants if n != "dlkern (criterion)"):
                 variant = name.removeprefix("dlkern ").removesuffix(" (criterion)")
-                rows.append((key, f"{key[2]} ({variant})", recs[name], None, baselines))
+                rows.append((key, f"{key[2]} ({variant})", recs[name], recs.get(f"dlkern {variant}"), baselines))
         for key, shape, mine, via_abi, baselines in rows:
             base_name = RATIO_BASELINE.get(family)
             if base_name not in baselines:
@@ -378,7 +400,7 @@ def render_families(results, ceiling, plots_dir=None, plots_rel=None):
                 return f"{rec['time_us']:.2f} us" if rec else "n/a"
 
             lines.append(
-                f"| {key[1]} | {shape} | {us(mine)} | {us(via_abi)} | {base_name or 'none'} | {us(base)} | {ratio} | "
+                f"| {key[1]} | {shape} | {us(mine)} | {c_abi_cell(via_abi)} | {base_name or 'none'} | {us(base)} | {ratio} | "
                 f"{fmt_rate(best)} | {pct} | {(mine or {}).get('workspace_bytes', 0)} B | {others or '-'} |"
             )
             label = f"{key[1]} {shape}"

@@ -64,6 +64,34 @@ def test_other_dlkern_variants_get_their_own_rows():
     assert len(packed) == 1 and "| 1.00 us | n/a | cuBLAS (criterion) | 4.00 us | 4.00 |" in packed[0], packed
 
 
+def test_c_abi_column_shows_device_and_host_time_per_call():
+    """The C ABI column: the graph replay's device time and the host time per call where the record
+    has both, the device time alone where it has no host time, n/a where there is none; a variant's
+    row takes the C ABI record of its variant, which gets no row of its own. The ratio divides by the
+    C ABI's device time."""
+    meta = lambda impl, i, shape: {"family": "matmul_w8a8", "id": f"m/{i}", "implementation": impl, "shape": shape,
+                                   "dtype": "int8", "bytes": 1_000_000, "flops": 0, "workspace_bytes": 0}
+    abi = lambda impl, shape, **host: dict({"family": "matmul_w8a8", "implementation": impl, "shape": shape,
+                                            "dtype": "int8", "time_us": 1.5, "bytes": 1_000_000, "flops": 0}, **host)
+    shapes = ("M1", "M2", "M3")
+    results = {
+        "date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c",
+        "criterion": [{"id": f"m/{s}", "median_ns": 2000.0} for s in shapes]
+                     + [{"id": f"m/base{s}", "median_ns": 3000.0} for s in shapes] + [{"id": "m/packed", "median_ns": 1000.0}],
+        "meta": [meta("dlkern", s, s) for s in shapes] + [meta("cuBLAS", f"base{s}", s) for s in shapes]
+                + [meta("dlkern packed W", "packed", "M1")],
+        "comparison": [abi("dlkern", "M1", host_us=9.85), abi("dlkern", "M2"), abi("dlkern packed W", "M1", host_us=8.5)],
+    }
+    text = bench_report.render(results)
+    assert "| dtype | shape | dlkern (criterion) | dlkern C ABI (graph / host per call) | baseline |" in text
+    row = lambda shape: [l for l in text.splitlines() if l.startswith(f"| int8 | {shape} |")]
+    assert row("M1") == [row("M1")[0]] and "| 2.00 us | 1.50 / 9.85 us | cuBLAS (criterion) | 3.00 us | 2.00 |" in row("M1")[0]
+    assert "| 2.00 us | 1.50 us | cuBLAS (criterion) | 3.00 us | 2.00 |" in row("M2")[0], row("M2")
+    assert "| 2.00 us | n/a | cuBLAS (criterion) | 3.00 us | 1.50 |" in row("M3")[0], row("M3")
+    packed = row("M1 (packed W)")
+    assert len(packed) == 1 and "| 1.00 us | 1.50 / 8.50 us | cuBLAS (criterion) | 3.00 us | 2.00 |" in packed[0], packed
+
+
 def test_matmul_nbits_ratio_is_against_its_issue_baseline():
     """W4A16's issue sets cuBLAS f16 as the bar: the ratio uses it even where another baseline
     (PyTorch's own W4A16 kernel) is faster, which is then listed among the others."""
