@@ -18,6 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import dlkern  # noqa: E402
 import dlkern_ctypes as dk  # noqa: E402
 from python_call_cost import per_call_ns  # noqa: E402  (benches/, this script's folder)
 
@@ -79,6 +80,15 @@ def host_time_us(fn):
     return per_call_ns(fn, torch.cuda.synchronize, calls=HOST_CALLS_PER_BATCH) / 1e3
 
 
+def user_call(name, inputs, num_outputs, attrs, constant_inputs=()):
+    """The call a Python user makes for the host time: a `dlkern.kernel` handle on torch tensors
+    (torch's DLPack exchange table, outputs allocated from the kernel's inference; constant
+    weights at the handle's own call site), where the graph-timed calls write preallocated
+    outputs through `dlkern_ctypes`, whose `__dlpack__` path costs ~100 us of host time."""
+    handle = dlkern.kernel(name, num_outputs=num_outputs, constant_inputs=constant_inputs)
+    return lambda: handle(*inputs, **attrs)
+
+
 def call_dlkern(name, inputs, outputs, site=None, **attrs):
     """One registry call through the C ABI on the current stream (the capturing one inside a graph
     capture)."""
@@ -96,13 +106,13 @@ def rel_err(got, ref):
     return ((got.to(ref.dtype) - ref).abs().max() / ref.abs().max()).item()
 
 
-def dlkern_record(family, dtype, shape, call, nbytes, flops, max_rel_err, sets=1, graph_calls=CALLS_PER_GRAPH,
-                  implementation="dlkern"):
+def dlkern_record(family, dtype, shape, call, host_call, nbytes, flops, max_rel_err, sets=1,
+                  graph_calls=CALLS_PER_GRAPH, implementation="dlkern"):
     """The C ABI's record of a criterion row (the same family, dtype, shape, bytes and FLOPs): the
     device time per call of `call` from graph replay, each of its `sets` copies called in a replay,
-    and its host time per call."""
+    and the host time per call of `host_call` (a `user_call` of the same kernel and inputs)."""
     return {"family": family, "implementation": implementation, "shape": shape, "dtype": dtype,
-            "time_us": graph_time_us(call, max(graph_calls, sets)), "host_us": host_time_us(call), "bytes": nbytes,
+            "time_us": graph_time_us(call, max(graph_calls, sets)), "host_us": host_time_us(host_call), "bytes": nbytes,
             "flops": flops, "max_rel_err": max_rel_err}
 
 
@@ -122,7 +132,9 @@ def rmsnorm_records():
                          for x, y in zip(xs, ys)]
                 calls[0]()
                 err = rel_err(ys[0], torch.nn.functional.rms_norm(xs[0].double(), (cols,), w.double(), 1e-6))
-                out.append(dlkern_record("rmsnorm", name, shape, rotating(calls), moved, flops, err, sets))
+                out.append(dlkern_record("rmsnorm", name, shape, rotating(calls),
+                                         user_call("dlkern.rmsnorm", [xs[0], w], 1, dict(epsilon=1e-6)), moved, flops,
+                                         err, sets))
             except Exception as e:
                 print(f"dlkern.rmsnorm {name} {shape}: {e}", file=sys.stderr)
             torch_call = rotating([functools.partial(torch.nn.functional.rms_norm, x, (cols,), w, 1e-6) for x in xs])
@@ -158,7 +170,10 @@ def dlkern_rmsnorm_skip_records():
             total_ref = (xs[0] + skips[0]).double()
             y_ref = torch.nn.functional.rms_norm(total_ref, (cols,), gamma.double(), 1e-6)
             err = max(rel_err(sums[0], total_ref), rel_err(ys[0], y_ref))
-            out.append(dlkern_record("rmsnorm_skip", "f16", shape, rotating(calls), moved, 6 * rows * cols, err, sets))
+            out.append(dlkern_record("rmsnorm_skip", "f16", shape, rotating(calls),
+                                     user_call("dlkern.skip_simplified_layer_normalization",
+                                               [xs[0], skips[0], gamma], 4, dict(epsilon=1e-6)),
+                                     moved, 6 * rows * cols, err, sets))
         except Exception as e:
             print(f"dlkern.skip_simplified_layer_normalization {shape}: {e}", file=sys.stderr)
     return out
@@ -336,8 +351,10 @@ def attention_shape_records(dtype, name, b, h, seq, d):
             call = functools.partial(call_dlkern, "dlkern.attention", [q, k, v], [o], causal=int(causal))
             call()
             flops = 4 * b * h * seq * seq * d // (2 if causal else 1)
-            out.append(dlkern_record("attention", name, shape, call, 4 * q.numel() * q.element_size(), flops,
-                                     attention_error(q, k, v, o, causal), graph_calls=4))
+            out.append(dlkern_record("attention", name, shape, call,
+                                     user_call("dlkern.attention", [q, k, v], 1, dict(causal=int(causal))),
+                                     4 * q.numel() * q.element_size(), flops, attention_error(q, k, v, o, causal),
+                                     graph_calls=4))
         except Exception as e:
             print(f"dlkern.attention {name} {shape}: {e}", file=sys.stderr)
     return out
@@ -434,7 +451,9 @@ def w4_weight_records(n, k):
                     calls = [functools.partial(call_dlkern, "dlkern.matmul_nbits", [a, b, s], [y], site=site, **attrs)
                              for b, s, site in zip(bs, scales, at)]
                     calls[0]()
-                    out.append(dlkern_record("matmul_nbits", "f16", shape, rotating(calls), weight_bytes + io,
+                    out.append(dlkern_record("matmul_nbits", "f16", shape, rotating(calls),
+                                             user_call("dlkern.matmul_nbits", [a, bs[0], scales[0]], 1, attrs,
+                                                       (1, 2) if at is sites else ()), weight_bytes + io,
                                              2 * m * n * k, rel_err(y, ref), sets, implementation=implementation))
                 except Exception as e:
                     print(f"{implementation} matmul_nbits {shape}: {e}", file=sys.stderr)
@@ -467,7 +486,8 @@ def quantize_record(m, k):
     x = xs[0].float()
     step = x.abs().amax(dim=-1, keepdim=True) / 127
     err = rel_err(qs[0].float() * row_scales[0][:, None], torch.round(x / step) * step)
-    return dlkern_record("w8a8_quantize", "f16 -> int8", f"M{m} K{k}", rotating(calls), nbytes, 0, err, sets)
+    return dlkern_record("w8a8_quantize", "f16 -> int8", f"M{m} K{k}", rotating(calls),
+                         user_call("dlkern.quantize_per_token", [xs[0]], 2, {}), nbytes, 0, err, sets)
 
 
 def dlkern_matmul_w8a8_records():
@@ -515,7 +535,9 @@ def w8a8_shape_records(m, n, k):
                      for w, s in zip(weights, w_scales)]
             calls[0]()
             nbytes = m * k + weights[0].numel() + 2 * m * n
-            out.append(dlkern_record("matmul_w8a8", "int8 -> f16", shape, rotating(calls), nbytes, 2 * m * n * k,
+            out.append(dlkern_record("matmul_w8a8", "int8 -> f16", shape, rotating(calls),
+                                     user_call("dlkern.matmul_w8a8", [a, a_scale, weights[0], w_scales[0]], 1,
+                                               dict(out_dtype="f16", w_layout=layout)), nbytes, 2 * m * n * k,
                                      rel_err(y, ref), sets, implementation=implementation))
         except Exception as e:
             print(f"{implementation} matmul_w8a8 {shape}: {e}", file=sys.stderr)
