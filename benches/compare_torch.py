@@ -2,8 +2,9 @@
 rows of dlkern's criterion benches, next to PyTorch's own implementations on the same shapes in the
 same run. Inputs rotate through enough copies that each call reads device memory, not L2. Both sides
 are captured in CUDA graphs and timed by graph replay with CUDA events, so Python and ctypes overhead
-stays out of the GPU time; dlkern's records also carry the host time of one `LIB.call` from Python
-(`host_us`). Writes JSON records to the path given (default: stdout).
+stays out of the GPU time; dlkern's records also carry the host time per call of the same kernel
+called as a Python user calls it, through a `dlkern.kernel` handle (`host_us`). Writes JSON records
+to the path given (default: stdout).
 
     DLKERN_LIB=.gpu/lib/libdlkern.so python3 benches/compare_torch.py out.json
 """
@@ -80,12 +81,11 @@ def host_time_us(fn):
     return per_call_ns(fn, torch.cuda.synchronize, calls=HOST_CALLS_PER_BATCH) / 1e3
 
 
-def user_call(name, inputs, num_outputs, attrs, constant_inputs=()):
-    """The call a Python user makes for the host time: a `dlkern.kernel` handle on torch tensors
-    (torch's DLPack exchange table, outputs allocated from the kernel's inference; constant
-    weights at the handle's own call site), where the graph-timed calls write preallocated
-    outputs through `dlkern_ctypes`, whose `__dlpack__` path costs ~100 us of host time."""
-    handle = dlkern.kernel(name, num_outputs=num_outputs, constant_inputs=constant_inputs)
+def user_call(handle, inputs, attrs):
+    """The call a Python user makes, for the host time: `handle` (a `dlkern.kernel`: torch's DLPack
+    exchange table, outputs allocated from the kernel's inference; constant weights at the
+    handle's own call site) on `inputs`, where the graph-timed calls write preallocated outputs
+    through `dlkern_ctypes`, whose `__dlpack__` path costs ~100 us of host time."""
     return lambda: handle(*inputs, **attrs)
 
 
@@ -133,8 +133,8 @@ def rmsnorm_records():
                 calls[0]()
                 err = rel_err(ys[0], torch.nn.functional.rms_norm(xs[0].double(), (cols,), w.double(), 1e-6))
                 out.append(dlkern_record("rmsnorm", name, shape, rotating(calls),
-                                         user_call("dlkern.rmsnorm", [xs[0], w], 1, dict(epsilon=1e-6)), moved, flops,
-                                         err, sets))
+                                         user_call(dlkern.kernel("dlkern.rmsnorm"), [xs[0], w], dict(epsilon=1e-6)),
+                                         moved, flops, err, sets))
             except Exception as e:
                 print(f"dlkern.rmsnorm {name} {shape}: {e}", file=sys.stderr)
             torch_call = rotating([functools.partial(torch.nn.functional.rms_norm, x, (cols,), w, 1e-6) for x in xs])
@@ -162,7 +162,8 @@ def dlkern_rmsnorm_skip_records():
                           for _ in range(sets)] for _ in range(2))
             ys, sums = ([torch.empty(rows, cols, device="cuda", dtype=torch.float16) for _ in range(sets)]
                         for _ in range(2))
-            calls = [functools.partial(call_dlkern, "dlkern.skip_simplified_layer_normalization", [x, skip, gamma],
+            skip_norm = "dlkern.skip_simplified_layer_normalization"
+            calls = [functools.partial(call_dlkern, skip_norm, [x, skip, gamma],
                                        [y, absent, absent, total], epsilon=1e-6)
                      for x, skip, y, total in zip(xs, skips, ys, sums)]
             calls[0]()
@@ -171,8 +172,8 @@ def dlkern_rmsnorm_skip_records():
             y_ref = torch.nn.functional.rms_norm(total_ref, (cols,), gamma.double(), 1e-6)
             err = max(rel_err(sums[0], total_ref), rel_err(ys[0], y_ref))
             out.append(dlkern_record("rmsnorm_skip", "f16", shape, rotating(calls),
-                                     user_call("dlkern.skip_simplified_layer_normalization",
-                                               [xs[0], skips[0], gamma], 4, dict(epsilon=1e-6)),
+                                     user_call(dlkern.kernel(skip_norm, num_outputs=4), [xs[0], skips[0], gamma],
+                                               dict(epsilon=1e-6)),
                                      moved, 6 * rows * cols, err, sets))
         except Exception as e:
             print(f"dlkern.skip_simplified_layer_normalization {shape}: {e}", file=sys.stderr)
@@ -203,12 +204,10 @@ def paged_attention_records():
         vs = [torch.randn(batch, hkv, ctx, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(sets)]
         queries = f" q{q_len}" if q_len > 1 else ""
         for name, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
-            turn = [0]
-
-            def call():
-                i = turn[0] = (turn[0] + 1) % sets
+            def sdpa(k, v, backend=backend):
                 with sdpa_kernel(backend):
-                    torch.nn.functional.scaled_dot_product_attention(q, ks[i], vs[i], enable_gqa=hq != hkv)
+                    torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
+            call = rotating([functools.partial(sdpa, k, v) for k, v in zip(ks, vs)])
             try:
                 t = graph_time_us(call, max(CALLS_PER_GRAPH, sets))
             except Exception as e:  # a backend that does not take this shape
@@ -294,12 +293,7 @@ def int4pack_mm_records():
                     for _ in range(sets)]
                 sz = [torch.rand(k // group, n, 2, device="cuda", generator=g).to(torch.bfloat16) for _ in range(sets)]
                 x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-                turn = [0]
-
-                def call():
-                    i = turn[0] = (turn[0] + 1) % sets
-                    torch._weight_int4pack_mm(x, ws[i], group, sz[i])
-
+                call = rotating([functools.partial(torch._weight_int4pack_mm, x, w, group, s) for w, s in zip(ws, sz)])
                 t = graph_time_us(call, max(CALLS_PER_GRAPH, sets))
             except Exception as e:  # a build or GPU without the kernel
                 print(f"_weight_int4pack_mm M{m} N{n} K{k}: {e}", file=sys.stderr)
@@ -352,7 +346,7 @@ def attention_shape_records(dtype, name, b, h, seq, d):
             call()
             flops = 4 * b * h * seq * seq * d // (2 if causal else 1)
             out.append(dlkern_record("attention", name, shape, call,
-                                     user_call("dlkern.attention", [q, k, v], 1, dict(causal=int(causal))),
+                                     user_call(dlkern.kernel("dlkern.attention"), [q, k, v], dict(causal=int(causal))),
                                      4 * q.numel() * q.element_size(), flops, attention_error(q, k, v, o, causal),
                                      graph_calls=4))
         except Exception as e:
@@ -428,6 +422,9 @@ def w4_weight_records(n, k):
     scales = [(0.01 + 0.006 * torch.rand(n, blocks, device="cuda", generator=g)).half() for _ in range(sets)]
     w_ref = dequantized_w4(bs[0], scales[0])
     attrs = dict(K=k, N=n, bits=4, block_size=W4_BLOCK)
+    # The host time's handles, one for every M: the constant one repacks bs[0] once, at its first call.
+    handles = {"dlkern": dlkern.kernel("dlkern.matmul_nbits"),
+               "dlkern packed B": dlkern.kernel("dlkern.matmul_nbits", constant_inputs=(1, 2))}
     with call_sites(sets, constant_inputs=(1, 2)) as sites:
         try:
             packed_bytes = repacked_bytes(sites, bs, scales, attrs)
@@ -452,8 +449,8 @@ def w4_weight_records(n, k):
                              for b, s, site in zip(bs, scales, at)]
                     calls[0]()
                     out.append(dlkern_record("matmul_nbits", "f16", shape, rotating(calls),
-                                             user_call("dlkern.matmul_nbits", [a, bs[0], scales[0]], 1, attrs,
-                                                       (1, 2) if at is sites else ()), weight_bytes + io,
+                                             user_call(handles[implementation], [a, bs[0], scales[0]], attrs),
+                                             weight_bytes + io,
                                              2 * m * n * k, rel_err(y, ref), sets, implementation=implementation))
                 except Exception as e:
                     print(f"{implementation} matmul_nbits {shape}: {e}", file=sys.stderr)
@@ -487,7 +484,8 @@ def quantize_record(m, k):
     step = x.abs().amax(dim=-1, keepdim=True) / 127
     err = rel_err(qs[0].float() * row_scales[0][:, None], torch.round(x / step) * step)
     return dlkern_record("w8a8_quantize", "f16 -> int8", f"M{m} K{k}", rotating(calls),
-                         user_call("dlkern.quantize_per_token", [xs[0]], 2, {}), nbytes, 0, err, sets)
+                         user_call(dlkern.kernel("dlkern.quantize_per_token", num_outputs=2), [xs[0]], {}),
+                         nbytes, 0, err, sets)
 
 
 def dlkern_matmul_w8a8_records():
@@ -536,7 +534,8 @@ def w8a8_shape_records(m, n, k):
             calls[0]()
             nbytes = m * k + weights[0].numel() + 2 * m * n
             out.append(dlkern_record("matmul_w8a8", "int8 -> f16", shape, rotating(calls),
-                                     user_call("dlkern.matmul_w8a8", [a, a_scale, weights[0], w_scales[0]], 1,
+                                     user_call(dlkern.kernel("dlkern.matmul_w8a8"),
+                                               [a, a_scale, weights[0], w_scales[0]],
                                                dict(out_dtype="f16", w_layout=layout)), nbytes, 2 * m * n * k,
                                      rel_err(y, ref), sets, implementation=implementation))
         except Exception as e:
