@@ -198,6 +198,44 @@ impl<T: TensorElement> RowSink<T> {
         }
     }
 
+    /// Row `i`'s sum of probabilities from this lane's quarter of it (four lanes per row, the
+    /// mma fragments' layout).
+    ///
+    /// # Safety
+    /// All lanes of the warp call it.
+    #[inline(always)]
+    unsafe fn row_total(l: f32) -> f32 {
+        let mut sum = l;
+        // SAFETY: every lane of the warp is here (the caller's contract).
+        unsafe {
+            sum += warp::shfl_xor_f32(sum, 1);
+            sum += warp::shfl_xor_f32(sum, 2);
+        }
+        sum
+    }
+
+    /// The first element of query row `i`'s output.
+    ///
+    /// # Safety
+    /// Row `i` lies inside `out`.
+    #[inline(always)]
+    unsafe fn row(&self, i: u32) -> *mut T {
+        // SAFETY: the caller's contract.
+        unsafe { self.out.add((self.out_base + i * self.out_row_stride) as usize) }
+    }
+
+    /// Writes row `i`'s log-sum-exp where the call asks for it.
+    ///
+    /// # Safety
+    /// Row `i` lies inside `lse` when `lse` is not null.
+    #[inline(always)]
+    unsafe fn write_lse(&self, i: u32, m: f32, sum: f32, logits: &Logits) {
+        if !self.lse.is_null() {
+            // SAFETY: the caller's contract.
+            unsafe { self.lse.add((self.lse_base + i) as usize).write(logits.lse(m, sum)) };
+        }
+    }
+
     /// Finishes query row `i` of the sequence from this lane's quarter of it (four lanes per
     /// row, `qd` its place): the row's partial sums are combined across the four lanes, the
     /// output normalized (columns `8 u + 2 qd`, `+ 1` from `pair(u)`), and the log-sum-exp
@@ -216,25 +254,21 @@ impl<T: TensorElement> RowSink<T> {
         logits: &Logits,
         pair: impl Fn(usize) -> (f32, f32),
     ) {
-        let mut sum = l;
         // SAFETY: every lane of the warp is here (the caller's contract).
-        unsafe {
-            sum += warp::shfl_xor_f32(sum, 1);
-            sum += warp::shfl_xor_f32(sum, 2);
-        }
+        let sum = unsafe { Self::row_total(l) };
         if i < sq {
             let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             // SAFETY: the caller guarantees the row is inside the tensors.
             unsafe {
-                let row = self.out.add((self.out_base + i * self.out_row_stride) as usize);
+                let row = self.row(i);
                 unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31] {
                     if U < D / 8 {
                         let (lo, hi) = pair(U);
                         row.add(8 * U + 2 * qd).cast::<u32>().write(T::pack2(lo * inv, hi * inv));
                     }
                 });
-                if !self.lse.is_null() && qd == 0 {
-                    self.lse.add((self.lse_base + i) as usize).write(logits.lse(m, sum));
+                if qd == 0 {
+                    self.write_lse(i, m, sum, logits);
                 }
             }
         }
