@@ -355,14 +355,14 @@ mod gpu {
     /// splits, bias on every other case, then each case again in bf16 (seed + 1000);
     /// `kernel_ok` must accept every kernel launched. `seed` advances once per case. On Hopper
     /// 2 to 8 splits of the `decode` kernels must sum in clusters (3 here), more through the
-    /// reduction kernel (11, where K has 9 chunks or more).
+    /// reduction kernel (11, where K has 9 chunks or more); so must those of `small`.
     fn check_zero_points_and_splits(base: MatMulNBitsParams, seed: &mut u64, kernel_ok: impl Fn(&str) -> bool) {
         let (device, _) = gpu();
         let check_plan = |p: &MatMulNBitsParams, plan: MatMulNBitsPlan| {
             assert!(kernel_ok(plan.kernel), "{p:?}: {}", plan.kernel);
-            // (The `decode` kernels: `tiled` and `wgmma` share this helper.)
-            let decode = plan.kernel.contains("decode");
-            let clustered = decode && device.has_wgmma() && (2..=8).contains(&plan.splits);
+            // (`small` and the `decode` kernels: `tiled` and `wgmma` share this helper.)
+            let sums_in_clusters = plan.kernel.contains("decode") || plan.kernel.contains("_small");
+            let clustered = sums_in_clusters && device.has_wgmma() && (2..=8).contains(&plan.splits);
             let expect = clustered.then_some((1, 1, plan.splits as u32));
             assert_eq!((plan.cluster, plan.reduce.is_some()), (expect, plan.splits > 1 && !clustered), "{p:?}");
         };
@@ -1298,8 +1298,8 @@ fn gpu_plan_validates_and_splits() {
     // Forced splits never exceed the K chunks.
     let one_chunk = MatMulNBitsParams { k: 100, splits: 9, ..ok }.plan(132, false).unwrap();
     assert_eq!((one_chunk.splits, one_chunk.reduce), (1, None));
-    // Hopper: the `decode` kernels' K splits (up to 8) run as clusters of the splits, one
-    // launch, no workspace; elsewhere (and beyond 8 splits, and for `small`) the reduction.
+    // Hopper: the K splits (up to 8) of `small` and the `decode` kernels run as clusters of the
+    // splits, one launch, no workspace; elsewhere (and beyond 8 splits) the reduction.
     assert_eq!(MatMulNBitsParams { n: 1024, ..ok }.plan(132, false).unwrap().cluster, None);
     let few_columns = hopper(MatMulNBitsParams { n: 1024, ..ok });
     assert_eq!(
@@ -1323,6 +1323,11 @@ fn gpu_plan_validates_and_splits() {
         (11, None, Some("matmul_nbits_reduce_f16"))
     );
     let plan = hopper(MatMulNBitsParams { n: 1024, block_size: 64, ..ok });
+    assert_eq!(
+        (plan.kernel, plan.splits, plan.cluster, plan.reduce, plan.workspace_bytes),
+        ("matmul_nbits_small_f16", 5, Some((1, 1, 5)), None, 0)
+    );
+    let plan = MatMulNBitsParams { n: 1024, block_size: 64, ..ok }.plan(132, false).unwrap();
     assert_eq!((plan.kernel, plan.cluster, plan.reduce.is_some()), ("matmul_nbits_small_f16", None, true));
     assert_eq!(hopper(ok).cluster, None);
 }

@@ -156,7 +156,8 @@ pub struct MatMulNBitsPlan {
     /// The reduction kernel, when K is split and the splits do not sum in clusters.
     pub reduce: Option<(&'static str, LaunchDims)>,
     /// The cluster shape the main kernel is launched with, where its K splits sum in clusters
-    /// (the `decode` kernels on Hopper; `wgmma_pair`'s cluster is in its entry instead).
+    /// (`small`, `decode` and the packed `mma.sync` kernels on Hopper; `wgmma_pair`'s cluster is
+    /// in its entry instead).
     pub cluster: Option<(u32, u32, u32)>,
     /// Device memory needed beyond inputs and outputs (permuted activations, f32 partial sums),
     /// in bytes.
@@ -455,10 +456,11 @@ impl MatMulNBitsParams {
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
         let kernel = if pair { name(Entry::WgmmaPair) } else { kernel };
-        // So do the `decode` kernels' splits on Hopper, launched in clusters of the splits up to
-        // the portable cluster size: one launch instead of two, no partial sums through memory.
-        let decode_kernel = decode || variant == Variant::PackedMma;
-        let clustered = wgmma && decode_kernel && (2..=MAX_CLUSTER_SPLITS).contains(&splits);
+        // So do the splits of `small` (`decode` included) and the packed `mma.sync` kernels on
+        // Hopper, launched in clusters of the splits up to the portable cluster size: one launch
+        // instead of two, no partial sums through memory, no workspace.
+        let sums_in_clusters = matches!(variant, Variant::Small | Variant::PackedMma);
+        let clustered = wgmma && sums_in_clusters && (2..=MAX_CLUSTER_SPLITS).contains(&splits);
         // Other splits leave f32 partial sums in the workspace for the reduction kernel.
         let reduced = splits > 1 && !pair && !clustered;
         // The permuted activations (rows padded to whole chunks), then the partial sums.

@@ -58,9 +58,9 @@ pub fn map_shared(addr: SharedAddr, rank: u32) -> u32 {
 /// `ld.shared::cluster.v4.u32` (PTX ISA §9.7.9.8): 16 bytes of a cluster block's shared memory.
 ///
 /// # Safety
-/// `addr` comes from [`map_shared`] of a 16-byte aligned address inside the dynamic shared
-/// memory of a block of this cluster that is still running, written before a [`sync`] that
-/// both blocks passed.
+/// `addr` comes from [`map_shared`] of a 16-byte aligned address inside the shared memory of a
+/// block of this cluster that is still running, written before a [`sync`] that both blocks
+/// passed.
 #[inline(always)]
 pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);

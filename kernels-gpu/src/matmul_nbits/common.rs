@@ -222,6 +222,9 @@ pub(crate) unsafe fn store_tile<T: TensorElement, const NT: usize>(
     let (g, q) = (lane / 4, lane % 4);
     let (m, n) = (p.m as usize, p.n as usize);
     let (split, splits) = (index::block_idx_z() as usize, index::grid_dim_z() as usize);
+    // Launched in clusters, a cluster's K splits were summed into its first block, which writes y.
+    #[cfg(dlkern_arch_specific)]
+    let splits = if crate::device::cluster::cta_count() > 1 { 1 } else { splits };
     unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
         if J < NT {
             unroll!(R in [0, 1] {

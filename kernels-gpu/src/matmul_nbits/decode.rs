@@ -120,10 +120,12 @@ pub(crate) unsafe fn matmul_nbits_small<T: TensorElement, const NT: usize, const
 }
 
 /// Sums the partial tiles of the `WK` warps that split a block's K (through shared memory,
-/// `[warp - 1][tile][lane]` x 16 bytes: conflict-free), and warp 0 stores the result.
+/// `[warp - 1][tile][lane]` x 16 bytes: conflict-free), then, launched in clusters, the blocks
+/// of a cluster (its K splits) into the first; warp 0 (of the first block) stores the result.
 ///
 /// # Safety
-/// Reached by every thread of the block; the launch contract sizes the outputs.
+/// Reached by every thread of the block (of every block of the cluster); the launch contract
+/// sizes the outputs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn reduce_warps_and_store<T: TensorElement, const NT: usize, const WK: usize>(
@@ -136,11 +138,11 @@ unsafe fn reduce_warps_and_store<T: TensorElement, const NT: usize, const WK: us
     p: &Dims,
 ) {
     let partials = shared_array!(DLKERN_NBITS_WARP_PARTIALS, 6144, 16);
-    const { assert!((WK - 1) * NT * 32 * 16 <= 6144) };
+    const { assert!(WK >= 2 && (WK - 1) * NT * 32 * 16 <= 6144) };
     let (warp, lane) = (index::thread_idx_x() as usize / 32, index::lane_id() as usize);
     let slot = |wp: usize, j: usize| partials.offset((((wp - 1) * NT + j) * 32 + lane) as u32 * 16);
-    // SAFETY: slots are inside the array (asserted above); the barrier separates the writes
-    // from the reads and is reached by all threads.
+    // SAFETY: slots are inside the array (asserted above); the barriers separate the writes
+    // from the reads and are reached by all threads (of every block of the cluster).
     unsafe {
         if warp != 0 {
             unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -161,6 +163,43 @@ unsafe fn reduce_warps_and_store<T: TensorElement, const NT: usize, const WK: us
                     }
                 });
             }
+        }
+        // Launched in clusters (sm_90a module), the K splits of a tile are one cluster: warp 0
+        // of every block but the first leaves its sum in warp 1's slots (which only warp 0 has
+        // read, each lane its own), and the first adds them in split order and stores y.
+        #[cfg(dlkern_arch_specific)]
+        let stores = {
+            use crate::device::cluster;
+            let (rank, count) = (cluster::cta_rank(), cluster::cta_count());
+            if count > 1 {
+                if warp == 0 && rank != 0 {
+                    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        if J < NT {
+                            st_shared_v4(slot(1, J), acc[J].map(f32::to_bits));
+                        }
+                    });
+                }
+                cluster::sync();
+                if warp == 0 && rank == 0 {
+                    for other in 1..count {
+                        unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                            if J < NT {
+                                let part = cluster::ld_shared_v4(cluster::map_shared(slot(1, J), other));
+                                unroll!(C in [0, 1, 2, 3] {
+                                    acc[J][C] += f32::from_bits(part[C]);
+                                });
+                            }
+                        });
+                    }
+                }
+                // Keeps the other blocks' shared memory alive until the first has read it.
+                cluster::sync();
+            }
+            warp == 0 && rank == 0
+        };
+        #[cfg(not(dlkern_arch_specific))]
+        let stores = warp == 0;
+        if stores {
             store_tile::<T, NT>(acc, m0, n0, lane, bias, y, workspace, p);
         }
     }

@@ -30,7 +30,9 @@
 //!   columns; split `z` covers K chunks `[z * chunks_per_split, (z + 1) * chunks_per_split)` of
 //!   128.
 //! - `splits == 1`: writes `y` (+ bias). Otherwise writes f32 partial sums to `workspace`
-//!   `[splits, M, N]` for `matmul_nbits_reduce_*` ([`common`]).
+//!   `[splits, M, N]` for `matmul_nbits_reduce_*` ([`common`]), except where `small`, `decode*`
+//!   and `decode*_packed*` run in clusters `(1, 1, splits)` (sm_90a module, 2 to 8 splits): the
+//!   splits then sum through distributed shared memory and the cluster's first block writes `y`.
 //! - `_zf` builds: zero points in A's type (fractional allowed; dequantized in f32); otherwise
 //!   u8 or none, dequantized exactly in packed 16-bit arithmetic.
 //!
