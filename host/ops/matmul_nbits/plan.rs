@@ -17,8 +17,9 @@
 //! activations staged once per block as the tensor cores' shared-memory operand). Any of them
 //! but `packed_wgmma16` may split K over several blocks when the output tiles alone cannot fill
 //! the GPU; the partial sums then go through an f32 workspace and a reduction
-//! kernel, except on Hopper for two splits of `wgmma` and up to eight of the `decode*` kernels,
-//! which run as a cluster of the splits that sum through distributed shared memory. Where `wgmma`'s whole tiles would leave much of the
+//! kernel, except on Hopper for two splits of `wgmma` and up to eight of `small` and the
+//! `decode*` kernels, which run as a cluster of the splits that sum through distributed shared
+//! memory. Where `wgmma`'s whole tiles would leave much of the
 //! last wave idle, `wgmma_streamk` gives each SM an equal share of all tiles' K chunks instead
 //! ([`Variant::WgmmaStreamK`]).
 
