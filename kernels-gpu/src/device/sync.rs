@@ -7,14 +7,21 @@ use core::arch::asm;
 /// `bar.sync 0` (PTX ISA §9.7.13.4): block-wide barrier that also orders shared and global
 /// memory accesses of the block.
 ///
+/// Emitted through LLVM's `llvm.nvvm.barrier0` intrinsic, which LLVM knows to be convergent,
+/// not through `asm!`, which it does not: it tail-duplicated an `asm!` barrier into both arms of
+/// a branch (`if warp != 0 { stores } sync_threads(); if warp == 0 { sums }` became one branch
+/// with a `bar.sync` on each side in 36 W4 and W8A8 kernels), so that warps reached different
+/// barrier instructions, which `bar.sync` (`.aligned`) does not allow (PTX ISA §9.7.13.4);
+/// within a warp (the TMA probe's `if tid == 0`) that hung. Kernels are also built with
+/// `-Zmir-enable-passes=-JumpThreading` so that rustc does not do the same (rust-lang/rust#137086).
+///
 /// # Safety
 /// Every thread of the block must reach this same call (no divergent barriers), or the block
-/// hangs. Kernels are built with `-Zmir-enable-passes=-JumpThreading` so rustc does not
-/// duplicate a barrier into divergent branches (rust-lang/rust#137086).
+/// hangs.
 #[inline(always)]
 pub unsafe fn sync_threads() {
     // SAFETY: the caller upholds the convergence contract above.
-    unsafe { asm!("bar.sync 0;", options(nostack)) };
+    unsafe { core::arch::nvptx::_syncthreads() };
 }
 
 /// `bar.sync ID, THREADS` (PTX ISA §9.7.13.4): barrier `ID` (1 to 15; 0 is [`sync_threads`]')
