@@ -72,40 +72,42 @@ pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
     [a, b, c, d]
 }
 
-/// Adds `acc` of every block of a cluster of `cluster_size` into block 0's (PTX ISA §5.1.4.1):
-/// the other blocks store theirs at `slot(i)` of their own shared memory, block 0 reads them
-/// there; the second cluster barrier keeps the other blocks' shared memory alive until then.
-/// Returns whether this block is block 0, the one that holds the sums.
+/// Adds `acc` of every block of a cluster of `cluster_size` into block 0's (PTX ISA §5.1.4.1),
+/// for the threads that `hold` a part of the sum (the same threads in every block): the other
+/// blocks' store theirs at `slot(i)` of their own shared memory, block 0's read them there; the
+/// second cluster barrier keeps the other blocks' shared memory alive until then. Returns
+/// whether this block is block 0, the one that holds the sums.
 ///
 /// # Safety
 /// Every thread of every block of the cluster must call it with the same `cluster_size` (the
-/// cluster's size). `slot(i)` must be a 16-byte aligned address in the block's dynamic shared
-/// memory, distinct per thread and `i < V` (at most 16), that no copy or `wgmma` still in flight
+/// cluster's size). `slot(i)` must be a 16-byte aligned address in the block's shared memory,
+/// distinct per holding thread and `i < acc.len()` (at most 16), that no copy or `wgmma` still in flight
 /// touches.
 #[inline(always)]
-pub unsafe fn sum_into_rank0<const V: usize>(
-    acc: &mut [[f32; 4]; V],
+pub unsafe fn sum_into_rank0(
+    acc: &mut [[f32; 4]],
     cluster_size: u32,
     slot: impl Fn(usize) -> SharedAddr,
+    holds: bool,
 ) -> bool {
-    const { assert!(V <= 16) };
-    let rank = cta_rank();
+    // (Inlined, `acc`'s length is a constant: the unrolled loops below keep no check of it.)
+    let (v, rank) = (acc.len(), cta_rank());
     // SAFETY: the caller's contract: uniform calls, valid slots; the barriers order the stores
     // before block 0's reads and those before the other blocks exit.
     unsafe {
         sync_threads();
-        if rank != 0 {
+        if holds && rank != 0 {
             crate::unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                if I < V {
+                if I < v {
                     st_shared_v4(slot(I), acc[I].map(f32::to_bits));
                 }
             });
         }
         sync();
-        if rank == 0 {
+        if holds && rank == 0 {
             for other in 1..cluster_size {
                 crate::unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    if I < V {
+                    if I < v {
                         let part = ld_shared_v4(map_shared(slot(I), other));
                         crate::unroll!(C in [0, 1, 2, 3] {
                             acc[I][C] += f32::from_bits(part[C]);

@@ -164,38 +164,16 @@ unsafe fn reduce_warps_and_store<T: TensorElement, const NT: usize, const WK: us
                 });
             }
         }
-        // Launched in clusters (sm_90a module), the K splits of a tile are one cluster: warp 0
-        // of every block but the first leaves its sum in warp 1's slots (which only warp 0 has
-        // read, each lane its own), and the first adds them in split order and stores y.
+        // Launched in clusters (sm_90a module), the K splits of a tile are one cluster: warp 0 of
+        // every block but the first leaves its sum in warp 1's slots (which only warp 0 has read,
+        // each lane its own), and the first adds them in split order and stores y.
         #[cfg(dlkern_arch_specific)]
         let stores = {
             use crate::device::cluster;
-            let (rank, count) = (cluster::cta_rank(), cluster::cta_count());
-            if count > 1 {
-                if warp == 0 && rank != 0 {
-                    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        if J < NT {
-                            st_shared_v4(slot(1, J), acc[J].map(f32::to_bits));
-                        }
-                    });
-                }
-                cluster::sync();
-                if warp == 0 && rank == 0 {
-                    for other in 1..count {
-                        unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
-                            if J < NT {
-                                let part = cluster::ld_shared_v4(cluster::map_shared(slot(1, J), other));
-                                unroll!(C in [0, 1, 2, 3] {
-                                    acc[J][C] += f32::from_bits(part[C]);
-                                });
-                            }
-                        });
-                    }
-                }
-                // Keeps the other blocks' shared memory alive until the first has read it.
-                cluster::sync();
-            }
-            warp == 0 && rank == 0
+            // (Every thread of the cluster reaches the barriers; `count` is the same in all.)
+            let count = cluster::cta_count();
+            let first = count == 1 || cluster::sum_into_rank0(acc, count, |j| slot(1, j), warp == 0);
+            warp == 0 && first
         };
         #[cfg(not(dlkern_arch_specific))]
         let stores = warp == 0;
@@ -641,11 +619,11 @@ pub(crate) unsafe fn matmul_nbits_decode<
         // stay live through the main loop.)
         #[cfg(dlkern_arch_specific)]
         let in_clusters_not_first = {
-            let clusters = crate::device::cluster::cta_count() > 1;
-            if clusters {
-                cluster_sum(&mut acc, |tt, rr| slot(warp, tt, rr));
-            }
-            clusters && crate::device::cluster::cta_rank() != 0
+            use crate::device::cluster;
+            // (Every thread of the cluster reaches the barriers; `count` is the same in all.)
+            let count = cluster::cta_count();
+            // Every warp holds a part: tile `tt`'s row block `rr` is the `tt * R + rr`th.
+            count > 1 && !cluster::sum_into_rank0(acc.as_flattened_mut(), count, |i| slot(warp, i / R, i % R), true)
         };
         #[cfg(not(dlkern_arch_specific))]
         let in_clusters_not_first = false;
@@ -698,54 +676,6 @@ pub(crate) unsafe fn matmul_nbits_decode<
                 });
             });
         }
-    }
-}
-
-/// A warp's tiles summed over the K splits of a cluster (the grid's z extent is the
-/// cluster's): every block but the first stores its tiles at `slot(t, r)` of its own shared
-/// memory, the first adds them in split order.
-///
-/// # Safety
-/// Every thread of every block of the cluster calls it; `slot(t, r)` (`t < 2`, `r < R`) is a
-/// 16-byte aligned address in the calling warp's part of the dynamic shared memory, distinct
-/// per lane, that no copy in flight writes.
-#[cfg(dlkern_arch_specific)]
-#[inline(always)]
-unsafe fn cluster_sum<const R: usize>(
-    acc: &mut [[[f32; 4]; R]; DECODE_TILES],
-    slot: impl Fn(usize, usize) -> crate::device::SharedAddr,
-) {
-    use crate::device::cluster;
-    let rank = cluster::cta_rank();
-    // SAFETY: the caller's contract; the first cluster barrier orders the stores before split
-    // 0's reads, the second keeps the other blocks' shared memory alive until those are done
-    // (and split 0's warps reuse their slots for the block's own sum only after it).
-    unsafe {
-        if rank != 0 {
-            unroll!(TT in [0, 1] {
-                unroll!(RR in [0, 1] {
-                    if RR < R {
-                        st_shared_v4(slot(TT, RR), acc[TT][RR].map(f32::to_bits));
-                    }
-                });
-            });
-        }
-        cluster::sync();
-        if rank == 0 {
-            for other in 1..cluster::cta_count() {
-                unroll!(TT in [0, 1] {
-                    unroll!(RR in [0, 1] {
-                        if RR < R {
-                            let part = cluster::ld_shared_v4(cluster::map_shared(slot(TT, RR), other));
-                            unroll!(C in [0, 1, 2, 3] {
-                                acc[TT][RR][C] += f32::from_bits(part[C]);
-                            });
-                        }
-                    });
-                });
-            }
-        }
-        cluster::sync();
     }
 }
 

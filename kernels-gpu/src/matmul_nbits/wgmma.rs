@@ -473,7 +473,7 @@ pub(crate) unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
             let exchange = |i: usize| base.offset(((i * WGMMA_THREADS + tid) * 16) as u32);
             // SAFETY: `[f32; 64]` and `[[f32; 4]; 16]` have one layout.
             let tiles = &mut *(&mut acc as *mut [f32; 64] as *mut [[f32; 4]; 16]);
-            if !cluster::sum_into_rank0(tiles, 2, exchange) {
+            if !cluster::sum_into_rank0(tiles, 2, exchange, true) {
                 return;
             }
         }
