@@ -31,7 +31,12 @@ use dlkern::runtime::ptx;
 
 /// The probe modules (`common/probe.rs`), which only the tests and benches load.
 fn probe_modules() -> impl Iterator<Item = ptx::Module> {
-    probe::PTX_MODULES.iter().map(|&(arch, arch_specific, text)| ptx::Module { arch, arch_specific, text })
+    probe::PTX_MODULES.iter().map(|&(arch, arch_specific, text, cubin)| ptx::Module {
+        arch,
+        arch_specific,
+        text,
+        cubin,
+    })
 }
 
 /// The production modules (the library's) and the probe modules.
@@ -251,6 +256,28 @@ fn entry_body(text: &'static str, entry: &str) -> &'static str {
     let at = text.find(&format!(".visible .entry {entry}(")).expect(entry);
     let end = text[at + 1..].find(".visible .entry ").map_or(text.len(), |e| at + 1 + e);
     &text[at..end]
+}
+
+#[test]
+fn cubins_are_offered_to_the_architectures_that_run_them() {
+    let module = |arch, arch_specific, cubin: &'static [u8]| ptx::Module { arch, arch_specific, text: "", cubin };
+    let portable = module(80, false, b"\x7fELF");
+    for (cc, runs) in
+        [((8, 0), true), ((8, 6), true), ((8, 9), true), ((7, 5), false), ((9, 0), false), ((12, 0), false)]
+    {
+        assert_eq!(portable.cubin_for(cc.0, cc.1).is_some(), runs, "sm_80 cubin on {cc:?}");
+    }
+    let hopper = module(90, true, b"\x7fELF");
+    for (cc, runs) in [((9, 0), true), ((10, 0), false), ((8, 9), false)] {
+        assert_eq!(hopper.cubin_for(cc.0, cc.1).is_some(), runs, "sm_90a cubin on {cc:?}");
+    }
+    assert_eq!(module(80, false, b"").cubin_for(8, 0), None, "no cubin built");
+    // Built with a ptxas (the test scripts set DLKERN_PTXAS): every shipped module has one.
+    if option_env!("DLKERN_PTXAS").is_some_and(|p| !p.is_empty()) {
+        for m in ptx::modules() {
+            assert!(m.cubin.starts_with(b"\x7fELF"), "{}: no cubin in a build with ptxas", m.target());
+        }
+    }
 }
 
 #[test]

@@ -15,8 +15,13 @@
 //!     std::process::exit(1);
 //! }
 //! // then, in the crate: include!(concat!(env!("OUT_DIR"), "/kernels_ptx.rs"));
-//! // which defines `pub const PTX_MODULES: &[(u32, bool, &str)]` (sm number, `sm_XYa`, PTX text).
+//! // which defines `pub const PTX_MODULES: &[(u32, bool, &str, &[u8])]` (sm number, `sm_XYa`,
+//! // PTX text, the module assembled for that architecture or empty).
 //! ```
+//!
+//! With [`PTXAS_ENV`] naming a `ptxas`, each module is also assembled for its architecture (a
+//! cubin of the same kernels), so that a GPU of that architecture loads machine code instead of
+//! JIT-compiling the PTX, which takes tens of seconds for a large module on every fresh machine.
 //!
 //! The kernel crate needs `crate-type = ["staticlib"]`, `panic = "abort"`, `lto = "fat"` and
 //! `codegen-units = 1` in its release profile, its own `[workspace]` table, and a
@@ -35,6 +40,11 @@ pub use toolchain::{Toolchain, ToolchainSource, find_toolchain};
 /// outer cargo's target directory, so `cargo build`, `test`, `clippy` and `doc` share one copy
 /// of the compiled `core`).
 pub const TARGET_DIR_ENV: &str = "DLKERN_KERNEL_TARGET_DIR";
+
+/// Environment variable naming the `ptxas` that assembles each module for its architecture
+/// (unset or empty: PTX only). A `ptxas` that fails is a build error: it says the PTX is one
+/// the GPU's own compiler would reject too.
+pub const PTXAS_ENV: &str = "DLKERN_PTXAS";
 
 /// A GPU architecture, by its `sm_XY` number; `sm_XYa` when arch-specific (features such as
 /// `wgmma` that only that exact architecture has; such PTX runs on no other GPU).
@@ -114,6 +124,8 @@ pub struct BuiltPtx {
     pub arch: Arch,
     /// Where the module was written (in the output directory).
     pub path: PathBuf,
+    /// The module assembled by [`PTXAS_ENV`]'s `ptxas` for `arch`, when one was given.
+    pub cubin: Option<PathBuf>,
 }
 
 /// Builds a kernel crate to one PTX module per architecture. See the crate docs.
@@ -203,7 +215,7 @@ impl KernelBuilder {
             // Only the kernel sources and the knobs below can change the PTX.
             println!("cargo:rerun-if-changed={}", self.crate_dir.join("src").display());
             println!("cargo:rerun-if-changed={}", self.crate_dir.join("Cargo.toml").display());
-            for var in [toolchain::RUSTC_ENV, toolchain::CARGO_ENV, TARGET_DIR_ENV] {
+            for var in [toolchain::RUSTC_ENV, toolchain::CARGO_ENV, TARGET_DIR_ENV, PTXAS_ENV] {
                 println!("cargo:rerun-if-env-changed={var}");
             }
         }
@@ -300,7 +312,11 @@ impl KernelBuilder {
         check_ptx(&ptx, arch)?;
         let path = out_dir.join(format!("{file_stem}.{arch}.ptx"));
         write_if_changed(&path, &ptx)?;
-        Ok(BuiltPtx { arch, path })
+        let cubin = match std::env::var_os(PTXAS_ENV).filter(|p| !p.is_empty()) {
+            Some(ptxas) => Some(assemble(Path::new(&ptxas), &path, &ptx, arch, target_dir, file_stem)?),
+            None => None,
+        };
+        Ok(BuiltPtx { arch, path, cubin })
     }
 
     fn inner_cargo(&self, toolchain: &Toolchain, arch: Arch, target_dir: &Path, emitted: &Path) -> Command {
@@ -409,6 +425,40 @@ fn apply_entry_directives(ptx: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// The cubin `ptxas` makes of the module at `ptx_path` (text `ptx`) for `arch`, kept in the
+/// inner target directory under the PTX's hash: the builds of every profile share it, and an
+/// unchanged module is not assembled again (a large one takes ptxas half a minute).
+fn assemble(
+    ptxas: &Path,
+    ptx_path: &Path,
+    ptx: &str,
+    arch: Arch,
+    target_dir: &Path,
+    file_stem: &str,
+) -> Result<PathBuf, BuildError> {
+    // Keyed by the PTX and by which ptxas (its path, size and time: another version at the same
+    // path assembles anew). FNV-1a: a stable key (std's hasher may change between toolchains).
+    let tool = std::fs::metadata(ptxas).map_err(|e| BuildError::Io(format!("{PTXAS_ENV}={}: {e}", ptxas.display())))?;
+    let modified = tool.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+    let key = format!("{}\n{}\n{:?}\n", ptxas.display(), tool.len(), modified);
+    let hash = key
+        .bytes()
+        .chain(ptx.bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let cubin = target_dir.join(format!("{file_stem}.{arch}.{hash:016x}.cubin"));
+    if cubin.exists() {
+        return Ok(cubin);
+    }
+    std::fs::create_dir_all(target_dir).map_err(|e| BuildError::Io(format!("{}: {e}", target_dir.display())))?;
+    let partial = cubin.with_extension("cubin.partial");
+    let mut command = Command::new(ptxas);
+    command.arg(format!("-arch={arch}")).arg("-O3").arg(ptx_path).arg("-o").arg(&partial);
+    run(&mut command, arch)?;
+    // Renamed into place whole, so that a build cut short leaves no truncated cubin behind.
+    std::fs::rename(&partial, &cubin).map_err(|e| BuildError::Io(format!("{}: {e}", cubin.display())))?;
+    Ok(cubin)
+}
+
 /// A PTX module for `arch` has the matching `.target` line and at least one kernel.
 fn check_ptx(ptx: &str, arch: Arch) -> Result<(), BuildError> {
     let target = format!(".target {arch}");
@@ -423,12 +473,16 @@ fn check_ptx(ptx: &str, arch: Arch) -> Result<(), BuildError> {
 
 fn write_module_table(out_dir: &Path, file_stem: &str, built: &[BuiltPtx]) -> Result<(), BuildError> {
     let mut table = String::from(
-        "/// PTX modules built from the kernel crate: (sm number, arch-specific `sm_XYa`, PTX text),\n/// newest first.\n",
+        "/// PTX modules built from the kernel crate: (sm number, arch-specific `sm_XYa`, PTX text,\n/// the module assembled for that architecture or empty), newest first.\n",
     );
-    table.push_str("pub const PTX_MODULES: &[(u32, bool, &str)] = &[\n");
+    table.push_str("pub const PTX_MODULES: &[(u32, bool, &str, &[u8])] = &[\n");
     for module in built {
+        let cubin = match &module.cubin {
+            Some(path) => format!("include_bytes!({:?})", path.display().to_string()),
+            None => "&[]".to_string(),
+        };
         table.push_str(&format!(
-            "    ({}, {}, include_str!({:?})),\n",
+            "    ({}, {}, include_str!({:?}), {cubin}),\n",
             module.arch.number(),
             module.arch.is_specific(),
             module.path.display().to_string()

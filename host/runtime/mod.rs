@@ -43,7 +43,8 @@ pub struct Device {
     name: String,
     compute_capability: (i32, i32),
     ptx: ptx::Module,
-    module: OnceLock<Arc<CudaModule>>,
+    /// The loaded module, and whether it came from the cubin (else from the PTX).
+    module: OnceLock<(Arc<CudaModule>, bool)>,
     module_init: Mutex<()>,
     /// The kernels launched so far: handle, raised shared memory limit and occupancy, all under
     /// one lock so that a launch looks its kernel up once.
@@ -145,18 +146,18 @@ impl Device {
     }
 
     /// This device with the kernels of another PTX module instead of dlkern's: the one in
-    /// `modules` (a table as `dlkern-builder` writes it: sm number, arch-specific, PTX text) for
-    /// the target of the module this device runs ([`Device::module_arch`]), loaded on its first
-    /// launch. For modules built beside dlkern's but kept out of the library, such as the
+    /// `modules` (a table as `dlkern-builder` writes it: sm number, arch-specific, PTX text,
+    /// cubin) for the target of the module this device runs ([`Device::module_arch`]), loaded
+    /// on its first launch. For modules built beside dlkern's but kept out of the library, such as the
     /// device self-tests that the tests and benches load. The handle shares this device's
     /// primary context and launches as [`Device::launch`] does.
-    pub fn with_module(&self, modules: &[(u32, bool, &'static str)]) -> Result<Device> {
+    pub fn with_module(&self, modules: &[(u32, bool, &'static str, &'static [u8])]) -> Result<Device> {
         let (arch, arch_specific) = (self.ptx.arch, self.ptx.arch_specific);
-        let Some(&(_, _, text)) = modules.iter().find(|&&(a, s, _)| (a, s) == (arch, arch_specific)) else {
+        let Some(&(_, _, text, cubin)) = modules.iter().find(|&&(a, s, ..)| (a, s) == (arch, arch_specific)) else {
             let message = format!("no PTX module for {} among {} given", self.ptx.target(), modules.len());
             return Err(Error::invalid("Device::with_module", message));
         };
-        let ptx = ptx::Module { arch, arch_specific, text };
+        let ptx = ptx::Module { arch, arch_specific, text, cubin };
         let (ctx, name) = (self.ctx.clone(), self.name.clone());
         Ok(Device::on_module(ctx, name, self.compute_capability, ptx, self.max_shared_optin, self.multiprocessors))
     }
@@ -186,6 +187,12 @@ impl Device {
         self.ptx.arch
     }
 
+    /// Whether the module was loaded from its cubin (machine code the build assembled) rather
+    /// than JIT-compiled from its PTX; `None` before the first launch loads it.
+    pub fn module_from_cubin(&self) -> Option<bool> {
+        self.module.get().map(|&(_, from_cubin)| from_cubin)
+    }
+
     /// Whether this device runs the Hopper-specific module (`sm_90a`), whose extra kernels use
     /// `wgmma`.
     pub fn has_wgmma(&self) -> bool {
@@ -209,18 +216,30 @@ impl Device {
     }
 
     fn module(&self) -> Result<&Arc<CudaModule>> {
-        if let Some(module) = self.module.get() {
+        if let Some((module, _)) = self.module.get() {
             return Ok(module);
         }
-        // One thread JIT-compiles the module; others wait rather than compile it again.
+        // One thread loads the module (a JIT compile, from PTX); others wait rather than load it again.
         let _guard = self.module_init.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(module) = self.module.get() {
+        if let Some((module, _)) = self.module.get() {
             return Ok(module);
         }
-        let text = self.ptx.text;
-        let module =
-            guarded("load PTX module", || self.ctx.load_module(Ptx::from_src(text)).during("cuModuleLoadData"))?;
-        Ok(self.module.get_or_init(|| module))
+        let (major, minor) = self.compute_capability;
+        // The cubin where this GPU runs it; the PTX (JIT-compiled by the driver) where it does
+        // not, or where the driver refuses it (one from a newer ptxas than it accepts, say).
+        let from_cubin = self.ptx.cubin_for(major, minor).and_then(|cubin| {
+            guarded("load cubin", || self.ctx.load_module(Ptx::from_binary(cubin.to_vec())).during("cuModuleLoadData"))
+                .ok()
+        });
+        let loaded = match from_cubin {
+            Some(module) => (module, true),
+            None => {
+                let text = self.ptx.text;
+                let ptx = || self.ctx.load_module(Ptx::from_src(text)).during("cuModuleLoadData");
+                (guarded("load PTX module", ptx)?, false)
+            }
+        };
+        Ok(&self.module.get_or_init(|| loaded).0)
     }
 
     /// The handle of kernel `name`, loading the module on first use.

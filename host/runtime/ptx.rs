@@ -1,6 +1,7 @@
 //! The PTX modules built from `kernels-gpu/` by `build.rs`, and the choice among them.
 
-// Defines `PTX_MODULES: &[(u32, bool, &str)]` (sm number, arch-specific `sm_XYa`, text), newest
+// Defines `PTX_MODULES: &[(u32, bool, &str, &[u8])]` (sm number, arch-specific `sm_XYa`, text,
+// the module assembled for its architecture when the build had a ptxas, else empty), newest
 // architecture first.
 include!(concat!(env!("OUT_DIR"), "/dlkern_kernels_gpu_ptx.rs"));
 
@@ -16,6 +17,10 @@ pub struct Module {
     /// it runs on compute capability `X.Y` and no other.
     pub arch_specific: bool,
     pub text: &'static str,
+    /// The same kernels as machine code for `sm_XY` (empty when the build had no `ptxas`):
+    /// loading it skips the driver's JIT compile of `text`, tens of seconds for this module on
+    /// a machine whose JIT cache does not hold it yet.
+    pub cubin: &'static [u8],
 }
 
 impl Module {
@@ -23,11 +28,20 @@ impl Module {
     pub fn target(&self) -> String {
         format!("sm_{}{}", self.arch, if self.arch_specific { "a" } else { "" })
     }
+
+    /// The cubin, if there is one and a device of compute capability `major.minor` runs it:
+    /// machine code runs on its own major architecture only, from its minor version on (an
+    /// `sm_XYa` cubin on `X.Y` alone), where PTX also runs on every newer GPU.
+    pub fn cubin_for(&self, major: i32, minor: i32) -> Option<&'static [u8]> {
+        let (cc, arch) = ((major.max(0) as u32) * 10 + minor.max(0) as u32, self.arch);
+        let runs = if self.arch_specific { cc == arch } else { cc / 10 == arch / 10 && cc >= arch };
+        (runs && !self.cubin.is_empty()).then_some(self.cubin)
+    }
 }
 
 /// Every shipped module, newest first.
 pub fn modules() -> impl Iterator<Item = Module> {
-    PTX_MODULES.iter().map(|&(arch, arch_specific, text)| Module { arch, arch_specific, text })
+    PTX_MODULES.iter().map(|&(arch, arch_specific, text, cubin)| Module { arch, arch_specific, text, cubin })
 }
 
 /// The module for a device of compute capability `major.minor`: an arch-specific module of

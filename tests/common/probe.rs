@@ -24,7 +24,7 @@ pub mod layout;
 use layout::{Entry, STREAM_READ_BEFORE_WAIT, STREAM_READ_EARLY_DEPENDENTS};
 pub use layout::{STREAM_READ_THREADS, stream_read_per_block};
 
-// Defines `PTX_MODULES: &[(u32, bool, &str)]`: the probe modules, as build.rs built them.
+// Defines `PTX_MODULES: &[(u32, bool, &str, &[u8])]`: the probe modules, as build.rs built them.
 include!(concat!(env!("OUT_DIR"), "/dlkern_kernels_gpu_probe_ptx.rs"));
 
 /// A device with the probe kernels: the probe module for the target of its own module, loaded
