@@ -11,6 +11,10 @@
 //! `DLKERN_MATMUL_NBITS_VARIANT=small|large|tiled|packed|packed_mma|packed_wgmma|wgmma|wgmma_streamk|prefill`
 //! forces a kernel variant (to compare them at one M; the ids stay the same),
 //! `DLKERN_MATMUL_NBITS_SPLITS=N` the K splits of the `dlkern_f16` rows.
+//!
+//! Every buffer is made at the first timed call of a row that uses it, and criterion calls only
+//! the rows its filter selects: a filtered run (a variant A/B at one M) skips the other shapes'
+//! uploads, several GB of host-made patterns.
 
 mod common;
 
@@ -23,6 +27,7 @@ use dlkern::DType;
 use dlkern::ops::matmul_nbits::launch::{MatMulNBitsPointers, WeightsWritten, matmul_nbits_raw_with};
 use dlkern::ops::matmul_nbits::plan::{MatMulNBitsParams, Variant, ZeroPointKind};
 use half::f16;
+use std::cell::{LazyCell, RefCell};
 use std::time::Duration;
 
 /// (N, K) of the weight.
@@ -32,6 +37,13 @@ const BLOCK: usize = 128;
 
 fn pattern<T>(len: usize, f: impl Fn(usize) -> T) -> Vec<T> {
     (0..len).map(f).collect()
+}
+
+/// A buffer (or a rotation's copies) made at its first use.
+type Lazy<'a, T> = LazyCell<T, Box<dyn FnOnce() -> T + 'a>>;
+
+fn lazy<'a, T>(make: impl FnOnce() -> T + 'a) -> Lazy<'a, T> {
+    LazyCell::new(Box::new(make))
 }
 
 /// The variant `DLKERN_MATMUL_NBITS_VARIANT` forces, if any.
@@ -90,20 +102,26 @@ fn benches(c: &mut Criterion) {
                 .map(|c| s.clone_htod(&pattern(bytes, |i| ((i * 131 + c) % 251) as u8)).expect("alloc"))
                 .collect()
         };
-        let b = upload(b_bytes);
+        let b = lazy(|| upload(b_bytes));
         // The packed copies for the `dlkern_packed_f16` rows (default runs only).
-        let b_packed = if variant.is_none() { upload(packed_bytes) } else { Vec::new() };
-        let scales: Vec<_> = (0..copies)
-            .map(|_| s.clone_htod(&pattern(n * kb, |i| f16::from_f32(0.01 + (i % 7) as f32 * 1e-3))).expect("alloc"))
-            .collect();
+        let b_packed = lazy(|| upload(packed_bytes));
+        let scales: Lazy<Vec<_>> = lazy(|| {
+            (0..copies)
+                .map(|_| {
+                    s.clone_htod(&pattern(n * kb, |i| f16::from_f32(0.01 + (i % 7) as f32 * 1e-3))).expect("alloc")
+                })
+                .collect()
+        });
         let w16_bytes = n * k * 2;
         let copies16 = gpu.rotation(w16_bytes as u64);
-        let w16: Vec<_> = (0..copies16)
-            .map(|_| {
-                s.clone_htod(&pattern(n * k, |i| f16::from_f32(((i * 7919) % 251) as f32 / 251.0 - 0.5)))
-                    .expect("alloc")
-            })
-            .collect();
+        let w16: Lazy<Vec<_>> = lazy(|| {
+            (0..copies16)
+                .map(|_| {
+                    s.clone_htod(&pattern(n * k, |i| f16::from_f32(((i * 7919) % 251) as f32 / 251.0 - 0.5)))
+                        .expect("alloc")
+                })
+                .collect()
+        });
         for &m in ROWS {
             let params = MatMulNBitsParams {
                 dtype: DType::F16,
@@ -123,12 +141,13 @@ fn benches(c: &mut Criterion) {
                 eprintln!("matmul_nbits: {forced:?} skips M = {m}, N = {n}, K = {k}: {e}");
                 continue;
             }
-            let a =
-                s.clone_htod(&pattern(m * k, |i| f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))).expect("alloc");
-            let mut y = s.alloc_zeros::<f16>(m * n).expect("alloc");
+            let a = lazy(move || {
+                s.clone_htod(&pattern(m * k, |i| f16::from_f32(((i * 31) % 97) as f32 / 97.0 - 0.5))).expect("alloc")
+            });
+            let y = lazy(move || RefCell::new(s.alloc_zeros::<f16>(m * n).expect("alloc")));
             let shape = format!("M{m} N{n} K{k}");
             let io = ((m * k + m * n) * 2) as u64;
-            let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
+            let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &y };
             bench_dlkern(&mut group, &gpu, ("dlkern_f16", "dlkern"), &shape, params, w4_bytes as u64 + io, rotation);
             let large_m = variant.is_none() && gpu.device.has_wgmma() && m > 128;
             if large_m {
@@ -139,7 +158,7 @@ fn benches(c: &mut Criterion) {
                     (Variant::WgmmaStreamK, ("dlkern_streamk_f16", "dlkern wgmma stream-K")),
                 ] {
                     if chosen.as_ref().is_ok_and(|&v| v != other) {
-                        let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
+                        let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &y };
                         let p = MatMulNBitsParams { variant: Some(other), ..params };
                         bench_dlkern(&mut group, &gpu, names, &shape, p, w4_bytes as u64 + io, rotation);
                     }
@@ -148,14 +167,14 @@ fn benches(c: &mut Criterion) {
             if !large_m && variant.is_none() && chosen.is_ok_and(|v| v == Variant::WgmmaStreamK) {
                 // The planner took the stream-K partition: the same kernel over whole tiles.
                 let tiles = MatMulNBitsParams { variant: Some(Variant::Wgmma), ..params };
-                let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &mut y };
+                let rotation = Rotation { a: &a, b: &b, scales: &scales, y: &y };
                 let names = ("dlkern_tiles_f16", "dlkern whole tiles");
                 bench_dlkern(&mut group, &gpu, names, &shape, tiles, w4_bytes as u64 + io, rotation);
             }
-            if !b_packed.is_empty() && m <= 16 {
+            if variant.is_none() && m <= 16 {
                 // The records carry the scales; `scales` only has to be a valid pointer.
                 let packed_params = MatMulNBitsParams { variant: Some(Variant::Packed), splits: 0, ..params };
-                let rotation = Rotation { a: &a, b: &b_packed, scales: &scales, y: &mut y };
+                let rotation = Rotation { a: &a, b: &b_packed, scales: &scales, y: &y };
                 let bytes = packed_bytes as u64 + io;
                 bench_dlkern(
                     &mut group,
@@ -169,7 +188,7 @@ fn benches(c: &mut Criterion) {
                 if gpu.device.has_wgmma() {
                     // `Packed` ran `PackedWgmma`: the `mma.sync` decode kernels on the same bytes.
                     let mma_params = MatMulNBitsParams { variant: Some(Variant::PackedMma), splits: 0, ..params };
-                    let rotation = Rotation { a: &a, b: &b_packed, scales: &scales, y: &mut y };
+                    let rotation = Rotation { a: &a, b: &b_packed, scales: &scales, y: &y };
                     bench_dlkern(
                         &mut group,
                         &gpu,
@@ -213,7 +232,7 @@ fn benches(c: &mut Criterion) {
                     gpu.time(iters, || {
                         turn = (turn + 1) % copies16;
                         // SAFETY: the config matches the allocations (shapes above).
-                        unsafe { blas.gemm(cfg, &w16[turn], &a, &mut y) }.expect("cuBLAS gemm");
+                        unsafe { blas.gemm(cfg, &w16[turn], &*a, &mut *y.borrow_mut()) }.expect("cuBLAS gemm");
                     })
                 })
             });
@@ -222,12 +241,13 @@ fn benches(c: &mut Criterion) {
     group.finish();
 }
 
-/// The buffers one timed call rotates through: `b[i]` and `scales[i]` together.
-struct Rotation<'a> {
-    a: &'a CudaSlice<f16>,
-    b: &'a [CudaSlice<u8>],
-    scales: &'a [CudaSlice<f16>],
-    y: &'a mut CudaSlice<f16>,
+/// The buffers one timed call rotates through: `b[i]` and `scales[i]` together (made at the
+/// row's first timed call).
+struct Rotation<'r, 'a> {
+    a: &'r Lazy<'a, CudaSlice<f16>>,
+    b: &'r Lazy<'a, Vec<CudaSlice<u8>>>,
+    scales: &'r Lazy<'a, Vec<CudaSlice<f16>>>,
+    y: &'r Lazy<'a, RefCell<CudaSlice<f16>>>,
 }
 
 /// Records and times `matmul_nbits_raw_with` (constant weights) with `params` as
@@ -245,7 +265,6 @@ fn bench_dlkern(
     let s = &gpu.stream;
     let (m, n, k) = (params.m, params.n, params.k);
     let plan = params.plan(gpu.device.multiprocessors(), gpu.device.has_wgmma()).expect("plan");
-    let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
     let id = format!("{name}/m{m}_n{n}_k{k}");
     common::record(&common::Meta {
         family: "matmul_nbits",
@@ -257,20 +276,26 @@ fn bench_dlkern(
         flops: (2 * m * n * k) as u64,
         workspace_bytes: plan.workspace_bytes as u64,
     });
-    let y = buffers.y.device_ptr_mut(s).0;
-    let ptrs: Vec<MatMulNBitsPointers> = (buffers.b.iter().zip(buffers.scales))
-        .map(|(b, scales)| MatMulNBitsPointers {
-            a: buffers.a.device_ptr(s).0,
-            b: b.device_ptr(s).0,
-            scales: scales.device_ptr(s).0,
-            zero_points: 0,
-            bias: 0,
-            y,
-            workspace: workspace.device_ptr(s).0,
-        })
-        .collect();
+    // The workspace and the pointers, at the row's first timed call.
+    let mut prepared: Option<(CudaSlice<u8>, Vec<MatMulNBitsPointers>)> = None;
     let mut turn = 0;
     group.bench_function(&id, |bench| {
+        let (_, ptrs) = prepared.get_or_insert_with(|| {
+            let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
+            let y = buffers.y.borrow_mut().device_ptr_mut(s).0;
+            let ptrs = (buffers.b.iter().zip(buffers.scales.iter()))
+                .map(|(b, scales)| MatMulNBitsPointers {
+                    a: buffers.a.device_ptr(s).0,
+                    b: b.device_ptr(s).0,
+                    scales: scales.device_ptr(s).0,
+                    zero_points: 0,
+                    bias: 0,
+                    y,
+                    workspace: workspace.device_ptr(s).0,
+                })
+                .collect();
+            (workspace, ptrs)
+        });
         bench.iter_custom(|iters| {
             gpu.time(iters, || {
                 turn = (turn + 1) % ptrs.len();
