@@ -226,8 +226,10 @@ impl Device {
         }
         let (major, minor) = self.compute_capability;
         // The cubin where this GPU runs it; the PTX (JIT-compiled by the driver) where it does
-        // not, or where the driver refuses it (one from a newer ptxas than it accepts, say).
-        let from_cubin = self.ptx.cubin_for(major, minor).and_then(|cubin| {
+        // not, where the driver refuses it (one from a newer ptxas than it accepts, say), or
+        // where `DLKERN_LOAD_PTX` asks for the PTX.
+        let cubin = if ptx_forced() { None } else { self.ptx.cubin_for(major, minor) };
+        let from_cubin = cubin.and_then(|cubin| {
             guarded("load cubin", || self.ctx.load_module(Ptx::from_binary(cubin.to_vec())).during("cuModuleLoadData"))
                 .ok()
         });
@@ -595,6 +597,17 @@ struct KernelSlot<F> {
     occupancy: Vec<(u32, u32, u32)>,
 }
 
+/// Whether `DLKERN_LOAD_PTX` asks devices to load the PTX even where the build's cubin would
+/// run: set to anything but empty or `0`. For comparing the driver's JIT compile with the
+/// build's `ptxas` (one binary, two runs), or for stepping around a cubin.
+fn ptx_forced() -> bool {
+    ptx_forced_by(std::env::var_os("DLKERN_LOAD_PTX").as_deref())
+}
+
+fn ptx_forced_by(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_some_and(|v| !v.is_empty() && v != "0")
+}
+
 /// Lets the device's default memory pool (where [`StreamScratch`] allocates) keep what calls
 /// free instead of returning it to the system at every synchronization (the default threshold
 /// is 0): otherwise each call's workspace is mapped and unmapped again, which cost ~200 us per
@@ -869,6 +882,16 @@ mod tests {
         assert_eq!(loads.get(), 2, "one load per name");
         assert_eq!(kernels.slots.iter().map(|s| s.function).collect::<Vec<_>>(), [10, 20]);
         assert_eq!(kernels.index.len(), 3, "the second address is indexed too");
+    }
+
+    #[test]
+    fn dlkern_load_ptx_is_on_when_set_to_anything_but_empty_or_zero() {
+        use std::ffi::OsStr;
+        assert!(!ptx_forced_by(None));
+        assert!(!ptx_forced_by(Some(OsStr::new(""))));
+        assert!(!ptx_forced_by(Some(OsStr::new("0"))));
+        assert!(ptx_forced_by(Some(OsStr::new("1"))));
+        assert!(ptx_forced_by(Some(OsStr::new("yes"))));
     }
 
     #[test]
