@@ -31,12 +31,7 @@ use dlkern::runtime::ptx;
 
 /// The probe modules (`common/probe.rs`), which only the tests and benches load.
 fn probe_modules() -> impl Iterator<Item = ptx::Module> {
-    probe::PTX_MODULES.iter().map(|&(arch, arch_specific, text, cubin)| ptx::Module {
-        arch,
-        arch_specific,
-        text,
-        cubin,
-    })
+    probe::PTX_MODULES.iter().map(ptx::Module::of)
 }
 
 /// The production modules (the library's) and the probe modules.

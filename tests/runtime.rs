@@ -45,9 +45,8 @@ fn devices_share_the_primary_context_and_are_opened_once() {
     // A build with a ptxas ships the module as machine code too, which the device loads (no
     // JIT) unless DLKERN_LOAD_PTX asks for the PTX; the driver refusing it falls back to the
     // PTX, which this would catch.
-    let ptx_asked = std::env::var("DLKERN_LOAD_PTX").is_ok_and(|v| !v.is_empty() && v != "0");
-    let with_cubin =
-        !ptx_asked && dlkern::runtime::ptx::select(major, minor).unwrap().cubin_for(major, minor).is_some();
+    let with_cubin = !dlkern::runtime::ptx_forced()
+        && dlkern::runtime::ptx::select(major, minor).unwrap().cubin_for(major, minor).is_some();
     assert_eq!(a.module_from_cubin(), Some(with_cubin), "module loaded from the cubin where there is one");
     eprintln!("{a:?}: max dynamic shared memory {} bytes", a.max_shared_bytes_per_block());
 }

@@ -151,13 +151,12 @@ impl Device {
     /// on its first launch. For modules built beside dlkern's but kept out of the library, such as the
     /// device self-tests that the tests and benches load. The handle shares this device's
     /// primary context and launches as [`Device::launch`] does.
-    pub fn with_module(&self, modules: &[(u32, bool, &'static str, &'static [u8])]) -> Result<Device> {
-        let (arch, arch_specific) = (self.ptx.arch, self.ptx.arch_specific);
-        let Some(&(_, _, text, cubin)) = modules.iter().find(|&&(a, s, ..)| (a, s) == (arch, arch_specific)) else {
+    pub fn with_module(&self, modules: &[ptx::TableEntry]) -> Result<Device> {
+        let target = (self.ptx.arch, self.ptx.arch_specific);
+        let Some(ptx) = modules.iter().map(ptx::Module::of).find(|m| (m.arch, m.arch_specific) == target) else {
             let message = format!("no PTX module for {} among {} given", self.ptx.target(), modules.len());
             return Err(Error::invalid("Device::with_module", message));
         };
-        let ptx = ptx::Module { arch, arch_specific, text, cubin };
         let (ctx, name) = (self.ctx.clone(), self.name.clone());
         Ok(Device::on_module(ctx, name, self.compute_capability, ptx, self.max_shared_optin, self.multiprocessors))
     }
@@ -600,7 +599,7 @@ struct KernelSlot<F> {
 /// Whether `DLKERN_LOAD_PTX` asks devices to load the PTX even where the build's cubin would
 /// run: set to anything but empty or `0`. For comparing the driver's JIT compile with the
 /// build's `ptxas` (one binary, two runs), or for stepping around a cubin.
-fn ptx_forced() -> bool {
+pub fn ptx_forced() -> bool {
     ptx_forced_by(std::env::var_os("DLKERN_LOAD_PTX").as_deref())
 }
 

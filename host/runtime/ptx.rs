@@ -8,6 +8,10 @@ include!(concat!(env!("OUT_DIR"), "/dlkern_kernels_gpu_ptx.rs"));
 /// The oldest compute capability any shipped module runs on.
 pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
 
+/// A row of a module table as `dlkern-builder` writes it (`PTX_MODULES`): sm number,
+/// arch-specific `sm_XYa`, PTX text, cubin (empty when the build had no `ptxas`).
+pub type TableEntry = (u32, bool, &'static str, &'static [u8]);
+
 /// One shipped PTX module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Module {
@@ -24,6 +28,11 @@ pub struct Module {
 }
 
 impl Module {
+    /// The module a table row describes.
+    pub fn of(&(arch, arch_specific, text, cubin): &TableEntry) -> Module {
+        Module { arch, arch_specific, text, cubin }
+    }
+
     /// The `.target` name, e.g. `sm_90a`.
     pub fn target(&self) -> String {
         format!("sm_{}{}", self.arch, if self.arch_specific { "a" } else { "" })
@@ -41,7 +50,7 @@ impl Module {
 
 /// Every shipped module, newest first.
 pub fn modules() -> impl Iterator<Item = Module> {
-    PTX_MODULES.iter().map(|&(arch, arch_specific, text, cubin)| Module { arch, arch_specific, text, cubin })
+    PTX_MODULES.iter().map(Module::of)
 }
 
 /// The module for a device of compute capability `major.minor`: an arch-specific module of

@@ -73,8 +73,8 @@ pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
 }
 
 /// Adds `acc` of every block of a cluster of `cluster_size` into block 0's (PTX ISA §5.1.4.1),
-/// for the threads that `hold` a part of the sum (the same threads in every block): the other
-/// blocks' store theirs at `slot(i)` of their own shared memory, block 0's read them there; the
+/// for the threads that `hold` a part of the sum (the same threads in every block): those of the
+/// other blocks store theirs at `slot(i)` of their own shared memory, block 0's read them there; the
 /// second cluster barrier keeps the other blocks' shared memory alive until then. Returns
 /// whether this block is block 0, the one that holds the sums.
 ///
