@@ -3,11 +3,14 @@ ORT node on the CUDA EP, same inputs, in the same run (ORT's own node is the bas
 has). Caches are bound with IO binding the way onnxruntime-genai binds them (present = past, one
 buffer); every input lives on the device except total_sequence_length.
 
-Two times per case, both per run of the one-node session:
+Three times per case, all per run of the one-node session:
 - `sync_us`: `run_with_iobinding` with ORT's end-of-run synchronization, the median of many runs:
   what one call costs the caller (host work + launch + device time).
 - `device_us`: the summed durations of the kernels one run launches (CUPTI, through
-  torch.profiler), i.e. GPU time without the host's share.
+  torch.profiler), i.e. GPU time without the host's share;
+- `busy_us`: the time of one run during which at least one kernel runs (the union of their
+  intervals): a programmatic dependent starts under the kernel ahead of it and waits, so where
+  kernels overlap the sum counts the overlap twice and the union does not.
 
 And, for decode-sized nodes, the host time per node (`host_cost`, see HOST_NODES), ORT's own
 kernels beside dlkern's.
@@ -32,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dlkern_onnx as dx  # noqa: E402
 from bench_report import compute_bound  # noqa: E402
-from cupti import kernel_times  # noqa: E402
+from cupti import kernel_profile  # noqa: E402
 
 LIB = os.path.abspath(os.environ["DLKERN_LIB"])
 SYNC_RUNS = int(os.environ.get("DLKERN_ORT_RUNS", "50"))
@@ -48,7 +51,7 @@ def session(model):
 
 
 def timed(sess, bind):
-    """(sync_us, device_us) of one run of `sess` with the bindings `bind` makes."""
+    """(sync_us, device_us, busy_us, kernels) of one run of `sess` with the bindings `bind` makes."""
     io = sess.io_binding()
     bind(io)
     for _ in range(3):
@@ -59,8 +62,9 @@ def timed(sess, bind):
         sess.run_with_iobinding(io)
         times.append(time.perf_counter() - t0)
     # Device time: every kernel the runs launched (CUPTI sees ORT's launches too), per run.
-    device_us, breakdown = kernel_times(lambda: sess.run_with_iobinding(io), 10)
-    return statistics.median(times) * 1e6, device_us, {k: round(v, 1) for k, v in sorted(breakdown.items())}
+    profile = kernel_profile(lambda: sess.run_with_iobinding(io), 10)
+    kernels = {k: round(v, 1) for k, v in sorted(profile["kernels"].items())}
+    return statistics.median(times) * 1e6, profile["sum_us"], profile["busy_us"], kernels
 
 
 def bind_tensor(io, name, t):
@@ -382,8 +386,9 @@ def compare(op, label, models, bind, rate, nodes=1):
     for domain, model in models.items():
         key = "ort" if domain == "com.microsoft" else "dlkern"
         try:
-            sync_us, device_us, kernels = timed(session(model), bind)
+            sync_us, device_us, busy_us, kernels = timed(session(model), bind)
             rec[f"{key}_sync_us"], rec[f"{key}_device_us"] = sync_us / nodes, device_us / nodes
+            rec[f"{key}_busy_us"] = busy_us / nodes
             rec[f"{key}_kernels"] = {name: round(us / nodes, 1) for name, us in kernels.items()}
         except Exception as err:  # noqa: BLE001 - a baseline ORT refuses is reported, not fatal
             rec[f"{key}_error"] = str(err)[:300]
@@ -393,7 +398,8 @@ def compare(op, label, models, bind, rate, nodes=1):
           f"({rate(rec['ort_device_us'])}); dlkern {rec['dlkern_sync_us']:.1f} us per call, "
           f"{rec['dlkern_device_us']:.1f} us GPU ({rate(rec['dlkern_device_us'])}); speedup "
           f"{rec['ort_sync_us'] / rec['dlkern_sync_us']:.2f}x per call, "
-          f"{rec['ort_device_us'] / rec['dlkern_device_us']:.2f}x GPU", flush=True)
+          f"{rec['ort_device_us'] / rec['dlkern_device_us']:.2f}x GPU; GPU busy ORT {rec['ort_busy_us']:.1f} us, "
+          f"dlkern {rec['dlkern_busy_us']:.1f} us", flush=True)
     print("   ORT kernels:", rec["ort_kernels"], "\n   dlkern kernels:", rec["dlkern_kernels"], flush=True)
     return rec
 

@@ -197,8 +197,11 @@ def render_ort(records):
         "`benches/compare_ort.py`: each op as one node of an ORT session on the CUDA EP, dlkern's",
         "(domain `dlkern`) and onnxruntime-gpu 1.31.1's own (`com.microsoft`) on the same inputs, caches",
         "bound with IO binding as onnxruntime-genai binds them (present = past). Per call: the median",
-        "wall time of `run_with_iobinding` (host + device); GPU: the summed durations of the kernels",
-        "one run launches (CUPTI). GroupQueryAttention is the builder's node (packed QKV, rotary),",
+        "wall time of `run_with_iobinding` (host + device); GPU: the time of one run during which at",
+        "least one kernel runs (CUPTI; the union of the kernels' intervals, since a programmatic",
+        "dependent starts under the kernel ahead of it and waits there), or, marked *, the summed",
+        "durations of its kernels (runs before 2026-12-07, which counted such overlaps twice).",
+        "GroupQueryAttention is the builder's node (packed QKV, rotary),",
         "32 q / 8 kv heads of 128, f16; rates are KV-cache bytes read (decode), FLOPs (prompt) or",
         "bytes moved (norm). Speedup = ORT time / dlkern time. MatMulNBits: Llama-3-8B's shapes (N x K),",
         "8 nodes side by side in one session (2 for the LM head), each with weights of its own so that",
@@ -213,7 +216,11 @@ def render_ort(records):
             why = r.get("ort_error") or r.get("dlkern_error") or "not measured"
             lines.append(f"| {r['op']} | {r['case']} | {why[:80]} | | | | | | |")
             continue
-        us = r["dlkern_device_us"]
+        # The busy time where the run recorded it; older runs have the sums alone.
+        busy = "ort_busy_us" in r and "dlkern_busy_us" in r
+        ort_us = r["ort_busy_us"] if busy else r["ort_device_us"]
+        us = r["dlkern_busy_us"] if busy else r["dlkern_device_us"]
+        mark = "" if busy else "*"
         nbytes = r.get("kv_bytes", r.get("bytes", 0))
         flops = r.get("flops") or matmul_nbits_flops(r)
         if compute_bound(flops, nbytes):
@@ -221,9 +228,9 @@ def render_ort(records):
         else:
             rate = f"{nbytes / us / 1e6:.2f} TB/s"
         lines.append(
-            f"| {r['op']} | {r['case']} | {r['ort_sync_us']:.1f} us | {r['ort_device_us']:.1f} us | "
-            f"{r['dlkern_sync_us']:.1f} us | {us:.1f} us | {r['ort_sync_us'] / r['dlkern_sync_us']:.2f} | "
-            f"{r['ort_device_us'] / us:.2f} | {rate} |"
+            f"| {r['op']} | {r['case']} | {r['ort_sync_us']:.1f} us | {ort_us:.1f} us{mark} | "
+            f"{r['dlkern_sync_us']:.1f} us | {us:.1f} us{mark} | {r['ort_sync_us'] / r['dlkern_sync_us']:.2f} | "
+            f"{ort_us / us:.2f} | {rate} |"
         )
     return lines + [""]
 

@@ -136,6 +136,27 @@ def test_ort_host_rows_get_their_own_table_and_stay_out_of_the_comparison():
     assert "| MatMulNBits | M 1 node |" in comparison and "| M 1 |" not in comparison
 
 
+def test_ort_gpu_columns_take_the_busy_time_and_mark_summed_durations():
+    old = {"op": "MatMulNBits", "case": "old", "ort_sync_us": 20.0, "ort_device_us": 10.0,
+           "dlkern_sync_us": 25.0, "dlkern_device_us": 8.0, "bytes": 8_000_000}
+    new = dict(old, case="new", ort_busy_us=9.0, dlkern_busy_us=4.0)
+    results = {"date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c", "criterion": [], "meta": [],
+               "comparison": [], "ort_comparison": [old, new]}
+    text = bench_report.render(results, None, None)
+    assert "| MatMulNBits | old | 20.0 us | 10.0 us* | 25.0 us | 8.0 us* | 0.80 | 1.25 | 1.00 TB/s |" in text
+    assert "| MatMulNBits | new | 20.0 us | 9.0 us | 25.0 us | 4.0 us | 0.80 | 2.25 | 2.00 TB/s |" in text
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    sys.path.insert(0, os.path.join(ROOT, "benches"))
+    from cupti import busy_time
+
+    assert busy_time([]) == 0
+    # A dependent launched under the kernel ahead of it; a gap; one kernel inside another.
+    assert busy_time([(10, 20), (0, 12), (30, 40), (32, 35)]) == 30
+    assert busy_time([(0, 5), (5, 7)]) == 7
+
+
 def test_a_partial_run_replaces_only_the_rows_it_measured():
     import merge_results
 
