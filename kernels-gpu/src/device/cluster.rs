@@ -90,8 +90,10 @@ pub unsafe fn sum_into_rank0(
     slot: impl Fn(usize) -> SharedAddr,
     holds: bool,
 ) -> bool {
-    // (Inlined, `acc`'s length is a constant: the unrolled loops below keep no check of it.)
+    // (Inlined, `acc`'s length is a constant: the unrolled loops below keep no check of it, and
+    // this bound, which the array form checked at compile time, folds away.)
     let (v, rank) = (acc.len(), cta_rank());
+    assert!(v <= 16);
     // SAFETY: the caller's contract: uniform calls, valid slots; the barriers order the stores
     // before block 0's reads and those before the other blocks exit.
     unsafe {
