@@ -277,25 +277,25 @@ fn bench_dlkern(
         workspace_bytes: plan.workspace_bytes as u64,
     });
     // The workspace and the pointers, at the row's first timed call.
-    let mut prepared: Option<(CudaSlice<u8>, Vec<MatMulNBitsPointers>)> = None;
+    let prepared = lazy(|| {
+        let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
+        let y = buffers.y.borrow_mut().device_ptr_mut(s).0;
+        let ptrs: Vec<MatMulNBitsPointers> = (buffers.b.iter().zip(buffers.scales.iter()))
+            .map(|(b, scales)| MatMulNBitsPointers {
+                a: buffers.a.device_ptr(s).0,
+                b: b.device_ptr(s).0,
+                scales: scales.device_ptr(s).0,
+                zero_points: 0,
+                bias: 0,
+                y,
+                workspace: workspace.device_ptr(s).0,
+            })
+            .collect();
+        (workspace, ptrs)
+    });
     let mut turn = 0;
     group.bench_function(&id, |bench| {
-        let (_, ptrs) = prepared.get_or_insert_with(|| {
-            let workspace = s.alloc_zeros::<u8>(plan.workspace_bytes.max(16)).expect("alloc");
-            let y = buffers.y.borrow_mut().device_ptr_mut(s).0;
-            let ptrs = (buffers.b.iter().zip(buffers.scales.iter()))
-                .map(|(b, scales)| MatMulNBitsPointers {
-                    a: buffers.a.device_ptr(s).0,
-                    b: b.device_ptr(s).0,
-                    scales: scales.device_ptr(s).0,
-                    zero_points: 0,
-                    bias: 0,
-                    y,
-                    workspace: workspace.device_ptr(s).0,
-                })
-                .collect();
-            (workspace, ptrs)
-        });
+        let (_, ptrs) = &*prepared;
         bench.iter_custom(|iters| {
             gpu.time(iters, || {
                 turn = (turn + 1) % ptrs.len();
