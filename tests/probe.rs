@@ -299,3 +299,102 @@ fn matmul_nt_i8(a: &[i8], b: &[i8], m: usize, n: usize, k: usize) -> Vec<i64> {
 fn xor_words(bytes: &[u8]) -> u32 {
     bytes.chunks_exact(4).fold(0, |acc, w| acc ^ u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
 }
+
+/// One TMA copy per case through a tensor map passed as the kernel's first parameter: the box
+/// lands in shared memory swizzled as the map says, with zeros wherever it leaves the tensor
+/// (past either end of any dimension, including rows that lie in memory but outside the map's
+/// extent: how a KV cache's unused rows must read).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn tma_box_lands_swizzled_with_zeros_outside_the_tensor() {
+    use cudarc::driver::DevicePtr;
+    use dlkern::runtime::tensor_map::{MapElement, MapSwizzle, TensorMap, TiledTensor};
+    let (probes, stream) = gpu_probes();
+    if !probes.device().has_wgmma() {
+        eprintln!("skipped: the TMA probe is in the sm_90a module, and this GPU is not Hopper");
+        return;
+    }
+    // Every element distinct and nonzero: element i of the allocation holds i + 1.
+    let (cols, rows, planes, padded_rows) = (136usize, 97usize, 5usize, 100usize);
+    let total = cols * padded_rows * planes;
+    let host: Vec<u16> = (0..total).map(|i| (i % 65535 + 1) as u16).collect();
+    let src = stream.clone_htod(&host).unwrap();
+    let (address, _src) = src.device_ptr(&stream);
+    struct Case {
+        dims: Vec<u64>,
+        strides: Vec<u64>,
+        box_dims: Vec<u32>,
+        swizzle: MapSwizzle,
+        coords: Vec<i32>,
+    }
+    let row = (cols * 2) as u64;
+    let plane = row * padded_rows as u64;
+    let two_d = |swizzle, box_dims: [u32; 2], coords: [i32; 2]| Case {
+        dims: vec![cols as u64, rows as u64],
+        strides: vec![row],
+        box_dims: box_dims.to_vec(),
+        swizzle,
+        coords: coords.to_vec(),
+    };
+    let cases = [
+        two_d(MapSwizzle::Bytes128, [64, 32], [0, 0]),
+        two_d(MapSwizzle::Bytes128, [64, 32], [64, 80]), // rows past the end
+        two_d(MapSwizzle::Bytes128, [64, 32], [128, 16]), // columns past the end
+        two_d(MapSwizzle::Bytes128, [64, 128], [-8, -3]), // before the start, 128 rows (a K tile)
+        two_d(MapSwizzle::Bytes64, [32, 16], [40, 7]),
+        two_d(MapSwizzle::None, [8, 8], [128, 96]),
+        // A cache-like layout: planes of `rows` rows, each padded to `padded_rows` in memory.
+        Case {
+            dims: vec![cols as u64, rows as u64, planes as u64],
+            strides: vec![row, plane],
+            box_dims: vec![64, 32, 1],
+            swizzle: MapSwizzle::Bytes128,
+            coords: vec![64, 80, 3],
+        },
+    ];
+    for element in [MapElement::F16, MapElement::Bf16] {
+        for case in &cases {
+            let tensor = TiledTensor {
+                element,
+                address,
+                dims: &case.dims,
+                strides: &case.strides,
+                box_dims: &case.box_dims,
+                swizzle: case.swizzle,
+            };
+            let map = TensorMap::tiled("probe_tma_load", &tensor).unwrap();
+            let box_elems: usize = case.box_dims.iter().map(|&b| b as usize).product();
+            let box_bytes = box_elems * 2;
+            let what = format!("{element:?} box {:?} at {:?}, {:?}", case.box_dims, case.coords, case.swizzle);
+            let got = probe::tma_load(&probes, &stream, &map, &case.coords, box_bytes)
+                .unwrap_or_else(|e| panic!("{what}: {e}"))
+                .unwrap_or_else(|| panic!("{what}: the copy did not land within the probe's wait"));
+            let mut want = vec![0u8; box_bytes];
+            let (b0, b1) = (case.box_dims[0] as usize, case.box_dims[1] as usize);
+            for e in 0..box_elems {
+                let (c, r, p) = (e % b0, (e / b0) % b1, e / (b0 * b1));
+                let x = case.coords[0] as i64 + c as i64;
+                let y = case.coords[1] as i64 + r as i64;
+                let z = case.coords.get(2).map_or(0, |&z| z as i64) + p as i64;
+                let inside = x >= 0
+                    && (x as u64) < case.dims[0]
+                    && y >= 0
+                    && (y as u64) < case.dims[1]
+                    && z >= 0
+                    && (z as u64) < case.dims.get(2).copied().unwrap_or(1);
+                let value =
+                    if inside { host[z as usize * cols * padded_rows + y as usize * cols + x as usize] } else { 0 };
+                let at = case.swizzle.apply((e * 2) as u64) as usize;
+                want[at..at + 2].copy_from_slice(&value.to_le_bytes());
+            }
+            if let Some(i) = (0..box_bytes).step_by(2).find(|&i| got.bytes[i..i + 2] != want[i..i + 2]) {
+                panic!(
+                    "{what}: shared byte {i} holds {:?}, expected {:?} ({} polls)",
+                    &got.bytes[i..i + 2],
+                    &want[i..i + 2],
+                    got.polls
+                );
+            }
+        }
+    }
+}

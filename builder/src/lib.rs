@@ -409,11 +409,29 @@ fn retarget(ptx: &str, arch: Arch) -> String {
 /// DIRECTIVE`.
 const ENTRY_DIRECTIVE: &str = "// dlkern-entry-directive ";
 
+/// The comment the kernel crate's `tensor_map_param!` emits: `// dlkern-param-align PARAM
+/// ALIGN`, for a by-value parameter that needs more alignment than rustc's NVPTX ABI can declare
+/// (at most 16 bytes; a tensor map needs 64).
+const PARAM_ALIGN: &str = "// dlkern-param-align ";
+
 /// Moves each `entry_directive!` comment's directive into its entry's header (between the
 /// parameter list and the body, where PTX takes performance-tuning directives such as
-/// `.reqnctapercluster`); an entry the module does not have is an error.
+/// `.reqnctapercluster`), and raises the alignment of each parameter a `tensor_map_param!`
+/// names (ptxas then places it on that boundary of the parameter space); an entry or parameter
+/// the module does not have is an error.
 fn apply_entry_directives(ptx: &str) -> Result<String, String> {
     let mut out = ptx.to_string();
+    for line in ptx.lines() {
+        let Some(spec) = line.trim().strip_prefix(PARAM_ALIGN) else { continue };
+        let (param, align) = spec.split_once(' ').ok_or_else(|| format!("malformed parameter alignment `{line}`"))?;
+        let declared = [2, 4, 8, 16].into_iter().find_map(|a| {
+            let decl = format!(".param .align {a} .b8 {param}[");
+            out.find(&decl).map(|at| (at, decl.len()))
+        });
+        let (at, len) =
+            declared.ok_or_else(|| format!("parameter alignment for `{param}`, which no entry declares as bytes"))?;
+        out.replace_range(at..at + len, &format!(".param .align {align} .b8 {param}["));
+    }
     for line in ptx.lines() {
         let Some(spec) = line.trim().strip_prefix(ENTRY_DIRECTIVE) else { continue };
         let (entry, directive) = spec.split_once(' ').ok_or_else(|| format!("malformed entry directive `{line}`"))?;
@@ -523,6 +541,18 @@ mod tests {
         assert_eq!(apply_entry_directives("no directives\n").unwrap(), "no directives\n");
         let missing = apply_entry_directives("// dlkern-entry-directive k9 .maxnreg 128\n.entry k1(\n)\n{\n}\n");
         assert!(missing.unwrap_err().contains("k9"));
+    }
+
+    #[test]
+    fn parameter_alignments_are_raised_where_named() {
+        let ptx = "// dlkern-param-align k_param_0 64\n.visible .entry k(\n\t.param .align 16 .b8 k_param_0[128],\n\t.param .align 16 .b8 k_param_1[128]\n)\n{\nret;\n}\n";
+        let out = apply_entry_directives(ptx).unwrap();
+        assert!(
+            out.contains("\t.param .align 64 .b8 k_param_0[128],\n\t.param .align 16 .b8 k_param_1[128]\n"),
+            "{out}"
+        );
+        let missing = apply_entry_directives("// dlkern-param-align k_param_2 64\n.entry k(\n)\n{\n}\n");
+        assert!(missing.unwrap_err().contains("k_param_2"));
     }
 
     #[test]

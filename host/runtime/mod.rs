@@ -8,6 +8,7 @@
 mod driver;
 mod params;
 pub mod ptx;
+pub mod tensor_map;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -293,3 +293,56 @@ unsafe fn launch_stream_read(
     // contract (STREAM_READ_BEFORE_WAIT) says the kernel before does not write `src`.
     unsafe { probes.launch(Entry::StreamRead, stream_read_dims(plan.blocks), stream, args, overlap) }
 }
+
+/// What [`tma_load`] saw: the box as shared memory held it (swizzled as the map says), and
+/// how many times the kernel polled its barrier before the copy landed.
+#[derive(Debug)]
+pub struct TmaLoaded {
+    pub bytes: Vec<u8>,
+    pub polls: u32,
+}
+
+/// Copies the box of `map` at `coords` (innermost first; 2 or 3 of them, the map's rank) into
+/// shared memory with one TMA copy and reads it back. `box_bytes` is the map's box size. `None`
+/// if the copy did not land within the kernel's bounded wait (a lost copy, reported instead
+/// of hanging the test). The memory the map describes must stay allocated until this returns.
+pub fn tma_load(
+    probes: &Probes,
+    stream: &std::sync::Arc<CudaStream>,
+    map: &dlkern::runtime::tensor_map::TensorMap,
+    coords: &[i32],
+    box_bytes: usize,
+) -> Result<Option<TmaLoaded>> {
+    if !(2..=3).contains(&coords.len()) {
+        return Err(Error::invalid(
+            KERNEL,
+            format!("{} coordinates: the probe copies boxes of rank 2 or 3", coords.len()),
+        ));
+    }
+    if box_bytes == 0 || !box_bytes.is_multiple_of(16) || box_bytes > 32 << 10 {
+        return Err(Error::invalid(
+            KERNEL,
+            format!("box of {box_bytes} bytes: need a nonzero multiple of 16, at most 32 KiB"),
+        ));
+    }
+    let mut out = stream.alloc_zeros::<u8>(box_bytes + 16).map_err(|e| Error::invalid(KERNEL, e.to_string()))?;
+    {
+        let (out_ptr, _out) = out.device_ptr_mut(stream);
+        let c = |i: usize| coords.get(i).copied().unwrap_or(0);
+        let args = KernelParams::new()
+            .value(map.words())
+            .pointers(&[out_ptr])
+            .value(c(0))
+            .value(c(1))
+            .value(c(2))
+            .value(coords.len() as u32)
+            .value(box_bytes as u32);
+        let dims = LaunchDims { grid: (1, 1, 1), block: (128, 1, 1), shared_bytes: (box_bytes + 1024 + 8) as u32 };
+        // SAFETY: the parameters as the kernel declares (the map first, by value); `out` holds
+        // the box and the status vector; shared memory as the contract sizes it.
+        unsafe { probes.launch(Entry::TmaLoad, dims, stream, args, false) }?;
+    }
+    let host: Vec<u8> = stream.clone_dtoh(&out).map_err(|e| Error::invalid(KERNEL, e.to_string()))?;
+    let word = |i: usize| u32::from_le_bytes(host[box_bytes + 4 * i..box_bytes + 4 * i + 4].try_into().unwrap());
+    Ok((word(0) == 1).then(|| TmaLoaded { bytes: host[..box_bytes].to_vec(), polls: word(1) }))
+}

@@ -92,3 +92,24 @@ pub unsafe fn wait_parity(bar: SharedAddr, parity: u32) {
         }
     }
 }
+
+/// `mbarrier.test_wait.parity.acquire.cta.shared::cta.b64` (PTX ISA §9.7.13.15.16): whether the
+/// phase of `bar` with parity `parity` has completed, asked once, without suspending; when it
+/// has, what the arriving threads did before their arrivals happens before what this thread
+/// does after. For waits that must end even when a phase never completes (device self-tests
+/// that report a lost copy instead of hanging).
+///
+/// # Safety
+/// As [`wait_parity`].
+#[inline(always)]
+pub unsafe fn test_parity(bar: SharedAddr, parity: u32) -> bool {
+    let done: u32;
+    // SAFETY: the caller guarantees an initialized barrier.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [{b}], {q}; selp.u32 {d}, 1, 0, p; }}",
+            b = in(reg32) bar.0, q = in(reg32) parity, d = out(reg32) done, options(nostack)
+        )
+    };
+    done != 0
+}

@@ -25,6 +25,8 @@ pub mod mma;
 pub mod reduce;
 pub mod shared;
 pub mod sync;
+#[cfg(dlkern_arch_specific)]
+pub mod tma;
 pub mod warp;
 #[cfg(dlkern_arch_specific)]
 pub mod wgmma;

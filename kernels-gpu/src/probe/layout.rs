@@ -40,6 +40,16 @@ pub enum Entry {
     FastMath,
     /// `probe_stream_read`: the read-only memory ceiling.
     StreamRead,
+    /// `probe_tma_load`: one tensor copy (TMA) through a tensor map passed as a kernel
+    /// parameter; the sm_90a module only.
+    TmaLoad,
+}
+
+impl Entry {
+    /// Whether only the arch-specific (sm_90a) probe module has the entry.
+    pub const fn arch_specific(self) -> bool {
+        matches!(self, Entry::TmaLoad)
+    }
 }
 
 /// Every entry point of the probe modules, with its symbol.
@@ -50,6 +60,7 @@ pub const ENTRIES: &[(Entry, &str)] = &[
     (Entry::MmaS8, "probe_mma_m16n8k32_s8"),
     (Entry::FastMath, "probe_fast_math_f32"),
     (Entry::StreamRead, "probe_stream_read"),
+    (Entry::TmaLoad, "probe_tma_load"),
 ];
 
 /// The symbol of `entry`, if the modules have it.

@@ -23,6 +23,13 @@
 //!   that of `src`). `flags`: [`STREAM_READ_BEFORE_WAIT`], [`STREAM_READ_EARLY_DEPENDENTS`];
 //!   it may be launched as a programmatic dependent of the grid before it, and writes `out`
 //!   only after waiting for that grid.
+//! - `probe_tma_load(map, out, c0, c1, c2, rank, box_bytes)` (sm_90a module only): one tensor
+//!   copy. `map`: a tiled tensor map of rank 2 or 3 (`rank`), first parameter, by value;
+//!   `(c0, c1, c2)`: the box's first coordinates (innermost first; `c2` unused at rank 2);
+//!   `box_bytes`: the box's size, a multiple of 16. Grid `(1, 1, 1)`, block `(128, 1, 1)`,
+//!   dynamic shared memory `box_bytes + 1024 + 8` (the box starts at the first 1024-byte
+//!   boundary, the barrier after it). `out`: `box_bytes + 16` bytes, 16-byte aligned: the box as
+//!   shared memory holds it, then `[landed, tries, 0, 0]` as u32.
 
 pub mod layout;
 
@@ -240,6 +247,75 @@ pub unsafe extern "ptx-kernel" fn probe_stream_read(
         let warp = index::thread_idx_x() / 32;
         if index::lane_id() == 0 {
             out.add((index::block_idx_x() * (THREADS / 32) + warp) as usize).write(word);
+        }
+    }
+}
+
+#[cfg(dlkern_arch_specific)]
+crate::tensor_map_param!(probe_tma_load, 0);
+
+/// Copies one box of a tensor with TMA into shared memory and writes the shared memory's bytes,
+/// as they lie there (swizzled as the map says), to `out`, then one word: 1 if the copy landed
+/// within the wait's bound, else 0 (the bytes are then not meaningful). See the module docs.
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[cfg(dlkern_arch_specific)]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn probe_tma_load(
+    _map: crate::device::tma::TensorMapParam,
+    out: *mut [u32; 4],
+    c0: i32,
+    c1: i32,
+    c2: i32,
+    rank: u32,
+    box_bytes: u32,
+) {
+    use crate::device::memory::st_global_v4;
+    use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
+    use crate::device::wgmma::{SharedMatrix, fence_proxy_async_shared};
+    use crate::device::{mbarrier, tma};
+    // About 0.1 s of polling at the test's rate: far past a copy's microseconds, short of a hang.
+    const TRIES: u32 = 1 << 20;
+
+    let map = crate::kernel_param_address!("probe_tma_load_param_0");
+    let tid = index::thread_idx_x();
+    let tile = SharedMatrix::atom_aligned(dynamic_shared_base());
+    let bar = tile.offset(box_bytes);
+    // SAFETY: the contract sizes the shared memory (box, alignment slack, barrier) and `out`;
+    // only thread 0 touches the barrier before the block barrier that publishes its init.
+    unsafe {
+        if tid == 0 {
+            tma::prefetch(map);
+            mbarrier::init(bar, 1);
+            // The copy completes its bytes on the barrier through the async proxy.
+            fence_proxy_async_shared();
+        }
+        sync::sync_threads();
+        if tid == 0 {
+            mbarrier::arrive_expect_tx(bar, box_bytes);
+            if rank == 3 {
+                tma::load_3d(tile, map, c0, c1, c2, bar);
+            } else {
+                tma::load_2d(tile, map, c0, c1, bar);
+            }
+        }
+        let mut tries = 0;
+        let mut landed = false;
+        while tries < TRIES && !landed {
+            landed = mbarrier::test_parity(bar, 0);
+            tries += 1;
+        }
+        let vectors = box_bytes / 16;
+        if landed {
+            let mut i = tid;
+            while i < vectors {
+                st_global_v4(out.add(i as usize), ld_shared_v4(tile.offset(16 * i)));
+                i += index::block_dim_x();
+            }
+        }
+        if tid == 0 {
+            st_global_v4(out.add(vectors as usize), [landed as u32, tries, 0, 0]);
         }
     }
 }
