@@ -2,9 +2,9 @@
 
 use std::ffi::c_void;
 
-/// Words of parameter storage: the longest list today is the fused rotary launch's 232-byte
-/// `RotaryJobs` and 5 pointers (34 words).
-const WORDS: usize = 48;
+/// Words of parameter storage: the longest list today is the Hopper attention kernel's three
+/// 128-byte tensor maps, seven pointers and 72-byte `Dims` (64 words).
+const WORDS: usize = 72;
 /// Parameters per list.
 const MAX_PARAMS: usize = 16;
 

@@ -11,6 +11,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::ops::common::checks::{check_pointer, check_same_device, check_slice};
+use crate::runtime::tensor_map::{MapElement, MapSwizzle, TensorMap, TiledTensor};
 use crate::runtime::{Device, KernelParams, LaunchDims};
 
 const KERNEL: &str = "attention";
@@ -233,19 +234,85 @@ pub unsafe fn attention_raw_planned(
         check_pointer(KERNEL, "cu_seqlens_q", ptrs.cu_seqlens_q, 4)?;
         check_pointer(KERNEL, "cu_seqlens_k", ptrs.cu_seqlens_k, 4)?;
     }
-    let args = KernelParams::new()
-        .pointers(&[
-            ptrs.q,
-            ptrs.k,
-            ptrs.v,
-            ptrs.out,
-            if params.lse { ptrs.lse } else { 0 },
-            if packed { ptrs.cu_seqlens_q } else { 0 },
-            if packed { ptrs.cu_seqlens_k } else { 0 },
-        ])
-        .value(plan.args);
-    // SAFETY: seven pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, args) }
+    let pointers = [
+        ptrs.q,
+        ptrs.k,
+        ptrs.v,
+        ptrs.out,
+        if params.lse { ptrs.lse } else { 0 },
+        if packed { ptrs.cu_seqlens_q } else { 0 },
+        if packed { ptrs.cu_seqlens_k } else { 0 },
+    ];
+    // SAFETY: forwarded contract.
+    unsafe { launch_planned(device, stream, plan, pointers) }
+}
+
+/// Launches `plan` with its pointers (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k; 0 where
+/// absent), and before them, for the Hopper kernel, the tensor maps of Q, K and V its copies
+/// go through.
+///
+/// # Safety
+/// The pointers hold the extents the plan's arguments describe.
+unsafe fn launch_planned(device: &Device, stream: CUstream, plan: &AttentionPlan, pointers: [u64; 7]) -> Result<()> {
+    if plan.is_hopper() {
+        let [q, k, v] = hopper_maps(plan, [pointers[0], pointers[1], pointers[2]])?;
+        let args =
+            KernelParams::new().value(q.words()).value(k.words()).value(v.words()).pointers(&pointers).value(plan.args);
+        // SAFETY: three maps, seven pointers and the Dims struct, as the Hopper entries declare.
+        unsafe { device.launch(plan.kernel, plan.dims, stream, args) }
+    } else {
+        let args = KernelParams::new().pointers(&pointers).value(plan.args);
+        // SAFETY: seven pointers and the Dims struct, as the kernel declares.
+        unsafe { device.launch(plan.kernel, plan.dims, stream, args) }
+    }
+}
+
+/// The Hopper kernel's tensor maps of Q, K and V (addresses `[q, k, v]`): boxes of 64 columns
+/// of one head, 128 query rows or a key tile's rows, in the 128-byte swizzle its `wgmma`s read.
+/// Token-major tensors are `[rows, heads, D]` with the plan's row strides; a KV cache is
+/// `[batch, kv_heads, capacity, D]`.
+fn hopper_maps(plan: &AttentionPlan, [q, k, v]: [u64; 3]) -> Result<[TensorMap; 3]> {
+    let entry = layout::ENTRIES.iter().find(|&&(_, name)| name == plan.kernel).map(|&(e, _)| e);
+    let (t, d, cache) = match entry {
+        Some(layout::Entry::Hopper(t, d)) => (t, d, false),
+        Some(layout::Entry::HopperCache(t, d)) => (t, d, true),
+        _ => return Err(Error::invalid(KERNEL, format!("{} takes no tensor maps", plan.kernel))),
+    };
+    let element = if t == layout::Dtype::Bf16 { MapElement::Bf16 } else { MapElement::F16 };
+    let a = &plan.args;
+    let (d, bytes) = (d as u64, 2u64);
+    let rows = |n: u32| (n as u64).max(1);
+    let tiled = |address, dims: &[u64], strides: &[u64], box_dims: &[u32]| {
+        TensorMap::tiled(
+            KERNEL,
+            &TiledTensor { element, address, dims, strides, box_dims, swizzle: MapSwizzle::Bytes128 },
+        )
+    };
+    let q_map = tiled(
+        q,
+        &[d, a.heads as u64, rows(a.total_q)],
+        &[d * bytes, a.q_row_stride as u64 * bytes],
+        &[64, 1, layout::HOPPER_BLOCK_M as u32],
+    )?;
+    let block_n = layout::hopper_block_n(d as usize) as u32;
+    let kv_map = |address| {
+        if cache {
+            tiled(
+                address,
+                &[d, rows(a.cache_capacity), a.kv_heads as u64, plan.dims.grid.2 as u64],
+                &[a.k_row_stride as u64 * bytes, a.kv_head_stride as u64 * bytes, a.kv_batch_stride as u64 * bytes],
+                &[64, block_n, 1, 1],
+            )
+        } else {
+            tiled(
+                address,
+                &[d, a.kv_heads as u64, rows(a.total_k)],
+                &[a.kv_head_stride as u64 * bytes, a.k_row_stride as u64 * bytes],
+                &[64, 1, block_n],
+            )
+        }
+    };
+    Ok([q_map, kv_map(k)?, kv_map(v)?])
 }
 
 /// Attention forward over cudarc slices for a padded batch (safe: lengths are checked against
@@ -403,9 +470,8 @@ pub unsafe fn attention_cache_raw_planned(
         check_pointer(KERNEL, name, ptr, 16)?;
     }
     check_pointer(KERNEL, "seqlens_k", seqlens_k, 4)?;
-    let args = KernelParams::new().pointers(&[q, k_cache, v_cache, out, 0, 0, seqlens_k]).value(plan.args);
-    // SAFETY: seven pointers and the Dims struct, as the kernel declares; validity by contract.
-    unsafe { device.launch(plan.kernel, plan.dims, stream, args) }
+    // SAFETY: forwarded contract.
+    unsafe { launch_planned(device, stream, plan, [q, k_cache, v_cache, out, 0, 0, seqlens_k]) }
 }
 
 /// Where rotary takes positions from, and where it writes each token.

@@ -5,11 +5,14 @@
 //! A block is three warpgroups, FlashAttention-3's division of labour: warpgroup 0 copies, 1
 //! and 2 compute, warpgroup `w` owning query rows `64 (w - 1)..64 w` of the block's
 //! [`HOPPER_BLOCK_M`]. The producer gives up registers (`setmaxnreg`) to the consumers.
-//! - The producer copies Q, then each key tile's K and V (`cp.async`, zero-filling rows past the
-//!   sequence) into a ring of [`hopper_stages`] stages in the 128-byte-swizzle layout `wgmma`
-//!   reads, in blocks of 64 columns; a stage's K and V each have an `mbarrier` that completes
-//!   when their copies have landed (`cp.async.mbarrier.arrive`), and it waits for the consumers
-//!   to release a stage's K (after its scores) or V (after its `P V`) before refilling it.
+//! - The producer copies Q, then each key tile's K and V into a ring of [`hopper_stages`] stages
+//!   in the 128-byte-swizzle layout `wgmma` reads, in blocks of 64 columns: tensor copies (TMA,
+//!   one thread issues them through the maps the host encoded), except a sequence's partial last
+//!   key tile, which all 128 threads copy with `cp.async`, zero-filling the rows past the
+//!   sequence. A stage's K and V each have an `mbarrier` that completes when their copies have
+//!   landed (the tensor copies' bytes, or `cp.async.mbarrier.arrive`), and the producer waits for
+//!   the consumers to release a stage's K (after its scores) or V (after its `P V`) before
+//!   refilling it.
 //! - Each consumer, per key tile: `S = Q K^T` with both operands in shared memory (64 f32
 //!   registers per thread), issued together with `O += P V` of the previous tile (P, that
 //!   tile's probabilities, in registers as the A operand; V read MN-major, transposed by the
@@ -22,7 +25,11 @@
 //! barriers, FlashAttention-3's ping-pong), so one's softmax overlaps the other's GEMMs.
 //!
 //! # Launch contract: `attention_fwd{,_cache}_wgmma_{f16,bf16}_d{64,128,256}`
-//! As `attention_fwd{,_cache}_*` (module docs of `mod.rs`), with: grid
+//! As `attention_fwd{,_cache}_*` (module docs of `mod.rs`), with the tensor maps of Q, K and V
+//! first (by value, 64-byte aligned; the host's `hopper_maps`: 128-byte swizzle, boxes of 64
+//! columns by 128 query rows or [`hopper_block_n`] key rows of one head; Q and token-major K/V
+//! as `[rows, heads, D]`, a cache's K/V as `[batch, kv_heads, capacity, D]`), then the
+//! pointers and `Dims`, whose `q` the kernel no longer reads; grid
 //! `(ceil(max_seqlen_q / 128), H, batch)`, block `(384, 1, 1)` (`.maxntid`), dynamic shared memory
 //! [`hopper_shared_bytes`](super::layout::hopper_shared_bytes)`(D)` (over 48 KiB: the launcher raises the function's limit); a
 //! Hopper GPU running the sm_90a module. Causal launches visit the row blocks from the last
@@ -33,6 +40,7 @@ use super::{Dims, Logits, RowSink, kv_offset, sequence_rows};
 use crate::device::async_copy::{arrive_when_landed, commit_group, cp_async_16_zfill, wait_group};
 use crate::device::memory::st_global_v4;
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_u32};
+use crate::device::tma::{self, TensorMapParam};
 use crate::device::wgmma::{
     self, SharedMatrix, fence_proxy_async_shared, mma_async_k16_register_a_mn_b, mma_async_k16_shared,
     pin_accumulators_f32,
@@ -139,7 +147,7 @@ unsafe fn attention_fwd_wgmma<
     const STAGES: usize,
     const CACHE: bool,
 >(
-    q: *const T,
+    maps: TileMaps,
     k: *const T,
     v: *const T,
     out: *mut T,
@@ -203,33 +211,76 @@ unsafe fn attention_fwd_wgmma<
 
         if warpgroup == 0 {
             // The producer: Q, then each tile's K and V into stage `i % STAGES`, each once the
-            // consumers have released that stage's previous K or V (tile `i - STAGES`).
+            // consumers have released that stage's previous K or V (tile `i - STAGES`). Thread
+            // 0 issues the tensor copies (TMA), announcing their bytes on the stage's barrier,
+            // and the other 127 arrive; a sequence's last tile, if it is partial, is copied by
+            // all 128 with `cp.async`, zero-filling the rows past the sequence (a tensor copy
+            // would bring whatever lies there: the next sequence, or a cache's unwritten rows,
+            // which may hold NaNs that a zero probability does not cancel).
             sync::release_registers::<PRODUCER_REGISTERS>();
+            let leader = tid == 0;
+            if leader {
+                tma::prefetch(maps.q);
+                tma::prefetch(maps.k);
+                tma::prefetch(maps.v);
+            }
+            // Box `J` (64 columns) of a tile of `rows` rows at `dst`.
+            let column_block = |dst: SharedAddr, rows: usize, j: usize| dst.offset((j * rows * SWIZZLE_ROW) as u32);
+            if leader {
+                mbarrier::arrive_expect_tx(q_landed, tile_bytes(bm));
+                unroll!(J in [0, 1, 2, 3] {
+                    if J < D / 64 {
+                        // Rows past the sequence are other rows' (or, past the tensor, zeros):
+                        // each output row depends on its own query row alone, and rows past the
+                        // sequence are never written.
+                        tma::load_3d(column_block(q_s, bm, J), maps.q, 64 * J as i32, h as i32, (q0 + m0) as i32, q_landed);
+                    }
+                });
+            } else {
+                mbarrier::arrive(q_landed);
+            }
             let kv_base = kv_offset::<CACHE, D>(b, kvh, k0, &p);
             let (k_ptr, v_ptr) = (k.add(kv_base as usize), v.add(kv_base as usize));
-            let q_ptr = q.add(((q0 + m0) * p.q_row_stride + (h * D) as u32) as usize);
-            load_swizzled::<T, D, HOPPER_BLOCK_M>(q_s, q_ptr, p.q_row_stride, sq - m0);
-            arrive_when_landed(q_landed);
+            // Copies tile `first..first + BN` of `map` (or from `src`, zero-filled past `valid`
+            // rows) into `dst` and arrives on `bar`.
+            let copy_tile = |dst: SharedAddr, map: u64, src: *const T, first: u32, valid: u32, bar: SharedAddr| {
+                if valid < BN as u32 {
+                    load_swizzled::<T, D, BN>(dst, src.add((first * p.k_row_stride) as usize), p.k_row_stride, valid);
+                    arrive_when_landed(bar);
+                } else if leader {
+                    mbarrier::arrive_expect_tx(bar, tile_bytes(BN));
+                    unroll!(J in [0, 1, 2, 3] {
+                        if J < D / 64 {
+                            let col = 64 * J as i32;
+                            if CACHE {
+                                tma::load_4d(column_block(dst, BN, J), map, [col, first as i32, kvh as i32, b as i32], bar);
+                            } else {
+                                tma::load_3d(column_block(dst, BN, J), map, col, kvh as i32, (k0 + first) as i32, bar);
+                            }
+                        }
+                    });
+                } else {
+                    mbarrier::arrive(bar);
+                }
+            };
             for tile in tile_lo..tile_hi {
                 let i = tile - tile_lo;
                 let stage = i % STAGES;
                 let reuse = ((i / STAGES).wrapping_sub(1) & 1) as u32;
                 let first = (tile * BN) as u32;
                 let valid = sk.saturating_sub(first).min(BN as u32);
-                let off = (first * p.k_row_stride) as usize;
                 if i >= STAGES {
                     mbarrier::wait_parity(k_released(stage), reuse);
                 }
-                load_swizzled::<T, D, BN>(k_s(stage), k_ptr.add(off), p.k_row_stride, valid);
-                arrive_when_landed(k_landed(stage));
+                copy_tile(k_s(stage), maps.k, k_ptr, first, valid, k_landed(stage));
                 if i >= STAGES {
                     mbarrier::wait_parity(v_released(stage), reuse);
                 }
-                load_swizzled::<T, D, BN>(v_s(stage), v_ptr.add(off), p.k_row_stride, valid);
-                arrive_when_landed(v_landed(stage));
+                copy_tile(v_s(stage), maps.v, v_ptr, first, valid, v_landed(stage));
             }
             commit_group();
-            wait_group::<0>(); // no copy outlives the block
+            wait_group::<0>(); // no `cp.async` outlives the block (the tensor copies land before
+            // the consumers' last waits, which the block outlives)
             return;
         }
         sync::claim_registers::<CONSUMER_REGISTERS>();
@@ -478,9 +529,20 @@ unsafe fn attention_fwd_wgmma<
     }
 }
 
+/// The generic addresses of an entry's tensor maps (its first three parameters).
+#[derive(Clone, Copy)]
+struct TileMaps {
+    q: u64,
+    k: u64,
+    v: u64,
+}
+
 macro_rules! hopper_entries {
     ($ty:ty, $bf16:literal, $cache:literal, $($name:ident: $d:literal);+ $(;)?) => {$(
         crate::entry_directive!($name, ".maxntid 384, 1, 1");
+        crate::tensor_map_param!($name, 0);
+        crate::tensor_map_param!($name, 1);
+        crate::tensor_map_param!($name, 2);
         /// Attention forward on `wgmma`; see the module docs for the launch contract.
         ///
         /// # Safety
@@ -488,14 +550,20 @@ macro_rules! hopper_entries {
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
-            q: *const $ty, k: *const $ty, v: *const $ty, out: *mut $ty, lse: *mut f32,
+            _q_map: TensorMapParam, _k_map: TensorMapParam, _v_map: TensorMapParam,
+            _q: *const $ty, k: *const $ty, v: *const $ty, out: *mut $ty, lse: *mut f32,
             cu_q: *const i32, cu_k: *const i32, dims: Dims,
         ) {
             const BN: usize = hopper_block_n($d);
+            let maps = TileMaps {
+                q: crate::kernel_param_address!(concat!(stringify!($name), "_param_0")),
+                k: crate::kernel_param_address!(concat!(stringify!($name), "_param_1")),
+                v: crate::kernel_param_address!(concat!(stringify!($name), "_param_2")),
+            };
             // SAFETY: forwarded launch contract.
             unsafe {
                 attention_fwd_wgmma::<$ty, $bf16, $d, BN, { BN / 2 }, { $d / 2 }, { BN / 16 }, { hopper_stages($d) }, $cache>(
-                    q, k, v, out, lse, cu_q, cu_k, dims,
+                    maps, k, v, out, lse, cu_q, cu_k, dims,
                 )
             }
         }

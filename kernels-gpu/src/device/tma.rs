@@ -127,3 +127,19 @@ pub unsafe fn load_3d(dst: SharedAddr, map: u64, c0: i32, c1: i32, c2: i32, bar:
         )
     };
 }
+
+/// As [`load_2d`] for a map of rank 4, coordinates `(c0, c1, c2, c3)` innermost first.
+///
+/// # Safety
+/// As [`load_2d`], with a map of rank 4.
+#[inline(always)]
+pub unsafe fn load_4d(dst: SharedAddr, map: u64, c: [i32; 4], bar: SharedAddr) {
+    // SAFETY: the caller guarantees the map, the destination and the barrier's expectation.
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{}], [{}, {{{}, {}, {}, {}}}], [{}];",
+            in(reg32) dst.0, in(reg64) map, in(reg32) c[0], in(reg32) c[1], in(reg32) c[2], in(reg32) c[3], in(reg32) bar.0,
+            options(nostack)
+        )
+    };
+}
