@@ -10,7 +10,9 @@ root=$(git rev-parse --show-toplevel); cd "$root"
 bash scripts/setup.sh
 . scripts/env.sh
 out="$root/.gpu"
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+# (In a worktree .git is a file: ask git where the exclude file is.)
+exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 rm -rf "$out"; mkdir -p "$out/tests" "$out/benches" "$out/lib"
 # One profile for all three builds (the same settings each time, so a second bundle rebuilds
 # only what changed): no debug info, stripped; the executables embed the kernels' PTX.

@@ -4,7 +4,9 @@
 set -euo pipefail
 ver=${ORT_GPU_VERSION:-1.31.1}
 root=$(git rev-parse --show-toplevel); cd "$root"
-grep -qx '/.ortgpu/' .git/info/exclude 2>/dev/null || echo '/.ortgpu/' >> .git/info/exclude
+# (In a worktree .git is a file: ask git where the exclude file is.)
+exclude=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$exclude")"
+grep -qx '/.ortgpu/' "$exclude" 2>/dev/null || echo '/.ortgpu/' >> "$exclude"
 cache=~/.cache/ortgpu/$ver; mkdir -p "$cache"
 if [ ! -f "$cache/done" ]; then
   tmp=$(mktemp -d)
