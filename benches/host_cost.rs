@@ -160,6 +160,23 @@ fn benches(c: &mut Criterion) {
             })
         })
     });
+    // What the Hopper attention kernel's launch adds: it encodes three such maps (Q, K, V).
+    group.bench_function(row("TensorMap::tiled 3-D (cuTensorMapEncodeTiled, checked)"), |b| {
+        use dlkern::runtime::tensor_map::{MapElement, MapSwizzle, TensorMap, TiledTensor};
+        let tensor = TiledTensor {
+            element: MapElement::F16,
+            address: 1 << 20,
+            dims: &[128, 32, 8192],
+            strides: &[256, 8192],
+            box_dims: &[64, 1, 128],
+            swizzle: MapSwizzle::Bytes128,
+        };
+        b.iter_custom(|iters| {
+            host_time(s, iters, || {
+                std::hint::black_box(TensorMap::tiled("host_cost", std::hint::black_box(&tensor)).expect("map"));
+            })
+        })
+    });
     group.bench_function(row("Device::get"), |b| {
         b.iter_custom(|iters| host_time(s, iters, || drop(std::hint::black_box(Device::get(0).expect("device")))))
     });
