@@ -355,14 +355,32 @@ unsafe fn attention_fwd_wgmma<
             if !(keys.all_visible(first_key, BN as u32, m0, sk, &p) && !logits.prescaled) {
                 unroll!(RH in [0, 1] {
                     let diag = m0 as i64 + (row_base + 8 * RH) as i64 + keys.shift;
-                    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                        if J < BN / 8 {
-                            unroll!(C in [0, 1] {
-                                let j = first_key as i64 + (8 * J + 2 * qd + C) as i64;
-                                s[4 * J + 2 * RH + C] = logits.masked(s[4 * J + 2 * RH + C], j, diag, sk, &p);
-                            });
-                        }
-                    });
+                    if D <= 128 {
+                        // Column 8 J + 2 qd + C of the tile is visible iff lo <= it < hi: compared
+                        // as 8 J + C (a constant) against bounds less this lane's 2 qd (half the
+                        // instructions of the per-key test; at head size 256 its two extra live
+                        // bounds made ptxas spill more, so that size keeps the per-key test).
+                        let (lo, hi) = Logits::visible_range(first_key, BN as u32, diag, sk, &p);
+                        let (lo, hi) = (lo - 2 * qd as i32, hi - 2 * qd as i32);
+                        unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                            if J < BN / 8 {
+                                unroll!(C in [0, 1] {
+                                    let c = (8 * J + C) as i32;
+                                    let x = logits.scaled(s[4 * J + 2 * RH + C], &p);
+                                    s[4 * J + 2 * RH + C] = if c >= lo && c < hi { x } else { f32::NEG_INFINITY };
+                                });
+                            }
+                        });
+                    } else {
+                        unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                            if J < BN / 8 {
+                                unroll!(C in [0, 1] {
+                                    let j = first_key as i64 + (8 * J + 2 * qd + C) as i64;
+                                    s[4 * J + 2 * RH + C] = logits.masked(s[4 * J + 2 * RH + C], j, diag, sk, &p);
+                                });
+                            }
+                        });
+                    }
                 });
             }
             let mut corr = [1.0f32; 2];

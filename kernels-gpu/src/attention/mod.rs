@@ -146,6 +146,38 @@ impl Logits {
         if visible { x } else { f32::NEG_INFINITY }
     }
 
+    /// Score `x` capped or prescaled as the call asks: [`Logits::masked`] without the mask, for
+    /// the Hopper kernel's masking by column range. (`masked` keeps its own copy of these lines:
+    /// written as a call of this, LLVM schedules the mma.sync kernels differently, and those
+    /// were measured and tested as they are.)
+    #[inline(always)]
+    #[cfg_attr(not(dlkern_arch_specific), allow(dead_code))] // the Hopper kernel's
+    fn scaled(&self, x: f32, p: &Dims) -> f32 {
+        if self.capped {
+            p.softcap * LOG2_E * tanh(x * p.scale * self.inv_cap)
+        } else if self.prescaled {
+            x * (p.scale * LOG2_E)
+        } else {
+            x
+        }
+    }
+
+    /// The keys `first + lo..first + hi` (`0 <= lo, hi <= n`; none where `lo >= hi`) of keys
+    /// `first..first + n` that the query at key position `diag` sees: [`Logits::masked`]'s
+    /// bounds, computed once per row and tile so that each score needs one 32-bit compare per
+    /// bound.
+    #[inline(always)]
+    #[cfg_attr(not(dlkern_arch_specific), allow(dead_code))] // the Hopper kernel's
+    fn visible_range(first: u32, n: u32, diag: i64, sk: u32, p: &Dims) -> (i32, i32) {
+        let mut hi = sk as i64;
+        if p.causal != 0 {
+            hi = hi.min(diag + 1);
+        }
+        let lo = if p.window_left >= 0 { diag - p.window_left as i64 } else { 0 };
+        let rel = |k: i64| (k - first as i64).clamp(0, n as i64) as i32;
+        (rel(lo), rel(hi))
+    }
+
     /// The new running maximum of a row (from `m` and this tile's maximum `tile_max`), the
     /// exponent offset for this tile's scores, and the factor that rescales the old sums.
     #[inline(always)]
