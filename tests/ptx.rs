@@ -149,7 +149,14 @@ fn kernels_use_the_intended_instructions() {
         ", p, 1, 1, 1; }",
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16",
         ", p, 1, 1, 0, 0; }",
-        // Its producer warpgroup: copies tracked by mbarriers, registers handed to the consumers.
+        // Its producer warpgroup: tensor copies (TMA) through maps passed as 64-byte-aligned
+        // parameters, the partial last tile by cp.async, copies tracked by mbarriers, registers
+        // handed to the consumers.
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+        "prefetch.tensormap",
+        "cvta.param.u64",
+        ".param .align 64 .b8 attention_fwd_wgmma_f16_d128_param_0[128]",
         "cp.async.mbarrier.arrive.noinc.shared::cta.b64",
         "setmaxnreg.dec.sync.aligned.u32 24",
         "setmaxnreg.inc.sync.aligned.u32 240",
@@ -200,7 +207,14 @@ fn probes_use_the_instructions_they_test() {
         "ld.global.nc.v4.u32",
         "shfl.sync.bfly.b32",
     ];
-    let hopper = ["griddepcontrol.launch_dependents", "griddepcontrol.wait"];
+    let hopper = [
+        "griddepcontrol.launch_dependents",
+        "griddepcontrol.wait",
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+        "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64",
+        ".param .align 64 .b8 probe_tma_load_param_0[128]",
+    ];
     for module in probe_modules() {
         let (sm, text) = (module.target(), module.text);
         let extra: &[&str] = if module.arch_specific { &hopper } else { &[] };
