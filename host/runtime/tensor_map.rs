@@ -126,7 +126,7 @@ impl TensorMap {
     /// Encodes the map for copies of `tensor`'s box (elements outside the tensor read as zero;
     /// L2 promotion of 128 bytes). `kernel` names the caller in errors.
     pub fn tiled(kernel: &'static str, tensor: &TiledTensor<'_>) -> Result<TensorMap> {
-        check(kernel, tensor)?;
+        tensor.check(kernel)?;
         let rank = tensor.dims.len();
         let element_strides = [1u32; 5];
         let mut map = CUtensorMap { opaque: [0; 16] };
@@ -161,8 +161,15 @@ impl TensorMap {
     }
 }
 
-/// The driver's documented limits for a tiled map without interleave (CUDA driver API,
-/// `cuTensorMapEncodeTiled`).
+impl TiledTensor<'_> {
+    /// Whether the driver's documented limits for a tiled map without interleave (CUDA driver
+    /// API, `cuTensorMapEncodeTiled`) hold; [`TensorMap::tiled`] checks them first. An error
+    /// names the rule and `kernel`.
+    pub fn check(&self, kernel: &'static str) -> Result<()> {
+        check(kernel, self)
+    }
+}
+
 fn check(kernel: &'static str, t: &TiledTensor<'_>) -> Result<()> {
     let bad = |message: String| Err(Error::invalid(kernel, format!("tensor map: {message}")));
     let rank = t.dims.len();

@@ -267,11 +267,43 @@ unsafe fn launch_planned(device: &Device, stream: CUstream, plan: &AttentionPlan
     }
 }
 
-/// The Hopper kernel's tensor maps of Q, K and V (addresses `[q, k, v]`): boxes of 64 columns
-/// of one head, 128 query rows or a key tile's rows, in the 128-byte swizzle its `wgmma`s read.
-/// Token-major tensors are `[rows, heads, D]` with the plan's row strides; a KV cache is
-/// `[batch, kv_heads, capacity, D]`.
+/// The Hopper kernel's tensor maps of Q, K and V (addresses `[q, k, v]`), encoded from
+/// [`hopper_map_shapes`].
 fn hopper_maps(plan: &AttentionPlan, [q, k, v]: [u64; 3]) -> Result<[TensorMap; 3]> {
+    let (element, [q_shape, kv_shape]) = hopper_map_shapes(plan)?;
+    let map = |address, shape: &MapShape| TensorMap::tiled(KERNEL, &shape.tensor(element, address));
+    Ok([map(q, &q_shape)?, map(k, &kv_shape)?, map(v, &kv_shape)?])
+}
+
+/// A tensor map of the Hopper kernel before it has an address: extents, byte strides and box,
+/// innermost first, of rank 3 or 4 (`rank` entries used).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct MapShape {
+    rank: usize,
+    dims: [u64; 4],
+    strides: [u64; 3],
+    box_dims: [u32; 4],
+}
+
+impl MapShape {
+    fn tensor(&self, element: MapElement, address: u64) -> TiledTensor<'_> {
+        let r = self.rank;
+        TiledTensor {
+            element,
+            address,
+            dims: &self.dims[..r],
+            strides: &self.strides[..r - 1],
+            box_dims: &self.box_dims[..r],
+            swizzle: MapSwizzle::Bytes128,
+        }
+    }
+}
+
+/// The element type and the shapes of the Hopper kernel's maps for `plan`: Q's, then K's and V's
+/// (one shape). Boxes of 64 columns of one head, 128 query rows or a key tile's rows, in the
+/// 128-byte swizzle its `wgmma`s read. Token-major tensors are `[rows, heads, D]` with the
+/// plan's row strides; a KV cache is `[batch, kv_heads, capacity, D]`.
+fn hopper_map_shapes(plan: &AttentionPlan) -> Result<(MapElement, [MapShape; 2])> {
     let entry = layout::ENTRIES.iter().find(|&&(_, name)| name == plan.kernel).map(|&(e, _)| e);
     let (t, d, cache) = match entry {
         Some(layout::Entry::Hopper(t, d)) => (t, d, false),
@@ -282,37 +314,29 @@ fn hopper_maps(plan: &AttentionPlan, [q, k, v]: [u64; 3]) -> Result<[TensorMap; 
     let a = &plan.args;
     let (d, bytes) = (d as u64, 2u64);
     let rows = |n: u32| (n as u64).max(1);
-    let tiled = |address, dims: &[u64], strides: &[u64], box_dims: &[u32]| {
-        TensorMap::tiled(
-            KERNEL,
-            &TiledTensor { element, address, dims, strides, box_dims, swizzle: MapSwizzle::Bytes128 },
-        )
+    let q = MapShape {
+        rank: 3,
+        dims: [d, a.heads as u64, rows(a.total_q), 1],
+        strides: [d * bytes, a.q_row_stride as u64 * bytes, 0],
+        box_dims: [64, 1, layout::HOPPER_BLOCK_M as u32, 1],
     };
-    let q_map = tiled(
-        q,
-        &[d, a.heads as u64, rows(a.total_q)],
-        &[d * bytes, a.q_row_stride as u64 * bytes],
-        &[64, 1, layout::HOPPER_BLOCK_M as u32],
-    )?;
     let block_n = layout::hopper_block_n(d as usize) as u32;
-    let kv_map = |address| {
-        if cache {
-            tiled(
-                address,
-                &[d, rows(a.cache_capacity), a.kv_heads as u64, plan.dims.grid.2 as u64],
-                &[a.k_row_stride as u64 * bytes, a.kv_head_stride as u64 * bytes, a.kv_batch_stride as u64 * bytes],
-                &[64, block_n, 1, 1],
-            )
-        } else {
-            tiled(
-                address,
-                &[d, a.kv_heads as u64, rows(a.total_k)],
-                &[a.kv_head_stride as u64 * bytes, a.k_row_stride as u64 * bytes],
-                &[64, 1, block_n],
-            )
+    let kv = if cache {
+        MapShape {
+            rank: 4,
+            dims: [d, rows(a.cache_capacity), a.kv_heads as u64, plan.dims.grid.2 as u64],
+            strides: [a.k_row_stride as u64 * bytes, a.kv_head_stride as u64 * bytes, a.kv_batch_stride as u64 * bytes],
+            box_dims: [64, block_n, 1, 1],
+        }
+    } else {
+        MapShape {
+            rank: 3,
+            dims: [d, a.kv_heads as u64, rows(a.total_k), 1],
+            strides: [a.kv_head_stride as u64 * bytes, a.k_row_stride as u64 * bytes, 0],
+            box_dims: [64, 1, block_n, 1],
         }
     };
-    Ok([q_map, kv_map(k)?, kv_map(v)?])
+    Ok((element, [q, kv]))
 }
 
 /// Attention forward over cudarc slices for a padded batch (safe: lengths are checked against
@@ -735,6 +759,93 @@ pub unsafe fn rotary_jobs_raw(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every plan that picks the Hopper kernel has tensor maps the driver takes (its documented
+    /// limits, checked on the CPU), laid out as the kernel reads them: a launch never fails at
+    /// encoding, and never falls back.
+    #[test]
+    fn every_hopper_plan_has_maps_within_the_drivers_limits() {
+        let mut checked = 0;
+        for d in [64, 128, 256] {
+            for (heads, kv_heads) in [(1, 1), (32, 8), (16, 16), (7, 1)] {
+                for dtype in [DType::F16, DType::BF16] {
+                    for layout in [
+                        Batch::Padded { seqlen_q: 1, seqlen_k: 1 },
+                        Batch::Padded { seqlen_q: 97, seqlen_k: 1025 },
+                        Batch::Packed { total_q: 4097, total_k: 0, max_seqlen_q: 4097 },
+                    ] {
+                        let params = AttentionParams {
+                            dtype,
+                            batch: 3,
+                            layout,
+                            heads,
+                            kv_heads,
+                            head_dim: d,
+                            causal: true,
+                            window_left: None,
+                            scale: 0.1,
+                            softcap: 0.0,
+                            lse: false,
+                        };
+                        let cache = CacheAttentionParams {
+                            dtype,
+                            batch: 3,
+                            seqlen_q: 5,
+                            capacity: 4099,
+                            heads,
+                            kv_heads,
+                            head_dim: d,
+                            q_row_stride: (heads + 2 * kv_heads) * d,
+                            causal: true,
+                            window_left: None,
+                            scale: 0.1,
+                            softcap: 0.0,
+                        };
+                        for plan in [params.plan().unwrap(), cache.plan().unwrap()] {
+                            let hopper = plan.hopper().expect("a Hopper instantiation");
+                            let (element, shapes) = hopper_map_shapes(&hopper).unwrap();
+                            for shape in &shapes {
+                                shape
+                                    .tensor(element, 0x10000)
+                                    .check(KERNEL)
+                                    .unwrap_or_else(|e| panic!("{hopper:?}: {e}"));
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 3 * 4 * 2 * 3 * 2);
+        // The shapes themselves: Llama's packed QKV in a cache, head size 128.
+        let cache = CacheAttentionParams {
+            dtype: DType::BF16,
+            batch: 2,
+            seqlen_q: 9,
+            capacity: 4096,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            q_row_stride: 48 * 128,
+            causal: true,
+            window_left: None,
+            scale: 0.1,
+            softcap: 0.0,
+        };
+        let (element, [q, kv]) = hopper_map_shapes(&cache.plan().unwrap().hopper().unwrap()).unwrap();
+        assert_eq!(element, MapElement::Bf16);
+        assert_eq!(
+            (q.rank, &q.dims[..3], &q.strides[..2], &q.box_dims[..3]),
+            (3, &[128, 32, 18][..], &[256, 48 * 256][..], &[64, 1, 128][..])
+        );
+        assert_eq!(
+            (kv.rank, kv.dims, kv.strides, kv.box_dims),
+            (4, [128, 4096, 8, 2], [256, 4096 * 256, 8 * 4096 * 256], [64, 128, 1, 1])
+        );
+        // The mma.sync kernel takes none.
+        let plain = cache.plan().unwrap();
+        assert!(hopper_map_shapes(&plain).unwrap_err().to_string().contains("takes no tensor maps"));
+    }
 
     fn rotary(dtype: DType, head_size: usize, rotary_dim: usize, interleaved: bool) -> RotaryParams {
         let strides = HeadStrides { batch: 4 * 7 * head_size, seq: 4 * head_size, head: head_size };
