@@ -63,8 +63,7 @@ impl AttentionPlan {
     /// it has an instantiation for the dtype and head size: a producer warpgroup and two
     /// consumer warpgroups of `wgmma`, 128 query rows per block.
     pub fn hopper(&self) -> Option<AttentionPlan> {
-        let entry = layout::ENTRIES.iter().find(|&&(_, name)| name == self.kernel)?.0;
-        let (hopper, d) = match entry {
+        let (hopper, d) = match self.entry()? {
             layout::Entry::Fwd(t, d) => (layout::Entry::Hopper(t, d), d),
             layout::Entry::FwdCache(t, d) => (layout::Entry::HopperCache(t, d), d),
             _ => return None,
@@ -77,6 +76,11 @@ impl AttentionPlan {
             shared_bytes: layout::hopper_shared_bytes(d) as u32,
         };
         Some(AttentionPlan { kernel, dims, args: self.args })
+    }
+
+    /// The entry point this plan launches.
+    fn entry(&self) -> Option<layout::Entry> {
+        layout::ENTRIES.iter().find(|&&(_, name)| name == self.kernel).map(|&(e, _)| e)
     }
 
     /// Whether this plan runs the Hopper kernel.
@@ -304,8 +308,7 @@ impl MapShape {
 /// 128-byte swizzle its `wgmma`s read. Token-major tensors are `[rows, heads, D]` with the
 /// plan's row strides; a KV cache is `[batch, kv_heads, capacity, D]`.
 fn hopper_map_shapes(plan: &AttentionPlan) -> Result<(MapElement, [MapShape; 2])> {
-    let entry = layout::ENTRIES.iter().find(|&&(_, name)| name == plan.kernel).map(|&(e, _)| e);
-    let (t, d, cache) = match entry {
+    let (t, d, cache) = match plan.entry() {
         Some(layout::Entry::Hopper(t, d)) => (t, d, false),
         Some(layout::Entry::HopperCache(t, d)) => (t, d, true),
         _ => return Err(Error::invalid(KERNEL, format!("{} takes no tensor maps", plan.kernel))),

@@ -278,9 +278,10 @@ unsafe fn attention_fwd_wgmma<
                 }
                 copy_tile(v_s(stage), maps.v, v_ptr, first, valid, v_landed(stage));
             }
+            // No `cp.async` outlives the block (the tensor copies land before the consumers'
+            // last waits, which the block outlives).
             commit_group();
-            wait_group::<0>(); // no `cp.async` outlives the block (the tensor copies land before
-            // the consumers' last waits, which the block outlives)
+            wait_group::<0>();
             return;
         }
         sync::claim_registers::<CONSUMER_REGISTERS>();
