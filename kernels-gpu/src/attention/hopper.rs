@@ -253,7 +253,7 @@ unsafe fn attention_fwd_wgmma<
                         if J < D / 64 {
                             let col = 64 * J as i32;
                             if CACHE {
-                                tma::load_4d(column_block(dst, BN, J), map, [col, first as i32, kvh as i32, b as i32], bar);
+                                tma::load_4d(column_block(dst, BN, J), map, col, first as i32, kvh as i32, b as i32, bar);
                             } else {
                                 tma::load_3d(column_block(dst, BN, J), map, col, kvh as i32, (k0 + first) as i32, bar);
                             }

@@ -133,12 +133,12 @@ pub unsafe fn load_3d(dst: SharedAddr, map: u64, c0: i32, c1: i32, c2: i32, bar:
 /// # Safety
 /// As [`load_2d`], with a map of rank 4.
 #[inline(always)]
-pub unsafe fn load_4d(dst: SharedAddr, map: u64, c: [i32; 4], bar: SharedAddr) {
+pub unsafe fn load_4d(dst: SharedAddr, map: u64, c0: i32, c1: i32, c2: i32, c3: i32, bar: SharedAddr) {
     // SAFETY: the caller guarantees the map, the destination and the barrier's expectation.
     unsafe {
         asm!(
             "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{}], [{}, {{{}, {}, {}, {}}}], [{}];",
-            in(reg32) dst.0, in(reg64) map, in(reg32) c[0], in(reg32) c[1], in(reg32) c[2], in(reg32) c[3], in(reg32) bar.0,
+            in(reg32) dst.0, in(reg64) map, in(reg32) c0, in(reg32) c1, in(reg32) c2, in(reg32) c3, in(reg32) bar.0,
             options(nostack)
         )
     };
