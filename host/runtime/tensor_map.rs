@@ -166,52 +166,52 @@ impl TiledTensor<'_> {
     /// API, `cuTensorMapEncodeTiled`) hold; [`TensorMap::tiled`] checks them first. An error
     /// names the rule and `kernel`.
     pub fn check(&self, kernel: &'static str) -> Result<()> {
-        check(kernel, self)
+        let bad = |message: String| Err(Error::invalid(kernel, format!("tensor map: {message}")));
+        let rank = self.dims.len();
+        if !(1..=5).contains(&rank) {
+            return bad(format!("rank {rank}, expected 1 to 5"));
+        }
+        if self.strides.len() != rank - 1 || self.box_dims.len() != rank {
+            return bad(format!(
+                "{} strides and {} box extents for rank {rank} (expected {} and {rank})",
+                self.strides.len(),
+                self.box_dims.len(),
+                rank - 1
+            ));
+        }
+        if self.address == 0 || !self.address.is_multiple_of(16) {
+            return bad(format!("address {:#x} is null or not 16-byte aligned", self.address));
+        }
+        if let Some(i) = self.dims.iter().position(|&d| d == 0 || d > 1 << 32) {
+            return bad(format!("dimension {i} has extent {}, expected 1 to 2^32", self.dims[i]));
+        }
+        if let Some(i) = self.strides.iter().position(|&s| !s.is_multiple_of(16) || s >= 1 << 40) {
+            return bad(format!(
+                "stride {} of dimension {} is not a multiple of 16 below 2^40",
+                self.strides[i],
+                i + 1
+            ));
+        }
+        let row_bytes = self.dims[0] * self.element.bytes();
+        if let Some(&s) = self.strides.first()
+            && s < row_bytes
+        {
+            return bad(format!("stride {s} of dimension 1 is shorter than a row of dimension 0 ({row_bytes} bytes)"));
+        }
+        if let Some(i) = self.box_dims.iter().position(|&b| b == 0 || b > 256) {
+            return bad(format!("box extent {} in dimension {i}, expected 1 to 256", self.box_dims[i]));
+        }
+        let inner = self.box_dims[0] as u64 * self.element.bytes();
+        if !inner.is_multiple_of(16) {
+            return bad(format!("the box's innermost extent is {inner} bytes, not a multiple of 16"));
+        }
+        if let Some(span) = self.swizzle.span()
+            && inner > span
+        {
+            return bad(format!("the box's innermost extent is {inner} bytes, more than the {span}-byte swizzle span"));
+        }
+        Ok(())
     }
-}
-
-fn check(kernel: &'static str, t: &TiledTensor<'_>) -> Result<()> {
-    let bad = |message: String| Err(Error::invalid(kernel, format!("tensor map: {message}")));
-    let rank = t.dims.len();
-    if !(1..=5).contains(&rank) {
-        return bad(format!("rank {rank}, expected 1 to 5"));
-    }
-    if t.strides.len() != rank - 1 || t.box_dims.len() != rank {
-        return bad(format!(
-            "{} strides and {} box extents for rank {rank} (expected {} and {rank})",
-            t.strides.len(),
-            t.box_dims.len(),
-            rank - 1
-        ));
-    }
-    if t.address == 0 || !t.address.is_multiple_of(16) {
-        return bad(format!("address {:#x} is null or not 16-byte aligned", t.address));
-    }
-    if let Some(i) = t.dims.iter().position(|&d| d == 0 || d > 1 << 32) {
-        return bad(format!("dimension {i} has extent {}, expected 1 to 2^32", t.dims[i]));
-    }
-    if let Some(i) = t.strides.iter().position(|&s| !s.is_multiple_of(16) || s >= 1 << 40) {
-        return bad(format!("stride {} of dimension {} is not a multiple of 16 below 2^40", t.strides[i], i + 1));
-    }
-    let row_bytes = t.dims[0] * t.element.bytes();
-    if let Some(&s) = t.strides.first()
-        && s < row_bytes
-    {
-        return bad(format!("stride {s} of dimension 1 is shorter than a row of dimension 0 ({row_bytes} bytes)"));
-    }
-    if let Some(i) = t.box_dims.iter().position(|&b| b == 0 || b > 256) {
-        return bad(format!("box extent {} in dimension {i}, expected 1 to 256", t.box_dims[i]));
-    }
-    let inner = t.box_dims[0] as u64 * t.element.bytes();
-    if !inner.is_multiple_of(16) {
-        return bad(format!("the box's innermost extent is {inner} bytes, not a multiple of 16"));
-    }
-    if let Some(span) = t.swizzle.span()
-        && inner > span
-    {
-        return bad(format!("the box's innermost extent is {inner} bytes, more than the {span}-byte swizzle span"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -225,7 +225,7 @@ mod tests {
     #[test]
     fn the_documented_limits_are_refused_with_the_rule() {
         let ok = tensor(&[128, 97], &[256], &[64, 32], MapSwizzle::Bytes128);
-        assert!(check("t", &ok).is_ok());
+        assert!(ok.check("t").is_ok());
         let cases: [(TiledTensor<'_>, &str); 9] = [
             (tensor(&[], &[], &[], MapSwizzle::None), "rank 0"),
             (tensor(&[128, 97], &[], &[64, 32], MapSwizzle::None), "0 strides"),
@@ -238,7 +238,7 @@ mod tests {
             (tensor(&[128, 97], &[256], &[128, 32], MapSwizzle::Bytes128), "more than the 128-byte"),
         ];
         for (t, want) in cases {
-            let err = check("t", &t).unwrap_err().to_string();
+            let err = t.check("t").unwrap_err().to_string();
             assert!(err.contains(want), "{err:?} should say {want:?}");
         }
     }

@@ -315,7 +315,7 @@ fn hopper_map_shapes(plan: &AttentionPlan) -> Result<(MapElement, [MapShape; 2])
     };
     let element = if t == layout::Dtype::Bf16 { MapElement::Bf16 } else { MapElement::F16 };
     let a = &plan.args;
-    let (d, bytes) = (d as u64, 2u64);
+    let (d, bytes) = (d as u64, element.bytes());
     let rows = |n: u32| (n as u64).max(1);
     let q = MapShape {
         rank: 3,
