@@ -18,6 +18,7 @@ kernels beside dlkern's.
     DLKERN_LIB=.gpu/lib/libdlkern.so python3 benches/compare_ort.py out.json
     DLKERN_ORT_OPS=host,MatMulNBits ...   (those rows alone)
     DLKERN_ORT_NBITS_M=2048 ...             (MatMulNBits at those M alone)
+    DLKERN_ORT_NBITS_SETS=more ...          (MatMulNBits at the other formats alone)
 """
 
 import json
@@ -209,19 +210,30 @@ def skip_norm_case(tokens, hidden=4096):
 # MLP down, LM head; the builder's format (block 32, symmetric) and block 128 with zero points.
 NBITS_SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("up", 14336, 4096), ("down", 4096, 14336),
                 ("lm_head", 128256, 4096)]
-NBITS_FORMATS = [(32, False), (128, True)]
-# DLKERN_ORT_NBITS_M="256,2048": those M alone.
-NBITS_M = tuple(int(m) for m in os.environ.get("DLKERN_ORT_NBITS_M", "1,4,16,64,256,2048").split(","))
+NBITS_FORMATS = [(32, None), (128, "u8")]
+# The other formats ORT's tools write (blocks 16 to 256; no, u8 or typed zero points), at one
+# shape and fewer M.
+NBITS_MORE_SHAPES = [("up", 14336, 4096)]
+NBITS_MORE_FORMATS = [(16, "u8"), (64, None), (256, "u8"), (128, "typed"), (32, "typed")]
+NBITS_MORE_M = (1, 16, 64, 2048)
+# DLKERN_ORT_NBITS_M="256,2048": those M alone (of either set).
+NBITS_M_ONLY = os.environ.get("DLKERN_ORT_NBITS_M")
+NBITS_M = tuple(int(m) for m in (NBITS_M_ONLY or "1,4,16,64,256,2048").split(","))
+# DLKERN_ORT_NBITS_SETS="main" or "more": one of the two sets of formats alone.
+NBITS_SETS = os.environ.get("DLKERN_ORT_NBITS_SETS", "main,more").split(",")
 # Nodes per session: each has weights of its own, so that the next node's are not in L2 (50 MB on
 # the H200), up to this many bytes of weights in all (a model over 2 GB cannot be serialized).
 NBITS_NODES, NBITS_WEIGHT_BYTES = 8, 600 << 20
+ZERO_POINT_LABELS = {None: "sym", "u8": "zp", "typed": "zp f16"}
 
 
-def matmul_nbits_case(m, n, k, block, zero_points, seed=0, nodes=None):
+def matmul_nbits_nodes(n, k, block, zero_points, seed=0, nodes=None):
     """`nodes` MatMulNBits nodes side by side (by default as many as NBITS_NODES and
     NBITS_WEIGHT_BYTES allow), each [M, K] x its own int4 weights [N, K] (random codes, scales
-    ~0.01, random zero points) -> [M, N], all reading one A: times per node are the session's
-    divided by `nodes`."""
+    ~0.01; zero points none, random u8, or typed: f16 in [0, 15]) -> [M, N], all reading one A of
+    any M (a symbolic dimension, as in a model that runs both prompts and decode steps): times
+    per node are the session's divided by `nodes`. Returns (models, nodes, weight bytes per node,
+    bind_for(m))."""
     from onnx import numpy_helper
 
     e = TensorProto.FLOAT16
@@ -234,23 +246,96 @@ def matmul_nbits_case(m, n, k, block, zero_points, seed=0, nodes=None):
         names = [f"B{i}", f"scales{i}"] + ([f"zp{i}"] if zero_points else [])
         inits.append(numpy_helper.from_array(rng.integers(0, 256, (n, k_blocks, block // 2), dtype=np.uint8), names[0]))
         inits.append(numpy_helper.from_array((0.01 + 0.005 * rng.random((n, k_blocks))).astype(np.float16), names[1]))
-        if zero_points:
+        if zero_points == "u8":
             inits.append(numpy_helper.from_array(rng.integers(0, 256, (n, -(-k_blocks // 2)), dtype=np.uint8), names[2]))
+        elif zero_points == "typed":
+            inits.append(numpy_helper.from_array((15 * rng.random((n, k_blocks))).astype(np.float16), names[2]))
         for domain in made:
             made[domain].append(helper.make_node("MatMulNBits", ["A"] + names, [f"Y{i}"], domain=domain,
                                                  K=k, N=n, bits=4, block_size=block))
-    ins = [helper.make_tensor_value_info("A", e, [m, k])]
-    outs = [helper.make_tensor_value_info(f"Y{i}", e, [m, n]) for i in range(nodes)]
+    ins = [helper.make_tensor_value_info("A", e, ["m", k])]
+    outs = [helper.make_tensor_value_info(f"Y{i}", e, ["m", n]) for i in range(nodes)]
     models = {d: dx.model(made[d], ins, outs, inits, opsets=dx.OPSET_WITH_MS) for d in made}
+
+    def bind_for(m):
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.5
+        ys = [torch.empty(m, n, device="cuda", dtype=torch.float16) for _ in range(nodes)]
+
+        def bind(io):
+            bind_tensor(io, "A", a)
+            for i, y in enumerate(ys):
+                bind_out(io, f"Y{i}", y)
+
+        return bind
+
+    return models, nodes, weight_bytes + n * k_blocks * 2, bind_for
+
+
+def matmul_nbits_case(m, n, k, block, zero_points, seed=0, nodes=None):
+    """[`matmul_nbits_nodes`] bound for one M: (models, bind, nodes, weight bytes per node)."""
+    models, nodes, nbytes, bind_for = matmul_nbits_nodes(n, k, block, zero_points, seed, nodes)
+    return models, bind_for(m), nodes, nbytes
+
+
+def cublas_us(m, n, k, nodes):
+    """The kernel baseline of a MatMulNBits row: cuBLAS's f16 GEMM (torch.matmul) on 16-bit
+    weights of the same shape, `nodes` weight matrices of their own side by side as the session
+    has them, the GPU time per matrix (the union of the kernels' intervals, as the nodes' GPU
+    time is measured)."""
     a = torch.randn(m, k, device="cuda", dtype=torch.float16) * 0.5
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.01 for _ in range(nodes)]
     ys = [torch.empty(m, n, device="cuda", dtype=torch.float16) for _ in range(nodes)]
 
-    def bind(io):
-        bind_tensor(io, "A", a)
-        for i, y in enumerate(ys):
-            bind_out(io, f"Y{i}", y)
+    def run():
+        for w, y in zip(ws, ys):
+            torch.matmul(a, w.t(), out=y)
 
-    return models, bind, nodes, weight_bytes + n * k_blocks * 2
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    busy = statistics.median(kernel_profile(run, 5)["busy_us"] for _ in range(3)) / nodes
+    del ws, ys
+    torch.cuda.empty_cache()
+    return busy
+
+
+def matmul_nbits_rows(dest, records):
+    """The MatMulNBits rows: every shape at the two main formats, then the other formats at one
+    shape; ORT's node, dlkern's and cuBLAS f16 on each M, one pair of sessions per shape and
+    format."""
+    sets = []
+    if "main" in NBITS_SETS:
+        sets += [(shape, fmt, NBITS_M) for fmt in NBITS_FORMATS for shape in NBITS_SHAPES]
+    if "more" in NBITS_SETS:
+        more_m = NBITS_M if NBITS_M_ONLY else NBITS_MORE_M
+        sets += [(shape, fmt, more_m) for fmt in NBITS_MORE_FORMATS for shape in NBITS_MORE_SHAPES]
+    baselines = {}
+    for (name, n, k), (block, zero_points), ms in sets:
+        models, nodes, nbytes, bind_for = matmul_nbits_nodes(n, k, block, zero_points)
+        sessions = {}
+        for domain, model in models.items():
+            try:
+                sessions[domain] = session(model)
+            except Exception as err:  # noqa: BLE001 - reported on each row, not fatal
+                sessions[domain] = err
+        fmt = f"block {block} {ZERO_POINT_LABELS[zero_points]}"
+        for m in ms:
+            flops = 2 * m * n * k
+            rate = ((lambda us, f=flops: f"{f / us / 1e6:.0f} TFLOP/s") if compute_bound(flops, nbytes)
+                    else (lambda us, b=nbytes: f"{b / us / 1e6:.2f} TB/s"))
+            rec = compare("MatMulNBits", f"M {m}, {name} {n} x {k}, {fmt}", models, bind_for(m), rate, nodes,
+                          sessions)
+            if (m, n, k, nodes) not in baselines:
+                baselines[m, n, k, nodes] = cublas_us(m, n, k, nodes)
+            rec["cublas_us"] = baselines[m, n, k, nodes]
+            if "dlkern_busy_us" in rec:
+                print(f"   cuBLAS f16 {rec['cublas_us']:.1f} us per node: dlkern {rec['cublas_us'] / rec['dlkern_busy_us']:.2f}x",
+                      flush=True)
+            records.append(rec | {"bytes": nbytes, "nodes": nodes, "flops": flops})
+            if dest:  # as it goes: a run cut short keeps what it measured
+                open(dest, "w").write(json.dumps(records, indent=1))
+        del sessions
+        torch.cuda.empty_cache()
 
 
 # Host time per node: sessions of 1 and of HOST_NODES side-by-side nodes of one op (decode-sized:
@@ -357,7 +442,7 @@ def host_gqa_case(nodes, context=4096, heads=32, kv_heads=8, head=128):
 HOST_CASES = [
     ("SimplifiedLayerNormalization", "1 x 4096", lambda n: host_norm_case(n, skip=False)),
     ("SkipSimplifiedLayerNormalization", "1 x 4096", lambda n: host_norm_case(n, skip=True)),
-    ("MatMulNBits", "M 1, 4096 x 4096, block 32 sym", lambda n: matmul_nbits_case(1, 4096, 4096, 32, False, nodes=n)[:2]),
+    ("MatMulNBits", "M 1, 4096 x 4096, block 32 sym", lambda n: matmul_nbits_case(1, 4096, 4096, 32, None, nodes=n)[:2]),
     ("GroupQueryAttention", "decode B1 ctx4k", host_gqa_case),
 ]
 
@@ -380,13 +465,17 @@ def host_cost(op, label, make):
     return rec
 
 
-def compare(op, label, models, bind, rate, nodes=1):
-    """Both sessions' times; with `nodes` > 1 (side-by-side nodes of one op), per node."""
+def compare(op, label, models, bind, rate, nodes=1, sessions=None):
+    """Both sessions' times; with `nodes` > 1 (side-by-side nodes of one op), per node.
+    `sessions`: the models' sessions made already (or the error making one raised), by domain."""
     rec = {"op": op, "case": label}
     for domain, model in models.items():
         key = "ort" if domain == "com.microsoft" else "dlkern"
         try:
-            sync_us, device_us, busy_us, kernels = timed(session(model), bind)
+            sess = sessions[domain] if sessions else session(model)
+            if isinstance(sess, Exception):
+                raise sess
+            sync_us, device_us, busy_us, kernels = timed(sess, bind)
             rec[f"{key}_sync_us"], rec[f"{key}_device_us"] = sync_us / nodes, device_us / nodes
             rec[f"{key}_busy_us"] = busy_us / nodes
             rec[f"{key}_kernels"] = {name: round(us / nodes, 1) for name, us in kernels.items()}
@@ -428,18 +517,8 @@ def main():
         rec = compare("SkipSimplifiedLayerNormalization", f"{tokens} x 4096", models, bind,
                       lambda us, b=nbytes: f"{b / us / 1e6:.2f} TB/s")
         records.append(rec | {"bytes": nbytes})
-    for block, zero_points in NBITS_FORMATS if wanted("MatMulNBits") else ():
-        for name, n, k in NBITS_SHAPES:
-            for m in NBITS_M:
-                models, bind, nodes, nbytes = matmul_nbits_case(m, n, k, block, zero_points)
-                fmt = f"block {block}" + (" zp" if zero_points else " sym")
-                flops = 2 * m * n * k
-                rate = ((lambda us, f=flops: f"{f / us / 1e6:.0f} TFLOP/s") if compute_bound(flops, nbytes)
-                        else (lambda us, b=nbytes: f"{b / us / 1e6:.2f} TB/s"))
-                rec = compare("MatMulNBits", f"M {m}, {name} {n} x {k}, {fmt}", models, bind, rate, nodes)
-                records.append(rec | {"bytes": nbytes, "nodes": nodes, "flops": flops})
-                if dest:  # as it goes: a run cut short keeps what it measured
-                    open(dest, "w").write(json.dumps(records, indent=1))
+    if wanted("MatMulNBits"):
+        matmul_nbits_rows(dest, records)
     text = json.dumps(records, indent=1)
     if dest:
         open(dest, "w").write(text)

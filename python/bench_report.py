@@ -187,10 +187,70 @@ def matmul_nbits_flops(record):
 
 
 def render_ort(records):
-    """The drop-in ops against onnxruntime-gpu's own nodes (`benches/compare_ort.py`)."""
+    """The drop-in ops against onnxruntime-gpu's own nodes (`benches/compare_ort.py`); the
+    MatMulNBits rows that have their cuBLAS baseline in a table of their own."""
     records = [r for r in records if r.get("kind") != "host"]
+    nbits = [r for r in records if "cublas_us" in r]
+    records = [r for r in records if "cublas_us" not in r]
+    lines = render_ort_nodes(records) if records else []
+    return lines + render_ort_matmul_nbits(nbits)
+
+
+def gpu_times(r):
+    """(ORT's GPU time, dlkern's, the mark of summed durations) of an ORT comparison row: the
+    busy time where the run recorded it; older runs have the sums alone."""
+    busy = "ort_busy_us" in r and "dlkern_busy_us" in r
+    if busy:
+        return r["ort_busy_us"], r["dlkern_busy_us"], ""
+    return r["ort_device_us"], r["dlkern_device_us"], "*"
+
+
+def node_rate(r, us):
+    """A node's rate at `us`: FLOPs where compute bound, else the bytes it moves."""
+    nbytes = r.get("kv_bytes", r.get("bytes", 0))
+    flops = r.get("flops") or matmul_nbits_flops(r)
+    if compute_bound(flops, nbytes):
+        return f"{flops / us / 1e6:.0f} TFLOP/s"
+    return f"{nbytes / us / 1e6:.2f} TB/s"
+
+
+def render_ort_matmul_nbits(records):
+    """MatMulNBits as ORT nodes against onnxruntime-gpu's own node and, as kernels, against
+    cuBLAS's f16 GEMM on 16-bit weights of the same shape (issue 46's table)."""
     if not records:
         return []
+    lines = [
+        "## MatMulNBits against onnxruntime-gpu's own node and cuBLAS f16",
+        "",
+        "`benches/compare_ort.py`, as the table above measures ORT nodes: Llama-3-8B's shapes (N x K),",
+        "8 nodes side by side in one session (2 for the LM head), each with weights of its own, A of a",
+        "symbolic M bound at each M (one session per shape and format, as a model that runs prompts and",
+        "decode steps has it), times per node. GPU = the busy time of a run (the permutation of A and",
+        "the kernel, for dlkern). cuBLAS f16: `torch.matmul` on f16 weights of the same shape, as many",
+        "matrices side by side, its GPU time measured the same way: the kernel bar (dlkern / cuBLAS is",
+        "cuBLAS's time over dlkern's GPU time). Formats: block size, then zero points: sym (none), zp",
+        "(packed u8), zp f16 (typed as the scales). Rate: weight bytes read, or FLOPs where compute bound.",
+        "",
+        "| case | ORT per call | ORT GPU | dlkern per call | dlkern GPU | speedup (call) | speedup (GPU) | "
+        "cuBLAS f16 GPU | dlkern / cuBLAS | dlkern rate (GPU) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in records:
+        if "ort_device_us" not in r or "dlkern_device_us" not in r:
+            why = r.get("ort_error") or r.get("dlkern_error") or "not measured"
+            lines.append(f"| {r['case']} | {why[:80]} | | | | | | {r['cublas_us']:.1f} us | | |")
+            continue
+        ort_us, us, mark = gpu_times(r)
+        lines.append(
+            f"| {r['case']} | {r['ort_sync_us']:.1f} us | {ort_us:.1f} us{mark} | {r['dlkern_sync_us']:.1f} us | "
+            f"{us:.1f} us{mark} | {r['ort_sync_us'] / r['dlkern_sync_us']:.2f} | {ort_us / us:.2f} | "
+            f"{r['cublas_us']:.1f} us | {r['cublas_us'] / us:.2f} | {node_rate(r, us)} |"
+        )
+    return lines + [""]
+
+
+def render_ort_nodes(records):
+    """The table of every op's ORT comparison rows."""
     lines = [
         "## ORT drop-ins against onnxruntime-gpu's own nodes",
         "",
@@ -216,21 +276,11 @@ def render_ort(records):
             why = r.get("ort_error") or r.get("dlkern_error") or "not measured"
             lines.append(f"| {r['op']} | {r['case']} | {why[:80]} | | | | | | |")
             continue
-        # The busy time where the run recorded it; older runs have the sums alone.
-        busy = "ort_busy_us" in r and "dlkern_busy_us" in r
-        ort_us = r["ort_busy_us"] if busy else r["ort_device_us"]
-        us = r["dlkern_busy_us"] if busy else r["dlkern_device_us"]
-        mark = "" if busy else "*"
-        nbytes = r.get("kv_bytes", r.get("bytes", 0))
-        flops = r.get("flops") or matmul_nbits_flops(r)
-        if compute_bound(flops, nbytes):
-            rate = f"{flops / us / 1e6:.0f} TFLOP/s"
-        else:
-            rate = f"{nbytes / us / 1e6:.2f} TB/s"
+        ort_us, us, mark = gpu_times(r)
         lines.append(
             f"| {r['op']} | {r['case']} | {r['ort_sync_us']:.1f} us | {ort_us:.1f} us{mark} | "
             f"{r['dlkern_sync_us']:.1f} us | {us:.1f} us{mark} | {r['ort_sync_us'] / r['dlkern_sync_us']:.2f} | "
-            f"{ort_us / us:.2f} | {rate} |"
+            f"{ort_us / us:.2f} | {node_rate(r, us)} |"
         )
     return lines + [""]
 

@@ -147,6 +147,25 @@ def test_ort_gpu_columns_take_the_busy_time_and_mark_summed_durations():
     assert "| MatMulNBits | new | 20.0 us | 9.0 us | 25.0 us | 4.0 us | 0.80 | 2.25 | 2.00 TB/s |" in text
 
 
+def test_matmul_nbits_rows_with_cublas_get_their_own_table():
+    row = {"op": "MatMulNBits", "case": "M 2048, o 4096 x 4096, block 32 sym", "ort_sync_us": 120.0,
+           "ort_device_us": 112.0, "ort_busy_us": 110.0, "dlkern_sync_us": 100.0, "dlkern_device_us": 101.0,
+           "dlkern_busy_us": 100.0, "cublas_us": 95.0, "bytes": 9_437_184, "flops": 2 * 2048 * 4096 * 4096}
+    failed = {"op": "MatMulNBits", "case": "M 1, up 14336 x 4096, block 16 zp", "ort_error": "refused",
+              "cublas_us": 20.0}
+    gqa = {"op": "GroupQueryAttention", "case": "decode", "ort_sync_us": 20.0, "ort_device_us": 10.0,
+           "dlkern_sync_us": 25.0, "dlkern_device_us": 8.0, "kv_bytes": 8_000_000}
+    results = {"date": "d", "gpu": "G", "driver": "1", "torch": "t", "command": "c", "criterion": [], "meta": [],
+               "comparison": [], "ort_comparison": [gqa, row, failed]}
+    text = bench_report.render(results, None, None)
+    table = text[text.index("## MatMulNBits against onnxruntime-gpu's own node and cuBLAS f16"):]
+    assert ("| M 2048, o 4096 x 4096, block 32 sym | 120.0 us | 110.0 us | 100.0 us | 100.0 us | 1.20 | 1.10 | "
+            "95.0 us | 0.95 | 687 TFLOP/s |") in table
+    assert "| M 1, up 14336 x 4096, block 16 zp | refused |" in table
+    nodes = text[text.index("## ORT drop-ins"):text.index("## MatMulNBits against")]
+    assert "| GroupQueryAttention | decode |" in nodes and "block 32 sym" not in nodes
+
+
 def test_busy_time_counts_overlapping_kernels_once():
     sys.path.insert(0, os.path.join(ROOT, "benches"))
     from cupti import busy_time
