@@ -894,6 +894,104 @@ mod gpu {
         }
     }
 
+    /// The `_any` builds of the `wgmma` kernels and of `prefill` (Hopper): blocks of 16 with each
+    /// kind of zero points, and fractional zero points in A's type at blocks of 32 to 256, on
+    /// every forced variant (whole tiles, the cluster pair, stream-K, `prefill`), M, N and K off
+    /// the tiles, K ending inside a chunk and inside a block, bias, both types; and the
+    /// planner's choice for those formats above M = 16.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_any_format_builds_match_reference() {
+        if !hopper_or_refused(Variant::Wgmma) {
+            return;
+        }
+        let (device, _) = gpu();
+        let mut seed = 1300u64;
+        let formats = [
+            (16, ZeroPointKind::Default),
+            (16, ZeroPointKind::PackedU8),
+            (16, ZeroPointKind::Typed),
+            (32, ZeroPointKind::Typed),
+            (64, ZeroPointKind::Typed),
+            (128, ZeroPointKind::Typed),
+            (256, ZeroPointKind::Typed),
+        ];
+        for (block, zero_points) in formats {
+            for &(m, n, k, variant, splits) in &[
+                (17usize, 40usize, 1000usize, Variant::Wgmma, 0usize),
+                (97, 136, 1032, Variant::Wgmma, 2),
+                (130, 72, 4104, Variant::Wgmma, 3),
+                (64, 200, 776, Variant::WgmmaStreamK, 0),
+                (257, 136, 2056, Variant::Prefill, 0),
+                (300, 24, 520, Variant::Prefill, 0),
+            ] {
+                // Rows of B are whole 16-byte vectors (`k_blocks` even at blocks of 16).
+                let k = if block == 16 { k.div_ceil(32) * 32 } else { k };
+                seed += 1;
+                let p = MatMulNBitsParams {
+                    zero_points,
+                    splits,
+                    bias: seed.is_multiple_of(2),
+                    variant: Some(variant),
+                    ..params(DType::F16, m, n, k, block)
+                };
+                let entry = match (variant, splits) {
+                    (Variant::Wgmma, 2) => "wgmma_pair_any",
+                    (Variant::Wgmma, _) => "wgmma_any",
+                    (Variant::WgmmaStreamK, _) => "wgmma_streamk_any",
+                    _ => "prefill_any",
+                };
+                assert_eq!(problem::<f16>(p, seed).check().kernel, format!("matmul_nbits_{entry}_f16"), "{p:?}");
+                let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                assert_eq!(problem::<bf16>(p, seed + 1000).check().kernel, format!("matmul_nbits_{entry}_bf16"));
+            }
+            // The planner's choice from M = 17 (`large` before).
+            let p = MatMulNBitsParams { zero_points, bias: true, ..params(DType::F16, 17, 300, 512, block) };
+            let plan = problem::<f16>(p, seed + 2000).check();
+            assert!(
+                plan.kernel.starts_with("matmul_nbits_wgmma") && plan.kernel.ends_with("_any_f16"),
+                "{}",
+                plan.kernel
+            );
+        }
+        // `prefill_any` where its tiles fill the SMs.
+        let p = MatMulNBitsParams { zero_points: ZeroPointKind::Typed, ..params(DType::F16, 257, 66 * 128, 256, 16) };
+        let plan = problem::<f16>(p, 3000).check();
+        if device.multiprocessors() <= 132 {
+            assert_eq!(plan.kernel, "matmul_nbits_prefill_any_f16");
+        }
+    }
+
+    /// One small problem on each `_any` entry (blocks of 16, typed zero points; f16 and bf16):
+    /// what the sanitizers run.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_any_format_builds_small() {
+        if !hopper_or_refused(Variant::Wgmma) {
+            return;
+        }
+        for (i, &(m, n, k, variant, splits)) in [
+            (40usize, 24usize, 288usize, Variant::Wgmma, 0usize),
+            (40, 24, 288, Variant::Wgmma, 2),
+            (40, 24, 288, Variant::WgmmaStreamK, 0),
+            (260, 24, 544, Variant::Prefill, 0),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let p = MatMulNBitsParams {
+                zero_points: ZeroPointKind::Typed,
+                splits,
+                bias: true,
+                variant: Some(variant),
+                ..params(DType::F16, m, n, k, 16)
+            };
+            assert!(problem::<f16>(p, 1400 + i as u64).check().kernel.ends_with("_any_f16"));
+            let p = MatMulNBitsParams { dtype: DType::BF16, zero_points: ZeroPointKind::PackedU8, ..p };
+            assert!(problem::<bf16>(p, 1500 + i as u64).check().kernel.ends_with("_any_bf16"));
+        }
+    }
+
     /// Runs `pr` through [`matmul_nbits_raw`] with A and B starting `a_off` elements and `b_off`
     /// bytes into their buffers (so off alignment) and a workspace whose every byte is `fill`
     /// (what the kernels may not rely on: a caller's workspace holds anything).
@@ -1260,7 +1358,17 @@ fn gpu_plan_validates_and_splits() {
     assert_eq!(hopper(MatMulNBitsParams { m: 16, ..ok }).kernel, "matmul_nbits_decode16_f16");
     assert_eq!(hopper(MatMulNBitsParams { m: 32, ..ok }).kernel, "matmul_nbits_tiled32x128_f16");
     assert_eq!(hopper(MatMulNBitsParams { m: 33, ..ok }).kernel, "matmul_nbits_wgmma_pair_f16");
-    assert_eq!(hopper(typed).kernel, "matmul_nbits_large_zf_f16");
+    // Fractional zero points and blocks of 16 take the `_any` builds of `wgmma` (and of
+    // `prefill`), `large` only where rows of B are not 16-byte aligned.
+    let plan = hopper(typed);
+    assert_eq!((plan.variant, plan.kernel), (Variant::Wgmma, "matmul_nbits_wgmma_pair_any_f16"));
+    assert_eq!(hopper(MatMulNBitsParams { m: 17, ..typed }).kernel, "matmul_nbits_wgmma_pair_any_f16");
+    assert_eq!(hopper(MatMulNBitsParams { m: 1024, k: 8192, ..typed }).kernel, "matmul_nbits_prefill_any_f16");
+    assert_eq!(hopper(MatMulNBitsParams { m: 128, n: 28672, ..typed }).kernel, "matmul_nbits_wgmma_streamk_any_f16");
+    let block16 = MatMulNBitsParams { block_size: 16, k: 1024, ..params };
+    assert_eq!(hopper(MatMulNBitsParams { splits: 3, ..block16 }).kernel, "matmul_nbits_wgmma_any_f16");
+    let unaligned_b_rows = RowAlignment { a_vec16: true, b_vec16: false };
+    assert_eq!(typed.plan_for(132, true, unaligned_b_rows).unwrap().kernel, "matmul_nbits_large_zf_f16");
     // The permutation takes any A: only B's rows must allow 16-byte copies.
     let unaligned_a = RowAlignment { a_vec16: false, b_vec16: true };
     assert_eq!(params.plan_for(132, true, unaligned_a).unwrap().kernel, "matmul_nbits_wgmma_pair_f16");
@@ -1293,8 +1401,8 @@ fn gpu_plan_validates_and_splits() {
     assert!(e.contains("does not split K"), "{e}");
     assert!(err(forced).contains("variant WgmmaStreamK needs a Hopper GPU"), "{}", err(forced));
     assert!(err(MatMulNBitsParams { m: 128, variant: Some(Variant::Wgmma), ..ok }).contains("Hopper"));
-    let e = MatMulNBitsParams { m: 128, block_size: 16, variant: Some(Variant::Wgmma), ..ok }.plan(132, true);
-    assert!(e.unwrap_err().to_string().contains("block_size >= 32"));
+    let forced16 = MatMulNBitsParams { m: 128, block_size: 16, variant: Some(Variant::Wgmma), ..ok };
+    assert!(hopper(forced16).kernel.ends_with("_any_f16"));
     // Forced splits never exceed the K chunks.
     let one_chunk = MatMulNBitsParams { k: 100, splits: 9, ..ok }.plan(132, false).unwrap();
     assert_eq!((one_chunk.splits, one_chunk.reduce), (1, None));

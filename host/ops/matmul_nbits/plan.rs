@@ -102,9 +102,10 @@ pub enum Variant {
     /// Hopper's warpgroup tensor cores (the sm_90a module only): block tile 128 x 128, the
     /// weights dequantized straight into `wgmma`'s register operand, the permuted A (as
     /// `Tiled`) its shared-memory operand: the planner's choice for M > [`WGMMA_MIN_M`] with
-    /// integer zero points, blocks of at least 32 and 16-byte aligned rows of B, unless its
-    /// tiles fill the SMs' last wave poorly ([`Variant::WgmmaStreamK`]). Forced, it splits K
-    /// (`splits`) rather than take the stream-K partition.
+    /// 16-byte aligned rows of B (and for M > 16 where `Tiled` cannot take the format), unless
+    /// its tiles fill the SMs' last wave poorly ([`Variant::WgmmaStreamK`]). Blocks of 16 and
+    /// typed zero points run its `_any` builds (so do those of the two below). Forced, it
+    /// splits K (`splits`) rather than take the stream-K partition.
     Wgmma,
     /// [`Variant::Wgmma`]'s kernel over a stream-K partition: one block per SM, each taking an
     /// equal share of all tiles' K chunks, a tile split between blocks summed by the block
@@ -262,7 +263,11 @@ impl MatMulNBitsParams {
             return Err(bad("tensors too large".into()));
         }
         let tiled_ok = !typed && p.block_size >= TILED_MIN_BLOCK;
-        let wgmma_ok = wgmma && tiled_ok && rows.b_vec16;
+        // The `wgmma` kernels take every format: what `tiled` does not (blocks of 16, typed zero
+        // points) on their `_any` builds.
+        let wgmma_ok = wgmma && rows.b_vec16;
+        let any_format = !tiled_ok;
+        let hopper_entry = |plain: Entry, any: Entry| name(if any_format { any } else { plain });
         let fine = p.packed_fine();
         let variant = match p.variant {
             Some(Variant::PackedWgmma) if !wgmma => {
@@ -291,8 +296,7 @@ impl MatMulNBitsParams {
             }
             Some(v @ (Variant::Wgmma | Variant::WgmmaStreamK | Variant::Prefill)) if !wgmma_ok => {
                 return Err(bad(format!(
-                    "variant {v:?} needs a Hopper GPU (sm_90a module: {wgmma}), integer zero points, \
-                     block_size >= 32 and 16-byte aligned rows of B"
+                    "variant {v:?} needs a Hopper GPU (sm_90a module: {wgmma}) and 16-byte aligned rows of B"
                 )));
             }
             Some(v) => v,
@@ -308,7 +312,10 @@ impl MatMulNBitsParams {
             None if wgmma_ok && p.m > PREFILL_BM / 2 && p.m.div_ceil(PREFILL_BM) * p.n.div_ceil(PREFILL_BN) >= sms => {
                 Variant::Prefill
             }
-            None if wgmma_ok && p.m > WGMMA_MIN_M => Variant::Wgmma,
+            // Blocks of 16 and typed zero points above M = 16 run `wgmma_any` from M = 17: `tiled`
+            // does not take them, and `large` ran 0.13-0.16x onnxruntime-gpu's node at M = 2048
+            // and 0.62-0.65x at M = 64 (H100, 2026-12-07).
+            None if wgmma_ok && (p.m > WGMMA_MIN_M || !tiled_ok) => Variant::Wgmma,
             None if tiled_ok => Variant::Tiled,
             None => Variant::Large,
         };
@@ -364,8 +371,8 @@ impl MatMulNBitsParams {
             Variant::PackedWgmma => (name(Entry::PackedWgmma16), PACKED_WGMMA),
             // The same block tile and threads as `tiled128x128` (two warpgroups of 64 x 128).
             // (Stream-K's entry is named below, once the planner may have chosen it.)
-            Variant::Wgmma | Variant::WgmmaStreamK => (name(Entry::Wgmma), TILED128X128),
-            Variant::Prefill => (name(Entry::Prefill), PREFILL),
+            Variant::Wgmma | Variant::WgmmaStreamK => (hopper_entry(Entry::Wgmma, Entry::WgmmaAny), TILED128X128),
+            Variant::Prefill => (hopper_entry(Entry::Prefill, Entry::PrefillAny), PREFILL),
         };
         let (bm, bn, threads) = match variant {
             Variant::PackedWgmma => (SMALL_MAX_M, tiling.block_n(), tiling.threads()),
@@ -403,7 +410,11 @@ impl MatMulNBitsParams {
         if (prefill || variant == Variant::WgmmaStreamK) && p.splits > 1 {
             return Err(bad(format!("variant {variant:?} does not split K by `splits` ({} asked)", p.splits)));
         }
-        let kernel = if variant == Variant::WgmmaStreamK { name(Entry::WgmmaStreamK) } else { kernel };
+        let kernel = if variant == Variant::WgmmaStreamK {
+            hopper_entry(Entry::WgmmaStreamK, Entry::WgmmaStreamKAny)
+        } else {
+            kernel
+        };
         // Split K until there are about four blocks per SM (`large`; one for `small`, whose
         // warps already split K four ways, and for `tiled`, whose ring fills the SM's shared
         // memory), or one chunk per split.
@@ -456,7 +467,7 @@ impl MatMulNBitsParams {
         // Two splits of `wgmma` run as clusters of the pair, which sum through distributed
         // shared memory: no partial sums in the workspace, no reduction kernel.
         let pair = variant == Variant::Wgmma && splits == 2;
-        let kernel = if pair { name(Entry::WgmmaPair) } else { kernel };
+        let kernel = if pair { hopper_entry(Entry::WgmmaPair, Entry::WgmmaPairAny) } else { kernel };
         // So do the splits of `small` (`decode` included) and the packed `mma.sync` kernels on
         // Hopper, launched in clusters of the splits up to the portable cluster size: one launch
         // instead of two, no partial sums through memory, no workspace.

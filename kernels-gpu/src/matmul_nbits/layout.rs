@@ -470,6 +470,10 @@ pub enum Entry {
     PackedWgmma16,
     Prefill,
     PermuteImage,
+    WgmmaAny,
+    WgmmaPairAny,
+    WgmmaStreamKAny,
+    PrefillAny,
 }
 
 /// How many [`Entry`] kinds, from the first, every module has.
@@ -486,7 +490,7 @@ impl Entry {
 /// The `[f16, bf16]` entry points of each [`Entry`], in its order. The device crate cannot
 /// make a kernel's symbol from a string, so its entries (`matmul_nbits/mod.rs`) spell these
 /// names again; the tests check that the PTX has exactly [`ENTRIES`] and [`HOPPER_ENTRIES`].
-const TYPED_ENTRIES: [[&str; 2]; 26] = [
+const TYPED_ENTRIES: [[&str; 2]; 30] = [
     ["matmul_nbits_decode8_f16", "matmul_nbits_decode8_bf16"],
     ["matmul_nbits_decode8_ahead3_f16", "matmul_nbits_decode8_ahead3_bf16"],
     ["matmul_nbits_decode16_f16", "matmul_nbits_decode16_bf16"],
@@ -513,6 +517,10 @@ const TYPED_ENTRIES: [[&str; 2]; 26] = [
     ["matmul_nbits_packed_wgmma16_f16", "matmul_nbits_packed_wgmma16_bf16"],
     ["matmul_nbits_prefill_f16", "matmul_nbits_prefill_bf16"],
     ["matmul_nbits_permute_image_f16", "matmul_nbits_permute_image_bf16"],
+    ["matmul_nbits_wgmma_any_f16", "matmul_nbits_wgmma_any_bf16"],
+    ["matmul_nbits_wgmma_pair_any_f16", "matmul_nbits_wgmma_pair_any_bf16"],
+    ["matmul_nbits_wgmma_streamk_any_f16", "matmul_nbits_wgmma_streamk_any_bf16"],
+    ["matmul_nbits_prefill_any_f16", "matmul_nbits_prefill_any_bf16"],
 ];
 
 /// The repacker's entry point (one for every element type).

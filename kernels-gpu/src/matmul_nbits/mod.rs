@@ -42,9 +42,11 @@
 //! - [`tiled`]: larger M on `mma.sync`: `tiled32x128`, `tiled64x128`, `tiled128x128` over a
 //!   permuted copy of A (`permute`), and `large`, which takes any zero points and alignment.
 //! - [`wgmma`] (sm_90a module only): larger M on Hopper's warpgroup tensor cores: `wgmma`,
-//!   `wgmma_pair` (two K splits as a cluster), `wgmma_streamk`.
+//!   `wgmma_pair` (two K splits as a cluster), `wgmma_streamk`, and their `_any` builds (blocks
+//!   of 16, typed zero points).
 //! - [`packed_wgmma`] (sm_90a module only): 8 < M <= 16 over the repacked B on `wgmma`.
-//! - [`prefill`] (sm_90a module only): large M on `wgmma`, warp-specialized, 256-row tiles.
+//! - [`prefill`] (sm_90a module only): large M on `wgmma`, warp-specialized, 256-row tiles
+//!   (`prefill_any`: any format, as `wgmma_any`).
 //! - [`pack`]: `matmul_nbits_pack_decode`, the device's repacking of B.
 //! - [`common`]: what several of them share (codes, dequantization, activations, stores, K
 //!   splits) and the split-K reduction `reduce`.
@@ -289,15 +291,24 @@ mod hopper {
 
     // The entries name the generic function itself (always inlined), not a closure around it: a
     // closure may stay a call, which costs a stack frame.
-    matmul_nbits_entry!(matmul_nbits_wgmma_f16, F16, wgmma::matmul_nbits_wgmma::<F16, false>);
-    matmul_nbits_entry!(matmul_nbits_wgmma_bf16, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, false>);
-    matmul_nbits_entry!(matmul_nbits_wgmma_pair_f16, F16, wgmma::matmul_nbits_wgmma::<F16, true>);
-    matmul_nbits_entry!(matmul_nbits_wgmma_pair_bf16, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, true>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_f16, F16, wgmma::matmul_nbits_wgmma::<F16, false, false>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_bf16, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, false, false>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_pair_f16, F16, wgmma::matmul_nbits_wgmma::<F16, true, false>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_pair_bf16, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, true, false>);
     // The pair entries run as clusters of the two splits of a tile (grid z = 2).
     crate::entry_directive!(matmul_nbits_wgmma_pair_f16, ".reqnctapercluster 1, 1, 2");
     crate::entry_directive!(matmul_nbits_wgmma_pair_bf16, ".reqnctapercluster 1, 1, 2");
-    matmul_nbits_entry!(matmul_nbits_wgmma_streamk_f16, F16, wgmma::matmul_nbits_wgmma_streamk::<F16>);
-    matmul_nbits_entry!(matmul_nbits_wgmma_streamk_bf16, Bf16, wgmma::matmul_nbits_wgmma_streamk::<Bf16>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_streamk_f16, F16, wgmma::matmul_nbits_wgmma_streamk::<F16, false>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_streamk_bf16, Bf16, wgmma::matmul_nbits_wgmma_streamk::<Bf16, false>);
+    // The same for the formats the builds above do not take: blocks of 16, typed zero points.
+    matmul_nbits_entry!(matmul_nbits_wgmma_any_f16, F16, wgmma::matmul_nbits_wgmma::<F16, false, true>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_any_bf16, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, false, true>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_pair_any_f16, F16, wgmma::matmul_nbits_wgmma::<F16, true, true>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_pair_any_bf16, Bf16, wgmma::matmul_nbits_wgmma::<Bf16, true, true>);
+    crate::entry_directive!(matmul_nbits_wgmma_pair_any_f16, ".reqnctapercluster 1, 1, 2");
+    crate::entry_directive!(matmul_nbits_wgmma_pair_any_bf16, ".reqnctapercluster 1, 1, 2");
+    matmul_nbits_entry!(matmul_nbits_wgmma_streamk_any_f16, F16, wgmma::matmul_nbits_wgmma_streamk::<F16, true>);
+    matmul_nbits_entry!(matmul_nbits_wgmma_streamk_any_bf16, Bf16, wgmma::matmul_nbits_wgmma_streamk::<Bf16, true>);
 
     // The 16-token build without K splits: what the planner runs (`Packed` where M > 8 and N alone
     // fills the GPU). The 8-token build and the K splits as clusters of 2 or 4 blocks were never
@@ -306,10 +317,14 @@ mod hopper {
     matmul_nbits_entry!(matmul_nbits_packed_wgmma16_bf16, Bf16, packed_wgmma::matmul_nbits_packed_wgmma::<Bf16, 2>);
 
     // A producer and two consumer warpgroups, whose registers `setmaxnreg` moves between them.
-    matmul_nbits_entry!(matmul_nbits_prefill_f16, F16, prefill::matmul_nbits_prefill::<F16, false>);
-    matmul_nbits_entry!(matmul_nbits_prefill_bf16, Bf16, prefill::matmul_nbits_prefill::<Bf16, true>);
+    matmul_nbits_entry!(matmul_nbits_prefill_f16, F16, prefill::matmul_nbits_prefill::<F16, false, false>);
+    matmul_nbits_entry!(matmul_nbits_prefill_bf16, Bf16, prefill::matmul_nbits_prefill::<Bf16, true, false>);
     crate::entry_directive!(matmul_nbits_prefill_f16, ".maxntid 384, 1, 1");
     crate::entry_directive!(matmul_nbits_prefill_bf16, ".maxntid 384, 1, 1");
+    matmul_nbits_entry!(matmul_nbits_prefill_any_f16, F16, prefill::matmul_nbits_prefill::<F16, false, true>);
+    matmul_nbits_entry!(matmul_nbits_prefill_any_bf16, Bf16, prefill::matmul_nbits_prefill::<Bf16, true, true>);
+    crate::entry_directive!(matmul_nbits_prefill_any_f16, ".maxntid 384, 1, 1");
+    crate::entry_directive!(matmul_nbits_prefill_any_bf16, ".maxntid 384, 1, 1");
 
     macro_rules! permute_image_entry {
         ($name:ident, $ty:ty) => {

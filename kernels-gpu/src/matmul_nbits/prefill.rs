@@ -28,7 +28,9 @@
 //! - grid `(ceil(N / 128), ceil(M / 256), 1)`; block `(384, 1, 1)` (`.maxntid`), dynamic
 //!   shared memory [`PREFILL_SHARED_BYTES`] (over 48 KiB: the launcher raises the function's
 //!   limit).
-//! - zero points none or u8 (`zeros_t` unused), `block_size >= 32`; `b` 16-byte aligned with
+//! - zero points none or u8 (`zeros_t` unused), `block_size >= 32`; `matmul_nbits_prefill_any_*`:
+//!   zero points in A's type (`zeros_t`, `flags & FLAG_ZERO_T`) at any block size, or blocks of
+//!   16 with any zero points (the `_any` dequantization of [`super::wgmma`]). `b` 16-byte aligned with
 //!   `row_bytes % 16 == 0`. K is not split (`chunks_per_split` unused); writes `y` (+ bias),
 //!   `workspace` unused.
 //! - may be launched as a programmatic dependent of the `permute_image` grid writing `a`:
@@ -37,7 +39,7 @@
 
 use super::common::alternate_chunks;
 use super::layout::*;
-use super::wgmma::{Fragments, LaneConsts, RawConsts, dequantize_fragments};
+use super::wgmma::{ChunkConsts, Fragments, LaneConsts, dequantize_fragments};
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::bulk_copy;
 use crate::device::memory::st_global_v4;
@@ -73,12 +75,12 @@ const _: () = assert!(PREFILL_BM * STAGED_ROW_BYTES <= PREFILL_STAGES * PREFILL_
 /// The launch contract in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
+pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, const ANY_FORMAT: bool>(
     a_image: *const T,
     b: *const u8,
     scales: *const T,
     zeros_u8: *const u8,
-    _zeros_t: *const T,
+    zeros_t: *const T,
     bias: *const T,
     y: *mut T,
     _workspace: *mut f32,
@@ -176,12 +178,13 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
         copy_codes(1);
         copy_codes(2);
         sync::wait_for_prerequisite_grids();
-        let consts = LaneConsts::new(scales, zeros_u8, rows, &p);
-        let dequantize_chunk = |j: u32, c: [RawConsts; 2], f: &mut Fragments| {
+        let consts = LaneConsts::new::<T, ANY_FORMAT>(scales, zeros_u8, zeros_t, rows, &p);
+        let typed = consts.typed();
+        let dequantize_chunk = |j: u32, c: ChunkConsts, f: &mut Fragments| {
             let codes = codes_s(j % CODE_SLOTS);
             let lo = ld_shared_v4(codes.offset((ctid * 16) as u32));
             let hi = ld_shared_v4(codes.offset(((CONSUMER_THREADS + ctid) * 16) as u32));
-            dequantize_fragments::<T>(lo, hi, c, f);
+            dequantize_fragments::<T, ANY_FORMAT>(lo, hi, c, typed, f);
         };
 
         // One arrival per consumer warp on the stage's `empty` barrier.
@@ -198,12 +201,12 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
         // zeroing on a path to the final wait.
         pin_accumulators_f32(&mut acc);
         // The constants of even and odd chunks, each loaded two chunks before its use.
-        let (mut even_consts, mut odd_consts) = (consts.load(0, &p), consts.load(1, &p));
+        let (mut even_consts, mut odd_consts) = (consts.load::<ANY_FORMAT>(0, &p), consts.load::<ANY_FORMAT>(1, &p));
         let (mut f0, mut f1): (Fragments, Fragments) = ([[0; 4]; 8], [[0; 4]; 8]);
         mbarrier::wait_parity(full(0), 0);
         wait_group::<2>();
         dequantize_chunk(0, even_consts, &mut f0);
-        even_consts = consts.load(2, &p);
+        even_consts = consts.load::<ANY_FORMAT>(2, &p);
 
         // Chunk `$j`: its fragments are in `$cur` (its copies have landed); `$consts` holds
         // chunk `$j + 1`'s constants. A macro, not a closure: `ptxas` serializes `wgmma`s whose
@@ -233,7 +236,7 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool>(
                     wait_group::<2>();
                     dequantize_chunk(j + 1, $consts, &mut $next);
                 }
-                $consts = consts.load(j + 3, &p);
+                $consts = consts.load::<ANY_FORMAT>(j + 3, &p);
             }};
         }
         alternate_chunks!(chunks, chunk_step, f0, f1, even_consts, odd_consts);

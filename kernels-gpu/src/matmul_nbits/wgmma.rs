@@ -21,8 +21,10 @@
 //!   elements, zero past K), 16-byte aligned.
 //! - grid `(ceil(N / 128), ceil(M / 128), splits)`, block `(256, 1, 1)` (two warpgroups of 64
 //!   weight rows), dynamic shared memory [`WGMMA_SHARED_BYTES`].
-//! - zero points none or u8 (`zeros_t` unused), `block_size >= 32`; `b` 16-byte aligned with
-//!   `row_bytes % 16 == 0`.
+//! - zero points none or u8 (`zeros_t` unused), `block_size >= 32`; the `_any` builds of
+//!   each entry below (`matmul_nbits_wgmma[_pair|_streamk]_any_*`) take zero points in A's type
+//!   (`zeros_t`, `flags & FLAG_ZERO_T`) at any block size, or blocks of 16 with any zero points,
+//!   at some more arithmetic per chunk. `b` 16-byte aligned with `row_bytes % 16 == 0`.
 //! - may be launched as a programmatic dependent of the `permute` grid writing `a`: every
 //!   thread waits for it (`griddepcontrol.wait`) after issuing the first chunks' code copies,
 //!   before it reads `a` or writes anything.
@@ -111,61 +113,162 @@ impl RawConsts {
 /// 8 (K + 8)]` as the register operand wants them.
 pub(super) type Fragments = [[u32; 4]; 8];
 
+/// A lane's constants of one K chunk, as loaded: `[row][half]` for its two weight rows and the
+/// two 16-K halves of its 32 codes of each. Only the `ANY_FORMAT` builds read half 1 (blocks of
+/// 16 give the halves blocks of their own); the others take one block per lane and chunk.
+pub(super) type ChunkConsts = [[RawConsts; 2]; 2];
+
 /// Where a lane's scales and zero points are: those of its two weight rows (`g` and `g + 8` of
 /// its warp's 16; rows past N read the last row's, which feed only outputs never stored).
 #[derive(Clone, Copy)]
 pub(super) struct LaneConsts {
     scale: [*const u16; 2],
+    /// The rows' u8 zero points, or (typed) the bytes of their zero points in A's type.
     zero: [*const u8; 2],
     zero_u8: bool,
+    zero_typed: bool,
     q: u32,
 }
 
 impl LaneConsts {
     /// # Safety
-    /// `scales` and `zeros_u8` (when the flags say u8 zero points) hold `p.n` rows.
+    /// `scales` and the zero points the flags name (`zeros_u8`, or with `ANY_FORMAT` `zeros_t`)
+    /// hold `p.n` rows.
     #[inline(always)]
-    pub(super) unsafe fn new<T>(scales: *const T, zeros_u8: *const u8, rows: [usize; 2], p: &Dims) -> Self {
+    pub(super) unsafe fn new<T, const ANY_FORMAT: bool>(
+        scales: *const T,
+        zeros_u8: *const u8,
+        zeros_t: *const T,
+        rows: [usize; 2],
+        p: &Dims,
+    ) -> Self {
         let k_blocks = p.k_blocks as usize;
         let clamped = |h: usize| rows[h].min(p.n as usize - 1);
-        // SAFETY: rows below N (the caller's contract).
+        let zero_typed = ANY_FORMAT && p.flags & FLAG_ZERO_T != 0;
+        // SAFETY: rows below N (the caller's contract). A pointer to zero points the flags do
+        // not name is never read, so it may wrap.
         unsafe {
             LaneConsts {
                 scale: core::array::from_fn(|h| scales.add(clamped(h) * k_blocks).cast()),
-                zero: core::array::from_fn(|h| zeros_u8.add(clamped(h) * k_blocks.div_ceil(2))),
+                zero: core::array::from_fn(|h| {
+                    if zero_typed {
+                        zeros_t.wrapping_add(clamped(h) * k_blocks).cast()
+                    } else {
+                        zeros_u8.wrapping_add(clamped(h) * k_blocks.div_ceil(2))
+                    }
+                }),
                 zero_u8: p.flags & FLAG_ZERO_U8 != 0,
+                zero_typed,
                 q: index::lane_id() % 4,
             }
         }
     }
 
+    /// Whether the zero points are in A's type (fractional).
+    #[inline(always)]
+    pub(super) fn typed(&self) -> bool {
+        self.zero_typed
+    }
+
     /// The constants of K chunk `chunk` for both rows, as loaded (they are cooked only at their
-    /// use, so that no arithmetic waits on the loads in the chunk that issues them). A lane's 32
-    /// codes of a chunk lie in one block (blocks >= 32); blocks past K, met only by zero
+    /// use, so that no arithmetic waits on the loads in the chunk that issues them). Without
+    /// `ANY_FORMAT` a lane's 32 codes of a chunk lie in one block (blocks >= 32, zero points
+    /// none or u8) and half 1 repeats half 0; with it (typed zero points, or blocks of 16 with
+    /// any zero points) each 16-K half has its own. Blocks past K, met only by zero
     /// activations, read the last one.
     ///
     /// # Safety
     /// As [`Self::new`].
     #[inline(always)]
-    pub(super) unsafe fn load(&self, chunk: u32, p: &Dims) -> [RawConsts; 2] {
-        let blk = ((chunk * CHUNK as u32 + 32 * self.q) >> p.block_shift).min(p.k_blocks - 1);
-        let (blk, shift) = (blk as usize, 4 * (blk % 2));
-        // SAFETY: a block of a row below N.
-        core::array::from_fn(|h| unsafe {
+    pub(super) unsafe fn load<const ANY_FORMAT: bool>(&self, chunk: u32, p: &Dims) -> ChunkConsts {
+        // SAFETY: blocks of rows below N, of the zero points the flags name.
+        let raw = |h: usize, blk: u32, shift: u32| unsafe {
+            let blk = blk as usize;
             let scale = ld_global_nc_u16(self.scale[h].add(blk)) as u32;
-            // 0x88: 8 in both nibbles, no zero points.
-            let zero_byte = if self.zero_u8 { self.zero[h].add(blk / 2).read() as u32 } else { 0x88 };
-            RawConsts { scale, zero_byte, shift }
-        })
+            if ANY_FORMAT && self.zero_typed {
+                RawConsts { scale, zero_byte: ld_global_nc_u16(self.zero[h].cast::<u16>().add(blk)) as u32, shift: 0 }
+            } else {
+                // 0x88: 8 in both nibbles, no zero points.
+                let zero_byte = if self.zero_u8 { self.zero[h].add(blk / 2).read() as u32 } else { 0x88 };
+                RawConsts { scale, zero_byte, shift }
+            }
+        };
+        let block_of = |half: u32| ((chunk * CHUNK as u32 + 32 * self.q + 16 * half) >> p.block_shift).min(p.k_blocks - 1);
+        if ANY_FORMAT {
+            // With integer zero points these builds run blocks of 16 only: half `h`'s block is
+            // `8 chunk + 2q + h`, whose zero point is in nibble `h` of its byte (a constant, not
+            // a register; past K the block is clamped, and its zero point meets zero
+            // activations).
+            let blk = [block_of(0), block_of(1)];
+            core::array::from_fn(|h| [raw(h, blk[0], 0), raw(h, blk[1], 4)])
+        } else {
+            let blk = block_of(0);
+            core::array::from_fn(|h| {
+                let c = raw(h, blk, 4 * (blk % 2));
+                [c, c]
+            })
+        }
+    }
+}
+
+/// `ANY_FORMAT`'s constants of a (row, half): the zero point split into an integer part, which
+/// comes off the codes exactly as the other builds take theirs, and the rest, whose product
+/// with the scale the dequantization adds: `(code - z) s = (code - zi) s - (z - zi) s`, exact
+/// up to the rounding of that small product (for integer zero points it is zero, and the
+/// weights are those of the other builds bit for bit).
+#[derive(Clone, Copy)]
+struct CookedConsts {
+    bias: [u32; 2],
+    scale2: u32,
+    addend2: u32,
+}
+
+impl CookedConsts {
+    #[inline(always)]
+    fn of<T: TensorElement>(c: RawConsts, typed: bool) -> Self {
+        let scale2 = c.scale | (c.scale << 16);
+        if !typed {
+            // -0.0 twice: `d * s + (-0) == d * s`.
+            return CookedConsts { bias: T::code_bias((c.zero_byte >> c.shift) & 15), scale2, addend2: 0x8000_8000 };
+        }
+        let zero = T::from_bits(c.zero_byte as u16).to_f32();
+        // A code near the zero point (a saturating cast; any integer in 0..=15 is exact).
+        let whole = ((zero + 0.5) as i32).clamp(0, 15);
+        let rest = -(zero - whole as f32) * T::from_bits(c.scale as u16).to_f32();
+        CookedConsts { bias: T::code_bias(whole as u32), scale2, addend2: T::pack2(rest, rest) }
     }
 }
 
 /// A lane's codes of one chunk (16 bytes of each of its two rows) to `(code - zero) * scale`,
 /// as A fragments: word `i` of a row gives steps `2i` (pairs (0,4), (1,5)) and `2i + 1` ((2,6),
-/// (3,7)).
+/// (3,7)). `ANY_FORMAT`: words 0-1 (K `32q..32q + 16`) take half 0's constants, words 2-3 half
+/// 1's, and the zero points may be fractional (`typed`, see [`CookedConsts`]).
 #[inline(always)]
-pub(super) fn dequantize_fragments<T: TensorElement>(lo: [u32; 4], hi: [u32; 4], c: [RawConsts; 2], f: &mut Fragments) {
-    let (c_lo, c_hi) = (c[0].cook(), c[1].cook());
+pub(super) fn dequantize_fragments<T: TensorElement, const ANY_FORMAT: bool>(
+    lo: [u32; 4],
+    hi: [u32; 4],
+    c: ChunkConsts,
+    typed: bool,
+    f: &mut Fragments,
+) {
+    if ANY_FORMAT {
+        let dequantize = |word: u32, k: CookedConsts| {
+            T::codes_minus_bias::<true>(word, k.bias).map(|d| T::fma2(d, k.scale2, k.addend2))
+        };
+        // A half's constants are cooked just before its two words: fewer of them live at once.
+        unroll!(HALF in [0, 1] {
+            let (k_lo, k_hi) = (CookedConsts::of::<T>(c[0][HALF], typed), CookedConsts::of::<T>(c[1][HALF], typed));
+            unroll!(W in [0, 1] {
+                let i = 2 * HALF + W;
+                let d_lo = dequantize(lo[i], k_lo);
+                let d_hi = dequantize(hi[i], k_hi);
+                f[2 * i] = [d_lo[0], d_hi[0], d_lo[1], d_hi[1]];
+                f[2 * i + 1] = [d_lo[2], d_hi[2], d_lo[3], d_hi[3]];
+            });
+        });
+        return;
+    }
+    let (c_lo, c_hi) = (c[0][0].cook(), c[1][0].cook());
     let (bias_lo, bias_hi) = (T::code_bias(c_lo.zero), T::code_bias(c_hi.zero));
     unroll!(I in [0, 1, 2, 3] {
         let d_lo = dequantize_biased::<T, true>(lo[I], bias_lo, c_lo.scale2);
@@ -200,11 +303,12 @@ fn lane_rows(n0: usize) -> [usize; 2] {
 /// the ring is free for other uses (or the next call) when it returns.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_sums<T: WgmmaElement>(
+unsafe fn tile_sums<T: WgmmaElement, const ANY_FORMAT: bool>(
     a_perm: *const T,
     b: *const u8,
     scales: *const T,
     zeros_u8: *const u8,
+    zeros_t: *const T,
     p: &Dims,
     origin: TileOrigin,
     first: u32,
@@ -241,7 +345,8 @@ unsafe fn tile_sums<T: WgmmaElement>(
     // SAFETY: rows below N of `b`, `scales` and the zero points.
     let b_src: [*const u8; 2] = core::array::from_fn(|h| unsafe { b.add(clamped(rows[h]) * row_bytes) });
     // SAFETY: the launch contract sizes `scales` and the zero points.
-    let consts = unsafe { LaneConsts::new(scales, zeros_u8, rows, p) };
+    let consts = unsafe { LaneConsts::new::<T, ANY_FORMAT>(scales, zeros_u8, zeros_t, rows, p) };
+    let typed = consts.typed();
 
     let mut acc = [0.0f32; 64];
     // Zeroed here, once, on every path: `ptxas` serializes the `wgmma`s (C7515) when it sees
@@ -278,12 +383,12 @@ unsafe fn tile_sums<T: WgmmaElement>(
             load_codes(j);
         };
         // This lane's constants of local chunk `j`, loaded two chunks before their use.
-        let raw_consts = |j: u32| consts.load(first + j, p);
-        let dequantize_chunk = |j: u32, c: [RawConsts; 2], f: &mut Fragments| {
+        let raw_consts = |j: u32| consts.load::<ANY_FORMAT>(first + j, p);
+        let dequantize_chunk = |j: u32, c: ChunkConsts, f: &mut Fragments| {
             let codes = codes_s(j % WGMMA_STAGES as u32);
             let lo = ld_shared_v4(codes.offset((tid * 16) as u32));
             let hi = ld_shared_v4(codes.offset(((WGMMA_THREADS + tid) * 16) as u32));
-            dequantize_fragments::<T>(lo, hi, c, f);
+            dequantize_fragments::<T, ANY_FORMAT>(lo, hi, c, typed, f);
         };
 
         // Copies run two chunks ahead of the dequantization, three of the tensor cores.
@@ -445,12 +550,12 @@ unsafe fn store_tile<T: WgmmaElement>(
 /// The launch contract in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
+pub(crate) unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool, const ANY_FORMAT: bool>(
     a_perm: *const T,
     b: *const u8,
     scales: *const T,
     zeros_u8: *const u8,
-    _zeros_t: *const T,
+    zeros_t: *const T,
     bias: *const T,
     y: *mut T,
     workspace: *mut f32,
@@ -461,7 +566,7 @@ pub(crate) unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
         TileOrigin { m0: index::block_idx_y() as usize * WGMMA_BM, n0: index::block_idx_x() as usize * WGMMA_BN };
     let (first, chunks) = split_chunk_range(&p);
     // SAFETY: forwarded launch contract; every thread calls it with the block's arguments.
-    let mut acc = unsafe { tile_sums(a_perm, b, scales, zeros_u8, &p, origin, first, chunks) };
+    let mut acc = unsafe { tile_sums::<T, ANY_FORMAT>(a_perm, b, scales, zeros_u8, zeros_t, &p, origin, first, chunks) };
     let base = SharedMatrix::atom_aligned(dynamic_shared_base());
     // SAFETY: the cluster's blocks all reach the barriers (`PAIR` is the entry's); the exchange
     // stays inside block 1's ring.
@@ -488,12 +593,12 @@ pub(crate) unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool>(
 /// The launch contract of `matmul_nbits_wgmma_streamk_{f16,bf16}` in the module docs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement>(
+pub(crate) unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement, const ANY_FORMAT: bool>(
     a_perm: *const T,
     b: *const u8,
     scales: *const T,
     zeros_u8: *const u8,
-    _zeros_t: *const T,
+    zeros_t: *const T,
     bias: *const T,
     y: *mut T,
     workspace: *mut f32,
@@ -527,7 +632,8 @@ pub(crate) unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement>(
             // (`tile_sums` ends with a block barrier: the previous segment's reads of the ring
             // are over.)
             let origin = TileOrigin { m0: segment.tile_m as usize * WGMMA_BM, n0: segment.tile_n as usize * WGMMA_BN };
-            let mut acc = tile_sums(a_perm, b, scales, zeros_u8, &p, origin, segment.first, segment.chunks);
+            let mut acc =
+                tile_sums::<T, ANY_FORMAT>(a_perm, b, scales, zeros_u8, zeros_t, &p, origin, segment.first, segment.chunks);
             if !segment.finalizes {
                 // The lower part of a tile that the next block finishes: publish the sums.
                 unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
