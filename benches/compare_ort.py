@@ -19,6 +19,7 @@ kernels beside dlkern's.
     DLKERN_ORT_OPS=host,MatMulNBits ...   (those rows alone)
     DLKERN_ORT_NBITS_M=2048 ...             (MatMulNBits at those M alone)
     DLKERN_ORT_NBITS_SETS=more ...          (MatMulNBits at the other formats alone)
+    DLKERN_ORT_NBITS_SHAPES=qkv,o ...       (MatMulNBits at those shapes alone)
 """
 
 import json
@@ -221,6 +222,8 @@ NBITS_M_ONLY = os.environ.get("DLKERN_ORT_NBITS_M")
 NBITS_M = tuple(int(m) for m in (NBITS_M_ONLY or "1,4,16,64,256,2048").split(","))
 # DLKERN_ORT_NBITS_SETS="main" or "more": one of the two sets of formats alone.
 NBITS_SETS = os.environ.get("DLKERN_ORT_NBITS_SETS", "main,more").split(",")
+# DLKERN_ORT_NBITS_SHAPES="qkv,o": those shapes alone (e.g. for a profiler).
+NBITS_SHAPES_ONLY = os.environ.get("DLKERN_ORT_NBITS_SHAPES")
 # Nodes per session: each has weights of its own, so that the next node's are not in L2 (50 MB on
 # the H200), up to this many bytes of weights in all (a model over 2 GB cannot be serialized).
 NBITS_NODES, NBITS_WEIGHT_BYTES = 8, 600 << 20
@@ -309,6 +312,8 @@ def matmul_nbits_rows(dest, records):
     if "more" in NBITS_SETS:
         more_m = NBITS_M if NBITS_M_ONLY else NBITS_MORE_M
         sets += [(shape, fmt, more_m) for fmt in NBITS_MORE_FORMATS for shape in NBITS_MORE_SHAPES]
+    if NBITS_SHAPES_ONLY:
+        sets = [entry for entry in sets if entry[0][0] in NBITS_SHAPES_ONLY.split(",")]
     baselines = {}
     for (name, n, k), (block, zero_points), ms in sets:
         models, nodes, nbytes, bind_for = matmul_nbits_nodes(n, k, block, zero_points)

@@ -69,7 +69,7 @@ meta += python_call["meta"]
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
 import torch
 json.dump({"date": datetime.date.today().isoformat(), "gpu": smi.split(",")[0].strip(), "driver": smi.split(",")[-1].strip(),
-           "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; " + "".join(f"{k}='{os.environ[k]}' " for k in ("DLKERN_BENCHES", "DLKERN_BENCH_FILTER", "DLKERN_BENCH_TORCH", "DLKERN_TORCH_FAMILIES", "DLKERN_BENCH_ORT", "DLKERN_ORT_OPS", "DLKERN_ORT_NBITS_M", "DLKERN_ORT_NBITS_SETS") if k in os.environ) + f"DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
+           "torch": torch.__version__, "command": "scripts/gpu-bundle.sh here; " + "".join(f"{k}='{os.environ[k]}' " for k in ("DLKERN_BENCHES", "DLKERN_BENCH_FILTER", "DLKERN_BENCH_TORCH", "DLKERN_TORCH_FAMILIES", "DLKERN_BENCH_ORT", "DLKERN_ORT_OPS", "DLKERN_ORT_NBITS_M", "DLKERN_ORT_NBITS_SETS", "DLKERN_ORT_NBITS_SHAPES") if k in os.environ) + f"DLKERN_BENCH_SECONDS='{warm} {measure}' bash .gpu/gpu-bench.sh on the GPU host",
            "criterion": sorted(crit, key=lambda r: r["id"]), "meta": meta,
            "comparison": json.load(open(os.path.join(work, "torch.json"))),
            "ort_comparison": json.load(open(os.path.join(work, "ort.json"))),

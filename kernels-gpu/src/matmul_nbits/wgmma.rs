@@ -193,7 +193,8 @@ impl LaneConsts {
                 RawConsts { scale, zero_byte, shift }
             }
         };
-        let block_of = |half: u32| ((chunk * CHUNK as u32 + 32 * self.q + 16 * half) >> p.block_shift).min(p.k_blocks - 1);
+        let block_of =
+            |half: u32| ((chunk * CHUNK as u32 + 32 * self.q + 16 * half) >> p.block_shift).min(p.k_blocks - 1);
         if ANY_FORMAT {
             // With integer zero points these builds run blocks of 16 only: half `h`'s block is
             // `8 chunk + 2q + h`, whose zero point is in nibble `h` of its byte (a constant, not
@@ -566,7 +567,8 @@ pub(crate) unsafe fn matmul_nbits_wgmma<T: WgmmaElement, const PAIR: bool, const
         TileOrigin { m0: index::block_idx_y() as usize * WGMMA_BM, n0: index::block_idx_x() as usize * WGMMA_BN };
     let (first, chunks) = split_chunk_range(&p);
     // SAFETY: forwarded launch contract; every thread calls it with the block's arguments.
-    let mut acc = unsafe { tile_sums::<T, ANY_FORMAT>(a_perm, b, scales, zeros_u8, zeros_t, &p, origin, first, chunks) };
+    let mut acc =
+        unsafe { tile_sums::<T, ANY_FORMAT>(a_perm, b, scales, zeros_u8, zeros_t, &p, origin, first, chunks) };
     let base = SharedMatrix::atom_aligned(dynamic_shared_base());
     // SAFETY: the cluster's blocks all reach the barriers (`PAIR` is the entry's); the exchange
     // stays inside block 1's ring.
@@ -632,8 +634,17 @@ pub(crate) unsafe fn matmul_nbits_wgmma_streamk<T: WgmmaElement, const ANY_FORMA
             // (`tile_sums` ends with a block barrier: the previous segment's reads of the ring
             // are over.)
             let origin = TileOrigin { m0: segment.tile_m as usize * WGMMA_BM, n0: segment.tile_n as usize * WGMMA_BN };
-            let mut acc =
-                tile_sums::<T, ANY_FORMAT>(a_perm, b, scales, zeros_u8, zeros_t, &p, origin, segment.first, segment.chunks);
+            let mut acc = tile_sums::<T, ANY_FORMAT>(
+                a_perm,
+                b,
+                scales,
+                zeros_u8,
+                zeros_t,
+                &p,
+                origin,
+                segment.first,
+                segment.chunks,
+            );
             if !segment.finalizes {
                 // The lower part of a tile that the next block finishes: publish the sums.
                 unroll!(I in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
