@@ -205,6 +205,22 @@ def gpu_times(r):
     return r["ort_device_us"], r["dlkern_device_us"], "*"
 
 
+def comparison_cells(r):
+    """The cells every ORT comparison table has, from ORT's per-call time to the GPU speedup, and
+    dlkern's GPU time; or (None, None) where a side did not run."""
+    if "ort_device_us" not in r or "dlkern_device_us" not in r:
+        return None, None
+    ort_us, us, mark = gpu_times(r)
+    cells = [f"{r['ort_sync_us']:.1f} us", f"{ort_us:.1f} us{mark}", f"{r['dlkern_sync_us']:.1f} us", f"{us:.1f} us{mark}",
+             f"{r['ort_sync_us'] / r['dlkern_sync_us']:.2f}", f"{ort_us / us:.2f}"]
+    return cells, us
+
+
+def not_measured(r):
+    """Why an ORT comparison row has no times."""
+    return (r.get("ort_error") or r.get("dlkern_error") or "not measured")[:80]
+
+
 def node_rate(r, us):
     """A node's rate at `us`: FLOPs where compute bound, else the bytes it moves."""
     nbytes = r.get("kv_bytes", r.get("bytes", 0))
@@ -238,16 +254,12 @@ def render_ort_matmul_nbits(records):
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in records:
-        if "ort_device_us" not in r or "dlkern_device_us" not in r:
-            why = r.get("ort_error") or r.get("dlkern_error") or "not measured"
-            lines.append(f"| {r['case']} | {why[:80]} | | | | | | {r['cublas_us']:.1f} us | | |")
+        cells, us = comparison_cells(r)
+        if cells is None:
+            lines.append(f"| {r['case']} | {not_measured(r)} | | | | | | {r['cublas_us']:.1f} us | | |")
             continue
-        ort_us, us, mark = gpu_times(r)
-        lines.append(
-            f"| {r['case']} | {r['ort_sync_us']:.1f} us | {ort_us:.1f} us{mark} | {r['dlkern_sync_us']:.1f} us | "
-            f"{us:.1f} us{mark} | {r['ort_sync_us'] / r['dlkern_sync_us']:.2f} | {ort_us / us:.2f} | "
-            f"{r['cublas_us']:.1f} us | {r['cublas_us'] / us:.2f} | {node_rate(r, us)} |"
-        )
+        cells += [f"{r['cublas_us']:.1f} us", f"{r['cublas_us'] / us:.2f}", node_rate(r, us)]
+        lines.append(f"| {r['case']} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -274,16 +286,11 @@ def render_ort_nodes(records):
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in records:
-        if "ort_device_us" not in r or "dlkern_device_us" not in r:
-            why = r.get("ort_error") or r.get("dlkern_error") or "not measured"
-            lines.append(f"| {r['op']} | {r['case']} | {why[:80]} | | | | | | |")
+        cells, us = comparison_cells(r)
+        if cells is None:
+            lines.append(f"| {r['op']} | {r['case']} | {not_measured(r)} | | | | | | |")
             continue
-        ort_us, us, mark = gpu_times(r)
-        lines.append(
-            f"| {r['op']} | {r['case']} | {r['ort_sync_us']:.1f} us | {ort_us:.1f} us{mark} | "
-            f"{r['dlkern_sync_us']:.1f} us | {us:.1f} us{mark} | {r['ort_sync_us'] / r['dlkern_sync_us']:.2f} | "
-            f"{ort_us / us:.2f} | {node_rate(r, us)} |"
-        )
+        lines.append(f"| {r['op']} | {r['case']} | " + " | ".join(cells + [node_rate(r, us)]) + " |")
     return lines + [""]
 
 
