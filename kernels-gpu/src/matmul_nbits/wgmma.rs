@@ -89,7 +89,7 @@ impl WgmmaElement for Bf16 {
 }
 
 /// A (weight row, block)'s scale bits and zero-point byte as loaded, and the shift of its
-/// nibble.
+/// nibble (typed zero points, `ANY_FORMAT` only: the zero point's bits in A's type, shift 0).
 #[derive(Clone, Copy)]
 pub(super) struct RawConsts {
     scale: u32,
@@ -196,8 +196,8 @@ impl LaneConsts {
         let block_of =
             |half: u32| ((chunk * CHUNK as u32 + 32 * self.q + 16 * half) >> p.block_shift).min(p.k_blocks - 1);
         if ANY_FORMAT {
-            // With integer zero points these builds run blocks of 16 only: half `h`'s block is
-            // `8 chunk + 2q + h`, whose zero point is in nibble `h` of its byte (a constant, not
+            // With integer zero points these builds run blocks of 16 only: half `i`'s block is
+            // `8 chunk + 2q + i`, whose zero point is in nibble `i` of its byte (a constant, not
             // a register; past K the block is clamped, and its zero point meets zero
             // activations).
             let blk = [block_of(0), block_of(1)];
