@@ -89,20 +89,24 @@ pub(crate) fn dequantize<T: TensorElement>(word: u32, c: BlockConsts, typed: boo
         let v = |j: u32| (((word >> (4 * j)) & 15) as f32 - c.zero_f) * c.scale_f;
         return [T::pack2(v(0), v(4)), T::pack2(v(1), v(5)), T::pack2(v(2), v(6)), T::pack2(v(3), v(7))];
     }
-    dequantize_biased::<T, false>(word, T::code_bias(c.zero), c.scale2)
+    dequantize_biased::<T, false>(word, T::code_bias(c.zero), c.scale2, NEG_ZERO2)
 }
 
+/// -0.0 twice, the addend that leaves a product as it is: `x * s + (-0) == x * s`.
+pub(crate) const NEG_ZERO2: u32 = 0x8000_8000;
+
 /// [`dequantize`] for integer zero points given as their [`TensorElement::code_bias`] (built
-/// once per block, not per word) and the scale pair; `PINNED`: see
-/// [`TensorElement::codes_minus_bias`].
+/// once per block, not per word) and the scale pair: `(code - zero) * scale + addend` per pair,
+/// rounded once (`addend2`: [`NEG_ZERO2`], or the rest of a fractional zero point times the
+/// scale); `PINNED`: see [`TensorElement::codes_minus_bias`].
 #[inline(always)]
 pub(crate) fn dequantize_biased<T: TensorElement, const PINNED: bool>(
     word: u32,
     bias: [u32; 2],
     scale2: u32,
+    addend2: u32,
 ) -> [u32; 4] {
-    let neg_zero = 0x8000_8000; // -0.0 twice: x * s + (-0) == x * s
-    T::codes_minus_bias::<PINNED>(word, bias).map(|d| T::fma2(d, scale2, neg_zero))
+    T::codes_minus_bias::<PINNED>(word, bias).map(|d| T::fma2(d, scale2, addend2))
 }
 
 /// This lane's codes of one K chunk for `NT` column tiles: 16 bytes of column `n0 + 8j + g` at

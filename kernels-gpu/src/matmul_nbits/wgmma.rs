@@ -47,7 +47,7 @@
 //!   blocks (`.reqnctapercluster`), so a plain launch pairs the two splits of each tile, which
 //!   sum through distributed shared memory; `y` (+ bias) is written, `workspace` is unused.
 
-use super::common::{BlockConsts, dequantize_biased, split_chunk_range};
+use super::common::{BlockConsts, NEG_ZERO2, dequantize_biased, split_chunk_range};
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::cluster;
 use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, st_global_v4};
@@ -98,14 +98,21 @@ pub(super) struct RawConsts {
 }
 
 impl RawConsts {
+    /// The scale twice, a pair of T.
+    #[inline(always)]
+    fn scale2(self) -> u32 {
+        self.scale | (self.scale << 16)
+    }
+
+    /// The integer zero point (its nibble of the byte).
+    #[inline(always)]
+    fn zero(self) -> u32 {
+        (self.zero_byte >> self.shift) & 15
+    }
+
     #[inline(always)]
     fn cook(self) -> BlockConsts {
-        BlockConsts {
-            scale2: self.scale | (self.scale << 16),
-            zero: (self.zero_byte >> self.shift) & 15,
-            zero_f: 0.0,
-            scale_f: 0.0,
-        }
+        BlockConsts { scale2: self.scale2(), zero: self.zero(), zero_f: 0.0, scale_f: 0.0 }
     }
 }
 
@@ -212,11 +219,11 @@ impl LaneConsts {
     }
 }
 
-/// `ANY_FORMAT`'s constants of a (row, half): the zero point split into an integer part, which
-/// comes off the codes exactly as the other builds take theirs, and the rest, whose product
-/// with the scale the dequantization adds: `(code - z) s = (code - zi) s - (z - zi) s`, exact
-/// up to the rounding of that small product (for integer zero points it is zero, and the
-/// weights are those of the other builds bit for bit).
+/// `ANY_FORMAT`'s constants of a (row, half), as [`dequantize_biased`] takes them: the zero
+/// point split into an integer part, which comes off the codes exactly as the other builds take
+/// theirs, and the rest, whose product with the scale the dequantization adds: `(code - z) s =
+/// (code - zi) s - (z - zi) s`, exact up to the rounding of that small product (for integer
+/// zero points it is zero, and the weights are those of the other builds bit for bit).
 #[derive(Clone, Copy)]
 struct CookedConsts {
     bias: [u32; 2],
@@ -227,10 +234,9 @@ struct CookedConsts {
 impl CookedConsts {
     #[inline(always)]
     fn of<T: TensorElement>(c: RawConsts, typed: bool) -> Self {
-        let scale2 = c.scale | (c.scale << 16);
+        let scale2 = c.scale2();
         if !typed {
-            // -0.0 twice: `d * s + (-0) == d * s`.
-            return CookedConsts { bias: T::code_bias((c.zero_byte >> c.shift) & 15), scale2, addend2: 0x8000_8000 };
+            return CookedConsts { bias: T::code_bias(c.zero()), scale2, addend2: NEG_ZERO2 };
         }
         let zero = T::from_bits(c.zero_byte as u16).to_f32();
         // A code near the zero point (a saturating cast; any integer in 0..=15 is exact).
@@ -253,16 +259,13 @@ pub(super) fn dequantize_fragments<T: TensorElement, const ANY_FORMAT: bool>(
     f: &mut Fragments,
 ) {
     if ANY_FORMAT {
-        let dequantize = |word: u32, k: CookedConsts| {
-            T::codes_minus_bias::<true>(word, k.bias).map(|d| T::fma2(d, k.scale2, k.addend2))
-        };
         // A half's constants are cooked just before its two words: fewer of them live at once.
         unroll!(HALF in [0, 1] {
-            let (k_lo, k_hi) = (CookedConsts::of::<T>(c[0][HALF], typed), CookedConsts::of::<T>(c[1][HALF], typed));
+            let k = [CookedConsts::of::<T>(c[0][HALF], typed), CookedConsts::of::<T>(c[1][HALF], typed)];
             unroll!(W in [0, 1] {
                 let i = 2 * HALF + W;
-                let d_lo = dequantize(lo[i], k_lo);
-                let d_hi = dequantize(hi[i], k_hi);
+                let d_lo = dequantize_biased::<T, true>(lo[i], k[0].bias, k[0].scale2, k[0].addend2);
+                let d_hi = dequantize_biased::<T, true>(hi[i], k[1].bias, k[1].scale2, k[1].addend2);
                 f[2 * i] = [d_lo[0], d_hi[0], d_lo[1], d_hi[1]];
                 f[2 * i + 1] = [d_lo[2], d_hi[2], d_lo[3], d_hi[3]];
             });
@@ -272,8 +275,8 @@ pub(super) fn dequantize_fragments<T: TensorElement, const ANY_FORMAT: bool>(
     let (c_lo, c_hi) = (c[0][0].cook(), c[1][0].cook());
     let (bias_lo, bias_hi) = (T::code_bias(c_lo.zero), T::code_bias(c_hi.zero));
     unroll!(I in [0, 1, 2, 3] {
-        let d_lo = dequantize_biased::<T, true>(lo[I], bias_lo, c_lo.scale2);
-        let d_hi = dequantize_biased::<T, true>(hi[I], bias_hi, c_hi.scale2);
+        let d_lo = dequantize_biased::<T, true>(lo[I], bias_lo, c_lo.scale2, NEG_ZERO2);
+        let d_hi = dequantize_biased::<T, true>(hi[I], bias_hi, c_hi.scale2, NEG_ZERO2);
         f[2 * I] = [d_lo[0], d_hi[0], d_lo[1], d_hi[1]];
         f[2 * I + 1] = [d_lo[2], d_hi[2], d_lo[3], d_hi[3]];
     });
