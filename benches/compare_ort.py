@@ -19,6 +19,7 @@ kernels beside dlkern's.
     DLKERN_ORT_OPS=host,MatMulNBits ...   (those rows alone)
     DLKERN_ORT_NBITS_M=2048 ...             (MatMulNBits at those M alone)
     DLKERN_ORT_NBITS_SETS=more ...          (MatMulNBits at the other formats alone)
+    DLKERN_ORT_NBITS_SETS=block16 ...       (blocks of 16 at every shape, M <= 16)
     DLKERN_ORT_NBITS_SHAPES=qkv,o ...       (MatMulNBits at those shapes alone)
 """
 
@@ -217,10 +218,15 @@ NBITS_FORMATS = [(32, None), (128, "u8")]
 NBITS_MORE_SHAPES = [("up", 14336, 4096)]
 NBITS_MORE_FORMATS = [(16, "u8"), (64, None), (256, "u8"), (128, "typed"), (32, "typed")]
 NBITS_MORE_M = (1, 16, 64, 2048)
+# Blocks of 16 (no and u8 zero points) at every shape and M <= 16 (`DLKERN_ORT_NBITS_SETS=block16`,
+# not in the default sets): the decode path's fine16 records.
+NBITS_BLOCK16_FORMATS = [(16, None), (16, "u8")]
+NBITS_BLOCK16_M = (1, 4, 16)
 # DLKERN_ORT_NBITS_M="256,2048": those M alone (of either set).
 NBITS_M_ONLY = os.environ.get("DLKERN_ORT_NBITS_M")
 NBITS_M = tuple(int(m) for m in (NBITS_M_ONLY or "1,4,16,64,256,2048").split(","))
-# DLKERN_ORT_NBITS_SETS="main" or "more": one of the two sets of formats alone.
+# DLKERN_ORT_NBITS_SETS="main" or "more": one of the two sets of formats alone ("block16": the
+# set above).
 NBITS_SETS = os.environ.get("DLKERN_ORT_NBITS_SETS", "main,more").split(",")
 # DLKERN_ORT_NBITS_SHAPES="qkv,o": those shapes alone (e.g. for a profiler).
 NBITS_SHAPES_ONLY = os.environ.get("DLKERN_ORT_NBITS_SHAPES")
@@ -312,8 +318,16 @@ def matmul_nbits_rows(dest, records):
     if "more" in NBITS_SETS:
         more_m = NBITS_M if NBITS_M_ONLY else NBITS_MORE_M
         sets += [(shape, fmt, more_m) for fmt in NBITS_MORE_FORMATS for shape in NBITS_MORE_SHAPES]
+    if "block16" in NBITS_SETS:
+        block16_m = NBITS_M if NBITS_M_ONLY else NBITS_BLOCK16_M
+        sets += [(shape, fmt, block16_m) for fmt in NBITS_BLOCK16_FORMATS for shape in NBITS_SHAPES]
     if NBITS_SHAPES_ONLY:
         sets = [entry for entry in sets if entry[0][0] in NBITS_SHAPES_ONLY.split(",")]
+    # A shape and format in two sets runs once, at the M of both.
+    merged = {}
+    for shape, fmt, ms in sets:
+        merged[(shape, fmt)] = tuple(sorted(set(merged.get((shape, fmt), ())) | set(ms)))
+    sets = [(shape, fmt, ms) for (shape, fmt), ms in merged.items()]
     baselines = {}
     for (name, n, k), (block, zero_points), ms in sets:
         models, nodes, nbytes, bind_for = matmul_nbits_nodes(n, k, block, zero_points)

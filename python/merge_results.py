@@ -5,7 +5,8 @@ latest measurement and says which rows came from which run:
     python python/merge_results.py benches/results/latest.json NEW.json --note "what the partial run re-measured"
 
 Criterion rows (and their metadata) are replaced by id; ORT rows by (op, kind): a partial run
-that measured an op replaces every old row of that op; PyTorch comparison rows by (family,
+that measured an op replaces every old row of that op (with `--by-case`, only the rows of the
+cases it measured: a run of some formats of an op beside a recorded table of others); PyTorch comparison rows by (family,
 implementation, shape, dtype); the end-to-end record whole when the new run has one. Rows the
 new run did not measure stay. The date becomes the new run's, and the command names both runs.
 A run on another GPU is not merged: `--supplement` keeps it whole beside the recorded one, and
@@ -26,10 +27,18 @@ _ROW_KEYS = (
 )
 
 
-def _without(old, new):
+def _row_keys(by_case):
+    """`_ROW_KEYS`, the ORT rows' key with the case when `by_case`."""
+    if not by_case:
+        return _ROW_KEYS
+    return tuple((field, (lambda r: (r["op"], r.get("kind"), r["case"])) if field == "ort_comparison" else key)
+                 for field, key in _ROW_KEYS)
+
+
+def _without(old, new, by_case=False):
     """`old` less the rows `new` measured again."""
     pruned = dict(old)
-    for field, key in _ROW_KEYS:
+    for field, key in _row_keys(by_case):
         fresh = {key(r) for r in new.get(field) or []}
         pruned[field] = [r for r in old.get(field) or [] if key(r) not in fresh]
     if new.get("e2e"):
@@ -37,11 +46,11 @@ def _without(old, new):
     return pruned
 
 
-def merge(old, new, note):
+def merge(old, new, note, by_case=False):
     """`old` with `new`'s measurements in place of the ones it repeats (both results dicts)."""
     if old.get("gpu") != new.get("gpu"):
         raise ValueError(f"runs on different GPUs ({old.get('gpu')} and {new.get('gpu')}) are not merged")
-    merged = _without(old, new)
+    merged = _without(old, new, by_case)
     for field, _ in _ROW_KEYS:
         merged[field] = merged[field] + list(new.get(field) or [])
     if new.get("e2e"):
@@ -55,7 +64,7 @@ def _has_rows(results):
     return any(results.get(f) for f in ("criterion", "comparison", "ort_comparison", "e2e"))
 
 
-def add_supplement(old, new, note):
+def add_supplement(old, new, note, by_case=False):
     """`old` with `new` (a partial run on another GPU) kept beside it, rendered at the end of the
     report under its own header. A supplement from the same GPU and date takes `new`'s rows in
     place of the ones it repeats (as `merge` does); earlier ones from the same GPU lose the rows
@@ -67,12 +76,12 @@ def add_supplement(old, new, note):
             kept.append(s)
         elif s["date"] == new["date"]:
             same_day = s
-        elif _has_rows(pruned := _without(s, new)):
+        elif _has_rows(pruned := _without(s, new, by_case)):
             kept.append(pruned)
     if same_day is None:
         supplement = dict(new, note=note)
     else:
-        supplement = dict(merge(same_day, new, note), note=f"{same_day['note']}; {note}")
+        supplement = dict(merge(same_day, new, note, by_case), note=f"{same_day['note']}; {note}")
     merged["supplements"] = kept + [supplement]
     return merged
 
@@ -84,13 +93,15 @@ def main():
     ap.add_argument("--note", required=True, help="what the partial run re-measured (goes into the command line)")
     ap.add_argument("--supplement", action="store_true",
                     help="keep the new run whole beside the recorded one (a run on another GPU) instead of merging rows")
+    ap.add_argument("--by-case", action="store_true",
+                    help="replace ORT rows per case, not every row of an op the new run measured")
     args = ap.parse_args()
     with open(args.recorded) as f:
         old = json.load(f)
     with open(args.new) as f:
         new = json.load(f)
     with open(args.recorded, "w") as f:
-        json.dump((add_supplement if args.supplement else merge)(old, new, args.note), f, indent=1)
+        json.dump((add_supplement if args.supplement else merge)(old, new, args.note, args.by_case), f, indent=1)
     print(f"merged {args.new} into {args.recorded}")
 
 

@@ -64,14 +64,20 @@ proptest! {
     /// The `Packed` records (`pack_for_decode`): every code, scale and zero point of every
     /// column and chunk where the documented layout puts it, columns past N repeating N - 1;
     /// blocks of 32 and 64 in the fine records (constants per 32 K, codes past a row's end
-    /// as 8, the constants of a step past K those of the row's last block).
+    /// as 8, the constants of a step past K those of the row's last block), blocks of 16 in the
+    /// fine16 records (constants per lane parity and word, zero points as nibbles).
     #[test]
     fn packing_for_decode_places_every_code_and_constant(
-        n in 1usize..70, k in 1usize..700, block in prop_oneof![Just(32usize), Just(64), Just(128), Just(256)],
+        n in 1usize..70, k in 1usize..700,
+        block in prop_oneof![Just(16usize), Just(32), Just(64), Just(128), Just(256)],
         symmetric: bool, seed: u64,
     ) {
         let fine = block < 128;
-        let record_bytes = if fine { 32 * 64 + 8 * 48 } else { 32 * 64 + 128 };
+        let record_bytes = match block {
+            16 => 32 * 64 + 8 * 80,
+            32 | 64 => 32 * 64 + 8 * 48,
+            _ => 32 * 64 + 128,
+        };
         let mut rng = Rng::new(seed);
         let w: Vec<f32> = (0..n * k).map(|_| rng.uniform(-2.0, 2.0) as f32).collect();
         let q = quantize(&w, n, k, block, symmetric).unwrap();
@@ -100,7 +106,18 @@ proptest! {
                         }
                     }
                     let (g, u) = (local % 8, local / 8);
-                    if fine {
+                    if block == 16 {
+                        let consts = &record[2048 + 80 * g..][..80];
+                        for (h, i) in (0..2).flat_map(|h| (0..4).map(move |i| (h, i))) {
+                            // Word `i` of the lanes of parity `h` (K `32 i + 8 q`, q / 2 = h).
+                            let blk = ((chunk * 128 + 32 * i + 16 * h) / 16).min(q.k_blocks() - 1);
+                            let at = 32 * h + 2 * (4 * i + u);
+                            prop_assert_eq!(u16::from_le_bytes([consts[at], consts[at + 1]]), bits[col * q.k_blocks() + blk]);
+                            let nibble = 4 * i + u;
+                            let zero = (consts[64 + 8 * h + nibble / 2] >> (4 * (nibble % 2))) & 15;
+                            prop_assert_eq!(zero as f32, q.zero_point(col, blk));
+                        }
+                    } else if fine {
                         let consts = &record[2048 + 48 * g..][..48];
                         for step in 0..4 {
                             let blk = ((chunk * 128 + 32 * step) / block).min(q.k_blocks() - 1);
@@ -121,9 +138,7 @@ proptest! {
 }
 
 #[test]
-fn packing_for_decode_refuses_small_blocks_and_typed_zero_points() {
-    let q = quantize(&[0.5; 64], 1, 64, 16, true).unwrap();
-    assert!(q.pack_for_decode(&[0; 4]).unwrap_err().to_string().contains("block_size >= 32"));
+fn packing_for_decode_refuses_bad_scales_and_typed_zero_points() {
     let mut q = quantize(&[0.5; 128], 1, 128, 128, true).unwrap();
     assert!(q.pack_for_decode(&[0, 0]).unwrap_err().to_string().contains("scale bits"));
     q.zero_points = ZeroPoints::Unpacked(vec![8.0]);
@@ -413,7 +428,8 @@ mod gpu {
         for m in [1, 5, 8, 9, 16] {
             // K = 2048: the loop for K a multiple of the chunk, over several steps per warp.
             // Blocks of 32 and 64 (the fine records): K ending inside a chunk (4160 = 32.5
-            // chunks, 1096) and inside a block of 64 (1064); the builder's K = 4096.
+            // chunks, 1096) and inside a block of 64 (1064); the builder's K = 4096. Blocks of
+            // 16 (the fine16 records): K ending inside a chunk (1056, 288, 4160).
             for (n, k, block) in [
                 (100, 1096, 128),
                 (64, 4104, 256),
@@ -425,10 +441,18 @@ mod gpu {
                 (9000, 264, 32),
                 (40, 4096, 32),
                 (100, 1096, 64),
+                (97, 4160, 16),
+                (100, 1056, 16),
+                (9000, 288, 16),
+                (40, 4096, 16),
             ] {
                 let base =
                     MatMulNBitsParams { variant: Some(Variant::PackedMma), ..params(DType::F16, m, n, k, block) };
-                let fine = if block < 128 { "_fine" } else { "" };
+                let fine = match block {
+                    16 => "_fine16",
+                    32 | 64 => "_fine",
+                    _ => "",
+                };
                 check_zero_points_and_splits(base, &mut seed, |kernel| {
                     let tiles = n.div_ceil(32);
                     let want = if m > 8 && tiles > one_wave {
@@ -443,6 +467,34 @@ mod gpu {
                     };
                     variant_of(kernel) == format!("{want}{fine}")
                 });
+            }
+        }
+    }
+
+    /// One small problem on each `decode*_packed*_fine16` entry (blocks of 16; no, u8 zero
+    /// points; f16 and bf16; K ending inside a chunk, clusters of K splits): what the sanitizers
+    /// run. Many columns force the 4-warp builds, few the wide ones.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_fine16_builds_small() {
+        let (device, _) = gpu();
+        let one_wave = 2 * device.multiprocessors() as usize;
+        let mut seed = 1600;
+        for (m, n) in [(1, 40), (5, 32 * one_wave + 1), (9, 40), (16, 32 * one_wave + 1)] {
+            for (zero_points, splits) in [(ZeroPointKind::Default, 0), (ZeroPointKind::PackedU8, 3)] {
+                seed += 1;
+                let p = MatMulNBitsParams {
+                    zero_points,
+                    splits,
+                    bias: true,
+                    variant: Some(Variant::PackedMma),
+                    ..params(DType::F16, m, n, 288, 16)
+                };
+                let wide = if n == 40 { "_wide" } else { "" };
+                let want = format!("decode{}_packed{wide}_fine16", if m <= 8 { 8 } else { 16 });
+                assert_eq!(problem::<f16>(p, seed).check().kernel, format!("matmul_nbits_{want}_f16"));
+                let p = MatMulNBitsParams { dtype: DType::BF16, ..p };
+                assert_eq!(problem::<bf16>(p, seed + 100).check().kernel, format!("matmul_nbits_{want}_bf16"));
             }
         }
     }
@@ -721,6 +773,8 @@ mod gpu {
             (33, 1000, 32),
             (64, 1064, 64),
             (40, 200, 64),
+            (97, 4160, 16),
+            (33, 1000, 16),
         ] {
             for zero_points in [ZeroPointKind::Default, ZeroPointKind::PackedU8] {
                 for dtype in [DType::F16, DType::BF16] {
@@ -769,8 +823,8 @@ mod gpu {
         let scales = stream.clone_htod(&vec![f16::ONE; 32 * 4]).unwrap();
         let zp = stream.clone_htod(&vec![0x88u8; 32 * 2]).unwrap();
         let w = MatMulNBitsDeviceWeights { b: &b, scales: &scales, zero_points: ZeroPoints::PackedU8(&zp) };
-        let err = pack_for_decode(&device, &stream, &p, &w).unwrap_err().to_string();
-        assert!(err.contains("block_size >= 32, got 16"), "{err}");
+        let err = pack_for_decode(&device, &stream, &MatMulNBitsParams { block_size: 8, ..p }, &w).unwrap_err();
+        assert!(err.to_string().contains("block_size >= 16, got 8"), "{err}");
         let p = MatMulNBitsParams { block_size: 128, ..p };
         let w = MatMulNBitsDeviceWeights { zero_points: ZeroPoints::Default, ..w };
         let err = pack_for_decode(&device, &stream, &p, &w).unwrap_err().to_string();
@@ -1156,8 +1210,13 @@ fn device_packing_plan_covers_every_record_and_refuses_what_packed_cannot_hold()
     assert_eq!(dims.grid, (4 * 8, 1, 1));
     assert_eq!(dims.block.0 as usize * 16 + 8 * 48, fine.packed_bytes() / 32);
     assert_eq!((args.k_blocks, args.block_shift, args.row_bytes), (32, 5, 512));
-    refuse(MatMulNBitsParams { block_size: 16, ..p }, "block_size >= 32");
-    refuse(MatMulNBitsParams { block_size: 192, ..p }, "block_size >= 32");
+    // The fine16 records (blocks of 16): 80 bytes of constants per lane group.
+    let fine16 = MatMulNBitsParams { block_size: 16, ..p };
+    let (dims, args) = pack_for_decode_plan(&fine16).unwrap();
+    assert_eq!(dims.block.0 as usize * 16 + 8 * 80, fine16.packed_bytes() / 32);
+    assert_eq!((args.k_blocks, args.block_shift, args.row_bytes), (63, 4, 504));
+    refuse(MatMulNBitsParams { block_size: 8, ..p }, "block_size >= 16");
+    refuse(MatMulNBitsParams { block_size: 192, ..p }, "block_size >= 16");
     refuse(MatMulNBitsParams { zero_points: ZeroPointKind::Typed, ..p }, "integer zero points");
     refuse(MatMulNBitsParams { dtype: DType::F32, ..p }, "dtype f32");
     refuse(MatMulNBitsParams { n: 0, ..p }, "N = 0");
@@ -1303,8 +1362,11 @@ fn gpu_plan_validates_and_splits() {
     assert!(e.contains("PackedWgmma needs M > 8"), "{e}");
     let e = MatMulNBitsParams { m: 17, ..packed_wgmma }.plan(132, true).unwrap_err().to_string();
     assert!(e.contains("PackedWgmma needs M <= 16"), "{e}");
-    let e = MatMulNBitsParams { block_size: 16, variant: Some(Variant::Packed), ..ok }.plan(132, true).unwrap_err();
-    assert!(e.to_string().contains("block_size >= 32"), "{e}");
+    let e =
+        MatMulNBitsParams { block_size: 16, variant: Some(Variant::Packed), zero_points: ZeroPointKind::Typed, ..ok }
+            .plan(132, true)
+            .unwrap_err();
+    assert!(e.to_string().contains("integer zero points, block_size >= 16"), "{e}");
     // Blocks of 32 and 64 take the fine records, on the `mma.sync` kernels only.
     let fine = MatMulNBitsParams { m: 16, n: 28672, block_size: 32, variant: Some(Variant::Packed), ..ok };
     let plan = fine.plan(132, true).unwrap();
@@ -1315,6 +1377,17 @@ fn gpu_plan_validates_and_splits() {
     let plan = MatMulNBitsParams { m: 1, n: 4096, block_size: 64, ..fine }.plan(132, true).unwrap();
     assert_eq!(plan.kernel, "matmul_nbits_decode8_packed_wide_fine_f16");
     assert_eq!((plan.dims.block.0, plan.dims.shared_bytes), (256, 8 * 4 * (2048 + 384)));
+    // Blocks of 16 take the fine16 records (80 bytes of constants per lane group), on the
+    // `mma.sync` kernels only.
+    let fine16 = MatMulNBitsParams { block_size: 16, ..fine };
+    let plan = fine16.plan(132, true).unwrap();
+    assert_eq!((plan.variant, plan.kernel), (Variant::PackedMma, "matmul_nbits_decode16_packed_fine16_f16"));
+    assert_eq!(plan.dims.shared_bytes, 4 * 4 * (2048 + 640));
+    let e = MatMulNBitsParams { variant: Some(Variant::PackedWgmma), ..fine16 }.plan(132, true).unwrap_err();
+    assert!(e.to_string().contains("PackedWgmma needs block_size >= 128, got 16"), "{e}");
+    let plan = MatMulNBitsParams { m: 1, n: 4096, ..fine16 }.plan(132, true).unwrap();
+    assert_eq!(plan.kernel, "matmul_nbits_decode8_packed_wide_fine16_f16");
+    assert_eq!((plan.dims.block.0, plan.dims.shared_bytes), (256, 8 * 4 * (2048 + 640)));
     assert!(err(MatMulNBitsParams { dtype: DType::F32, ..ok }).contains("not supported on the GPU"));
     assert!(err(MatMulNBitsParams { block_size: 24, ..ok }).contains("block_size 24"));
     assert!(err(MatMulNBitsParams { k: 0, ..ok }).contains("K = 0"));
@@ -1596,15 +1669,18 @@ fn gpu_registry_kernel_runs_on_cuda_tensors() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_registry_kernel_repacks_constant_weights_at_a_call_site() {
-    // Blocks of 128 (2176-byte records) and the builder's 32 (the fine records, 2432 bytes).
-    for (block, record_bytes) in [(128, 2176), (32, 2432)] {
+    // Blocks of 128 (2176-byte records), the builder's 32 (the fine records, 2432 bytes) and
+    // 16 (the fine16 records, 2688 bytes).
+    for (block, record_bytes) in [(128, 2176), (32, 2432), (16, 2688)] {
         repacks_at_a_call_site(block, record_bytes);
     }
 }
 
 fn repacks_at_a_call_site(block: usize, record_bytes: usize) {
     use registry::CallSite;
-    let (k, n) = (1096, 100);
+    // K ending inside a chunk and a block; for blocks of 16 one whose rows hold whole 16-byte
+    // pieces, which the repacked path needs (1096 would make rows of 69 blocks, 552 bytes).
+    let (k, n) = (if block == 16 { 1080 } else { 1096 }, 100);
     let p = RegistryProblem::new(17, k, n, block, 23);
     let mut gpu = OnCuda::new(&p);
     let (want5, want17) = (p.on_cpu(5), p.on_cpu(17));

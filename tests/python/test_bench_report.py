@@ -202,6 +202,11 @@ def test_a_partial_run_replaces_only_the_rows_it_measured():
     import pytest
     with pytest.raises(ValueError, match="different GPUs"):
         merge_results.merge(base, dict(part, gpu="H"), "x")
+    # By case: only the cases measured again lose their old rows.
+    merged = merge_results.merge(base, part, "M 1 again", by_case=True)
+    assert [(r["op"], r["case"]) for r in merged["ort_comparison"]] == [
+        ("MatMulNBits", "M 16"), ("SkipSimplifiedLayerNormalization", "n"), ("MatMulNBits", "M 1"),
+        ("MatMulNBits", "host")]
 
 
 def test_a_run_on_another_gpu_is_kept_whole_under_its_own_header():

@@ -106,7 +106,9 @@ def test_matmulnbits_on_cuda_ep_matches_ort(block_size, symmetric, m):
     pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
     from test_matmulnbits import quantized_model, run, with_bias
 
-    k, n = 200, 48  # K not a multiple of the block size
+    # K not a multiple of the block size (for blocks of 16 with rows of whole 16 bytes, which
+    # the repacked path needs)
+    k, n = (216 if block_size == 16 else 200), 48
     model = with_bias(quantized_model(k, n, block_size, symmetric, TensorProto.FLOAT16, seed=block_size), n, np.float16, 3)
     a = np.random.default_rng(m).standard_normal((m, k)).astype(np.float16)
     (expected,) = run(model).run(None, {"A": a})
@@ -119,11 +121,11 @@ def test_matmulnbits_on_cuda_ep_matches_ort(block_size, symmetric, m):
     assert providers_of(sess)["MatMulNBits"] == {CUDA}
     # Both dequantize to f16 and accumulate in f32; they differ in summation order.
     np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64), rtol=4e-3, atol=4e-3)
-    # B, scales and zero points are initializers: where `Packed` runs (M <= 16, blocks >= 32)
-    # the node repacked them once, one record per 32 columns and 128 of K (2176 bytes; 2432
-    # for blocks of 32 and 64, which carry a scale per 32 of K)...
-    record = 2176 if block_size >= 128 else 2432
-    repacked = (n + 31) // 32 * ((k + 127) // 128) * record if m <= 16 and block_size >= 32 else 0
+    # B, scales and zero points are initializers: where `Packed` runs (M <= 16) the node
+    # repacked them once, one record per 32 columns and 128 of K (2176 bytes; 2432 for blocks
+    # of 32 and 64, which carry a scale per 32 of K; 2688 for blocks of 16)...
+    record = {16: 2688, 32: 2432}.get(block_size, 2176)
+    repacked = (n + 31) // 32 * ((k + 127) // 128) * record if m <= 16 else 0
     assert LIB.device_bytes_held() - held == repacked
     # ...reads its copy on the next run (same result) and frees it with the session.
     np.testing.assert_array_equal(run_bound(sess, {"A": a}, "cuda"), got)

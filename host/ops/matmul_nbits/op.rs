@@ -248,8 +248,8 @@ fn cuda(
     let mut plan = None;
     if let Some(site) = args.site.filter(|site| repacking_wanted(site, zero_points.is_some())) {
         let packed = MatMulNBitsParams { variant: Some(Variant::Packed), ..params };
-        // Only where `Packed` can run (M <= 16, integer zero points, blocks of at least 32,
-        // 16-byte rows): it replaces `decode` and, for blocks of 32 and 64, `small`. (The
+        // Only where `Packed` can run (M <= 16, integer zero points, blocks of at least 16,
+        // 16-byte rows): it replaces `decode` and, for blocks of 16 to 64, `small`. (The
         // repacked copy's rows are 16-byte aligned as the original's were, which this plan
         // needs: the plan holds for it.)
         if let Ok(packed_plan) = packed.plan_for(sms, wgmma, rows) {

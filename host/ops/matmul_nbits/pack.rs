@@ -122,10 +122,17 @@ impl MatMulNBitsWeights {
     /// `g` 48 bytes: the scale bits of those 4 columns for each 32-K step `s` of the chunk at
     /// bytes `8 s..8 s + 8`, then their zero points per step at `32 + 4 s` (a step past K takes
     /// the row's last block's).
+    ///
+    /// Blocks of 16 get the fine16 records (`layout::PACKED_FINE16_RECORD_BYTES`): the same
+    /// codes, then per lane group `g` 80 bytes: for the lanes of parity `h` (0 then 1: lanes
+    /// `q < 2` and `q >= 2`, whose word `i` lies in block `2 i + h` of the chunk), the scale bits
+    /// of word `i` and column `g + 8 u` at bytes `32 h + 2 (4 i + u)`; then the zero points as
+    /// nibbles, nibble `4 i + u` of the 8 bytes at `64 + 8 h` (a block past K takes the row's
+    /// last block's).
     pub fn pack_for_decode(&self, scale_bits: &[u16]) -> Result<Vec<u8>> {
         use super::layout::{
-            B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, FINE_GROUP_CONSTS_BYTES, FINE_STEP, FINE_STEPS, PACKED_MIN_BLOCK,
-            packed_code_word, packed_fine, packed_record_bytes,
+            B_CHUNK_BYTES, CHUNK, DECODE_COLUMNS, FINE_GROUP_CONSTS_BYTES, FINE_STEP, FINE_STEPS,
+            FINE16_GROUP_CONSTS_BYTES, PACKED_MIN_BLOCK, packed_code_word, packed_record_bytes, packed_step,
         };
         self.validate()?;
         let bad = |m: String| Error::invalid(KERNEL, m);
@@ -139,7 +146,7 @@ impl MatMulNBitsWeights {
         }
         let (chunks, tiles, row_bytes) =
             (self.k.div_ceil(CHUNK), self.n.div_ceil(DECODE_COLUMNS), self.k_blocks() * self.blob_size());
-        let (record_bytes, fine) = (packed_record_bytes(self.block_size), packed_fine(self.block_size));
+        let (record_bytes, step) = (packed_record_bytes(self.block_size), packed_step(self.block_size));
         let mut out = vec![0u8; tiles * chunks * record_bytes];
         for (record, bytes) in out.chunks_exact_mut(record_bytes).enumerate() {
             let (tile, chunk) = (record / chunks, record % chunks);
@@ -159,11 +166,32 @@ impl MatMulNBitsWeights {
                     dst.copy_from_slice(&word.to_le_bytes());
                 }
             }
-            if fine {
+            let consts_at = DECODE_COLUMNS * B_CHUNK_BYTES;
+            if step < FINE_STEP {
+                // Word `i` of the lanes of parity `h`: block `2 i + h` of the chunk.
+                let blk =
+                    |i: usize, h: usize| ((chunk * CHUNK + 32 * i + 16 * h) / self.block_size).min(self.k_blocks() - 1);
+                for g in 0..8 {
+                    let consts = &mut bytes[consts_at + FINE16_GROUP_CONSTS_BYTES * g..][..FINE16_GROUP_CONSTS_BYTES];
+                    for h in 0..2 {
+                        for i in 0..4 {
+                            for u in 0..4 {
+                                let n = column(g + 8 * u);
+                                let bits = scale_bits[n * self.k_blocks() + blk(i, h)];
+                                consts[32 * h + 2 * (4 * i + u)..][..2].copy_from_slice(&bits.to_le_bytes());
+                                let nibble = 4 * i + u;
+                                consts[64 + 8 * h + nibble / 2] |=
+                                    (self.zero_point(n, blk(i, h)) as u8) << (4 * (nibble % 2));
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+            if step == FINE_STEP {
                 let step_blk = |s: usize| ((chunk * CHUNK + s * FINE_STEP) / self.block_size).min(self.k_blocks() - 1);
                 for g in 0..8 {
-                    let consts = &mut bytes[DECODE_COLUMNS * B_CHUNK_BYTES + FINE_GROUP_CONSTS_BYTES * g..]
-                        [..FINE_GROUP_CONSTS_BYTES];
+                    let consts = &mut bytes[consts_at + FINE_GROUP_CONSTS_BYTES * g..][..FINE_GROUP_CONSTS_BYTES];
                     for s in 0..FINE_STEPS {
                         for u in 0..4 {
                             let n = column(g + 8 * u);
@@ -177,7 +205,7 @@ impl MatMulNBitsWeights {
             }
             let blk = chunk * CHUNK / self.block_size;
             for g in 0..8 {
-                let consts = &mut bytes[DECODE_COLUMNS * B_CHUNK_BYTES + 16 * g..][..16];
+                let consts = &mut bytes[consts_at + 16 * g..][..16];
                 for u in 0..4 {
                     let n = column(g + 8 * u);
                     consts[2 * u..2 * u + 2].copy_from_slice(&scale_bits[n * self.k_blocks() + blk].to_le_bytes());

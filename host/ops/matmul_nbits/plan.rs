@@ -25,7 +25,7 @@
 
 use super::layout::{
     self, CHUNK, DECODE, DECODE_COLUMNS, DECODE_SHARED_BYTES, DECODE_WARPS, DECODE_WIDE, DECODE8_ROWS, DECODE16_WIDE,
-    Dims, ElementType, Entry, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
+    Dims, ElementType, Entry, FINE_STEP, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
     LARGE_SHARED_BYTES, MAX_CLUSTER_SPLITS, PACKED_MIN_BLOCK, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES,
     PACKED_WGMMA_THREADS, PERMUTE_THREADS, PREFILL_BM, PREFILL_BN, PREFILL_SHARED_BYTES, PREFILL_THREADS,
     REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN,
@@ -87,7 +87,8 @@ pub enum Variant {
     Tiled,
     /// B repacked by [`crate::ops::matmul_nbits::pack::MatMulNBitsWeights::pack_for_decode`] (then passed as `b`; the
     /// scales and zero points are read from it): M <= 16, integer zero points, blocks of at
-    /// least 32 (below 128 the fine records, a scale per 32 K), 16-byte aligned A and B. The
+    /// least 16 (below 128 the fine records, a scale per 32 K, and for blocks of 16 the fine16
+    /// records, whose kernels round the weights to T), 16-byte aligned A and B. The
     /// planner runs [`Variant::PackedWgmma`] where the GPU has `wgmma`, blocks are of at least
     /// 128, M > 8, `ceil(N / 128)` is at least the SM count (measured faster there) and K is
     /// not split by force, else [`Variant::PackedMma`]; the plan names the one it runs.
@@ -222,9 +223,10 @@ impl MatMulNBitsParams {
         self.n.div_ceil(DECODE_COLUMNS) * self.k.div_ceil(CHUNK) * packed_record_bytes(self.block_size)
     }
 
-    /// Whether the repacked B has the fine records (a scale per 32 K: blocks of 32 and 64).
-    pub fn packed_fine(&self) -> bool {
-        layout::packed_fine(self.block_size)
+    /// The K span of one scale in the repacked B (`layout::packed_step`): a chunk for blocks
+    /// of at least 128, 32 in the fine records (blocks of 32 and 64), 16 in the fine16 records.
+    pub fn packed_step(&self) -> usize {
+        layout::packed_step(self.block_size)
     }
 
     /// Validates the shapes and picks the variant and split for a device with
@@ -268,13 +270,13 @@ impl MatMulNBitsParams {
         let wgmma_ok = wgmma && rows.b_vec16;
         let any_format = !tiled_ok;
         let hopper_entry = |plain: Entry, any: Entry| name(if any_format { any } else { plain });
-        let fine = p.packed_fine();
+        let step = p.packed_step();
         let variant = match p.variant {
             Some(Variant::PackedWgmma) if !wgmma => {
                 return Err(bad(format!("variant PackedWgmma needs a Hopper GPU (sm_90a module: {wgmma})")));
             }
             // `packed_wgmma16` scales each chunk's sums once: its build takes the coarse records.
-            Some(Variant::PackedWgmma) if fine => {
+            Some(Variant::PackedWgmma) if step < CHUNK => {
                 return Err(bad(format!("variant PackedWgmma needs block_size >= {CHUNK}, got {}", p.block_size)));
             }
             // Measured on the H200 (2026-12-01, docs/perf-notes/matmul_nbits.md, v19):
@@ -283,7 +285,7 @@ impl MatMulNBitsParams {
             // K splits, and for M <= 8 the `mma.sync` kernels stay faster.
             Some(Variant::Packed)
                 if wgmma
-                    && !fine
+                    && step == CHUNK
                     && p.m > DECODE8_ROWS
                     && p.n.div_ceil(PACKED_WGMMA_COLUMNS) >= sms
                     && p.splits <= 1 =>
@@ -326,7 +328,7 @@ impl MatMulNBitsParams {
         let decode_ok = !typed && p.block_size >= CHUNK && rows.a_vec16 && rows.b_vec16;
         let decode = variant == Variant::Small && decode_ok;
         // The packed kernels are `decode` over another layout of B: the same needs, and M <= 16,
-        // but blocks of 32 and 64 too (the fine records).
+        // but blocks of 16 to 64 too (the fine and fine16 records).
         let packed = variant.reads_packed_b();
         let packed_ok = !typed && p.block_size >= PACKED_MIN_BLOCK && rows.a_vec16 && rows.b_vec16;
         if packed && !(packed_ok && p.m <= SMALL_MAX_M) {
@@ -360,11 +362,13 @@ impl MatMulNBitsParams {
             Variant::Tiled => (tiled_kernel, tiled),
             // (`Packed` was resolved to one of the two above.)
             Variant::Packed | Variant::PackedMma => (
-                name(match (rows8, fine) {
-                    (true, false) => Entry::Decode8Packed,
-                    (false, false) => Entry::Decode16Packed,
-                    (true, true) => Entry::Decode8PackedFine,
-                    (false, true) => Entry::Decode16PackedFine,
+                name(match (rows8, step) {
+                    (true, CHUNK) => Entry::Decode8Packed,
+                    (false, CHUNK) => Entry::Decode16Packed,
+                    (true, FINE_STEP) => Entry::Decode8PackedFine,
+                    (false, FINE_STEP) => Entry::Decode16PackedFine,
+                    (true, _) => Entry::Decode8PackedFine16,
+                    (false, _) => Entry::Decode16PackedFine16,
                 }),
                 DECODE,
             ),
@@ -454,14 +458,16 @@ impl MatMulNBitsParams {
         // M = 16; 896 blocks (N = 28672) 3% slower.
         // The wide build's name, threads and shared bytes, where it runs.
         let wide = (variant == Variant::PackedMma && tiles_m * tiles_n * splits <= 2 * sms).then(|| {
-            let entry = match (rows8, fine) {
-                (true, false) => Entry::Decode8PackedWide,
-                (false, false) => Entry::Decode16PackedWide,
-                (true, true) => Entry::Decode8PackedWideFine,
-                (false, true) => Entry::Decode16PackedWideFine,
+            let entry = match (rows8, step) {
+                (true, CHUNK) => Entry::Decode8PackedWide,
+                (false, CHUNK) => Entry::Decode16PackedWide,
+                (true, FINE_STEP) => Entry::Decode8PackedWideFine,
+                (false, FINE_STEP) => Entry::Decode16PackedWideFine,
+                (true, _) => Entry::Decode8PackedWideFine16,
+                (false, _) => Entry::Decode16PackedWideFine16,
             };
             let tiling = if rows8 { DECODE_WIDE } else { DECODE16_WIDE };
-            (name(entry), tiling.threads(), decode_packed_shared_bytes(tiling.wk, fine))
+            (name(entry), tiling.threads(), decode_packed_shared_bytes(tiling.wk, step))
         });
         let (kernel, threads) = wide.map_or((kernel, threads), |(name, threads, _)| (name, threads));
         // Two splits of `wgmma` run as clusters of the pair, which sum through distributed
@@ -532,7 +538,7 @@ impl MatMulNBitsParams {
                 Variant::Large => LARGE_SHARED_BYTES as u32,
                 Variant::Tiled => tiled_shared_bytes(tiling) as u32,
                 Variant::Packed | Variant::PackedMma => {
-                    wide.map_or(decode_packed_shared_bytes(DECODE_WARPS, fine), |(_, _, bytes)| bytes) as u32
+                    wide.map_or(decode_packed_shared_bytes(DECODE_WARPS, step), |(_, _, bytes)| bytes) as u32
                 }
                 Variant::PackedWgmma => PACKED_WGMMA_SHARED_BYTES as u32,
                 Variant::Wgmma | Variant::WgmmaStreamK => WGMMA_SHARED_BYTES as u32,

@@ -17,8 +17,10 @@
 //!   chunk, tile-major; the scales and zero points are read from them), and the dynamic shared
 //!   memory is `DECODE_PACKED_SHARED_BYTES`.
 //! - `decode*_packed*_fine`: the same over the fine records (`PACKED_FINE_RECORD_BYTES` per tile
-//!   and chunk: blocks of 32 or 64) and `decode_packed_shared_bytes(warps, true)` of dynamic
-//!   shared memory.
+//!   and chunk: blocks of 32 or 64) and `decode_packed_shared_bytes(warps, FINE_STEP)` of
+//!   dynamic shared memory; `decode*_packed*_fine16` over the fine16 records
+//!   (`PACKED_FINE16_RECORD_BYTES`: blocks of 16) and `decode_packed_shared_bytes(warps,
+//!   FINE16_STEP)`.
 //! - `decode8_packed_wide`: `decode8_packed` with `DECODE_WIDE_WARPS` = 8 warps splitting K,
 //!   block `(256, 1, 1)`, `DECODE_WIDE_PACKED_SHARED_BYTES` of dynamic shared memory;
 //!   `decode16_packed_wide`: `decode16_packed` with `DECODE16_WIDE_WARPS` = 6, block
@@ -30,13 +32,16 @@
 //!   wait.
 //! - Grid, splits and outputs as the family's docs say.
 
-use super::common::{chunk_codes, chunk_consts, load_a8, mma_chunk, split_chunks, store_tile, zero_of_block};
+use super::common::{
+    NEG_ZERO2, chunk_codes, chunk_consts, dequantize_biased, load_a8, mma_chunk, split_chunks, store_tile,
+    zero_of_block,
+};
 use super::layout::*;
 use crate::device::async_copy::{self, cp_async_16};
 use crate::device::bits::{high_halves, low_halves};
 use crate::device::math::fma;
 use crate::device::memory::{ld_global_nc_u16, ld_global_nc_v4};
-use crate::device::shared::{dynamic_shared_base, ld_shared_v4, st_shared_v4};
+use crate::device::shared::{dynamic_shared_base, ld_shared_v2, ld_shared_v4, st_shared_v4};
 use crate::device::{index, sync};
 use crate::element::TensorElement;
 use crate::{shared_array, unroll};
@@ -185,8 +190,9 @@ unsafe fn reduce_warps_and_store<T: TensorElement, const NT: usize, const WK: us
 
 /// The dequantization constants of one K chunk of one lane of `decode`: those of weight
 /// columns `16t + g` and `16t + g + 8` of tile `t` (the rows of its accumulator tiles), per
-/// [`FINE_STEP`] of the chunk in the fine records, else in step 0 only (the others are never
-/// read, so they cost no registers).
+/// [`FINE_STEP`] of the chunk in the fine records, per word of the lane in the fine16 records
+/// (word `i`'s block of 16), else in step 0 only (the others are never read, so they cost no
+/// registers).
 #[derive(Clone, Copy)]
 struct DecodeConsts {
     scales: [[[u16; 2]; DECODE_TILES]; FINE_STEPS],
@@ -218,9 +224,13 @@ impl DecodeConsts {
 /// point comes off exactly in packed 16-bit arithmetic; at `R` = 1 the codes go in plus fixed
 /// offsets, and the offsets' and zero point's share comes off the f32 sums (see `compute`).
 /// The scale multiplies each chunk's f32 sums. The warps' partial tiles meet in shared memory
-/// at the end. `FINE` (over the fine records, blocks of 32 or 64): each 32-K step of a chunk
+/// at the end. `STEP` is the records' K span per scale (`layout::packed_step`; `CHUNK` without
+/// `PACKED`). `FINE_STEP` (the fine records, blocks of 32 or 64): each 32-K step of a chunk
 /// has its own constants, so the sums (and at `R` = 1 the offsets' sums) are kept and scaled
-/// per step, four times the f32 work of a chunk for the same `mma`s.
+/// per step, four times the f32 work of a chunk for the same `mma`s. `FINE16_STEP` (blocks of
+/// 16): each `mma` takes K from two blocks, so the weights are dequantized to T before it
+/// (exact `code - zero`, then one rounding by the scale, as `small`), at either `R`, and the
+/// `mma`s sum straight into the accumulators.
 ///
 /// # Safety
 /// The launch contract (`decode*` in the module docs).
@@ -232,7 +242,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
     const A_AHEAD: usize,
     const PACKED: bool,
     const WARPS: usize,
-    const FINE: bool,
+    const STEP: usize,
 >(
     a: *const T,
     b: *const u8,
@@ -253,7 +263,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
         // Activations 1 chunk ahead (2 slots), or 3 (4 slots: 64 more registers at R = 2).
         assert!(A_AHEAD == 1 || (A_AHEAD == 3 && R == 1));
         assert!(TILES * R * 32 * 16 <= DECODE_RING_BYTES);
-        assert!(PACKED || !FINE);
+        assert!(STEP == CHUNK || (PACKED && (STEP == FINE_STEP || STEP == FINE16_STEP)));
     };
     let tid = index::thread_idx_x();
     let (warp, lane) = (tid / 32, index::lane_id());
@@ -272,7 +282,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
     // its `mma`. Columns past N read column N - 1 (never stored): no predicates in the loop.
     let col = |u: usize| (n0 + g + 8 * u as u32).min(n - 1) as usize;
     // A stage of the packed kernels is a record as it is in memory.
-    let record_bytes = record_bytes(FINE);
+    let record_bytes = record_bytes(STEP);
     let stage_bytes = if PACKED { record_bytes } else { DECODE_STAGE_BYTES } as u32;
     let ring = dynamic_shared_base().offset(warp * DECODE_STAGES as u32 * stage_bytes);
     // This lane's 16 bytes of column `u` in a stage: conflict-free for both the copy and the
@@ -281,11 +291,16 @@ pub(crate) unsafe fn matmul_nbits_decode<
         ring.offset(stage * stage_bytes + ((g as usize + 8 * u) * B_CHUNK_BYTES) as u32 + 16 * q)
     };
     // `PACKED`: lane group `g`'s 16 bytes of constants in a stage (the record's own), which lane
-    // `4g` copies and the group reads after a warp barrier (`FINE`: its 48 bytes, piece `q` of
-    // which lane `4g + q` copies for `q < 3`). (Every lane copying its group's 16
-    // bytes into a place of its own took 8 times the shared-memory wavefronts of distinct
-    // pieces: docs/perf-notes/matmul_nbits.md v25.)
-    let group_consts_bytes = if FINE { FINE_GROUP_CONSTS_BYTES } else { 16 } as u32;
+    // `4g` copies and the group reads after a warp barrier (fine records: its 48 bytes, piece
+    // `q` of which lane `4g + q` copies for `q < 3`; fine16: its 80 bytes, pieces `q` and, by
+    // lane `4g`, 4). (Every lane copying its group's 16 bytes into a place of its own took 8
+    // times the shared-memory wavefronts of distinct pieces: docs/perf-notes/matmul_nbits.md
+    // v25.)
+    let group_consts_bytes = match STEP {
+        FINE_STEP => FINE_GROUP_CONSTS_BYTES,
+        FINE16_STEP => FINE16_GROUP_CONSTS_BYTES,
+        _ => 16,
+    } as u32;
     let consts_piece = |stage: u32, piece: u32| {
         ring.offset(stage * stage_bytes + DECODE_STAGE_BYTES as u32 + group_consts_bytes * g + 16 * piece)
     };
@@ -328,12 +343,15 @@ pub(crate) unsafe fn matmul_nbits_decode<
             });
             if PACKED {
                 let record = block_records.add(chunk as usize * record_bytes + DECODE_STAGE_BYTES);
-                if FINE {
+                let group = record.add(group_consts_bytes as usize * g as usize);
+                if STEP == FINE16_STEP {
+                    cp_async_16(consts_piece(stage, q), group.add(16 * q as usize));
+                    if q == 0 {
+                        cp_async_16(consts_piece(stage, 4), group.add(64));
+                    }
+                } else if STEP == FINE_STEP {
                     if q < 3 {
-                        cp_async_16(
-                            consts_piece(stage, q),
-                            record.add((FINE_GROUP_CONSTS_BYTES * g as usize) + 16 * q as usize),
-                        );
+                        cp_async_16(consts_piece(stage, q), group.add(16 * q as usize));
                     }
                 } else if q == 0 {
                     cp_async_16(consts_piece(stage, 0), record.add(16 * g as usize));
@@ -360,11 +378,23 @@ pub(crate) unsafe fn matmul_nbits_decode<
             x
         };
         // `PACKED`: the constants from the stage (scale bits in words 0-1, zero points in 2;
-        // `FINE`: step `s`'s scale bits in words `2 (s % 2)` and `2 (s % 2) + 1` of piece `s / 2`,
-        // its zero points in word `s` of piece 2).
+        // fine: step `s`'s scale bits in words `2 (s % 2)` and `2 (s % 2) + 1` of piece `s / 2`,
+        // its zero points in word `s` of piece 2; fine16: this lane's parity `h = q / 2`, word
+        // `i`'s scale bits in word `2 (i % 2) + u / 2` of piece `2 h + i / 2`, its zero points in
+        // nibbles `4 i + u` of the 8 bytes at 64 + 8 h).
         let packed_consts = |stage: u32| -> DecodeConsts {
             let mut c = DecodeConsts::EMPTY;
-            if FINE {
+            if STEP == FINE16_STEP {
+                let h = q / 2;
+                let w = [ld_shared_v4(consts_piece(stage, 2 * h)), ld_shared_v4(consts_piece(stage, 2 * h + 1))];
+                let zeros = ld_shared_v2(consts_piece(stage, 4).offset(8 * h));
+                unroll!(I in [0, 1, 2, 3] {
+                    unroll!(U in [0, 1, 2, 3] {
+                        c.scales[I][U / 2][U % 2] = (w[I / 2][2 * (I % 2) + U / 2] >> (16 * (U % 2))) as u16;
+                        c.zeros[I][U / 2][U % 2] = (zeros[I / 2] >> (4 * (4 * (I % 2) + U))) & 15;
+                    });
+                });
+            } else if STEP == FINE_STEP {
                 let w = [ld_shared_v4(consts_piece(stage, 0)), ld_shared_v4(consts_piece(stage, 1))];
                 let zeros = ld_shared_v4(consts_piece(stage, 2));
                 unroll!(S in [0, 1, 2, 3] {
@@ -419,15 +449,15 @@ pub(crate) unsafe fn matmul_nbits_decode<
         // less than an f16 output keeps. (`R == 1` is spelled out below, not captured in a
         // local: a captured flag is no constant in the closure's body, and the dead path then
         // kept its arrays on the stack.)
-        // Those sums of a chunk (`R` = 1; none at `R` = 2): rows 0-7 the offsets' sums of tokens
-        // 2q and 2q + 1, rows 8-15 their plain sums; `FINE`: of each step (word `I`), else all
-        // in step 0.
+        // Those sums of a chunk (`R` = 1 but fine16; none at `R` = 2): rows 0-7 the offsets' sums
+        // of tokens 2q and 2q + 1, rows 8-15 their plain sums; fine: of each step (word `I`),
+        // else all in step 0.
         let offset_sums = |a: &[[[[u32; 2]; 2]; 4]; R]| -> [[f32; 4]; FINE_STEPS] {
             let mut sums = [[0.0f32; 4]; FINE_STEPS];
-            if R == 1 {
+            if R == 1 && STEP != FINE16_STEP {
                 unroll!(I in [0, 1, 2, 3] {
                     unroll!(H in [0, 1] {
-                        let s = if FINE { I } else { 0 };
+                        let s = if STEP == FINE_STEP { I } else { 0 };
                         sums[s] = T::mma(sums[s], T::OFFSET_SUMS, a[0][I][H]);
                     });
                 });
@@ -448,9 +478,17 @@ pub(crate) unsafe fn matmul_nbits_decode<
                     let codes = [ld_shared_v4(piece(stage, 2 * TT)), ld_shared_v4(piece(stage, 2 * TT + 1))];
                     let mut part = [[0.0f32; 4]; R];
                     unroll!(I in [0, 1, 2, 3] {
-                        // The constants' step: word `I`'s (`FINE`), else the chunk's.
-                        let st = if FINE { I } else { 0 };
-                        let (d0, d1) = if R == 1 {
+                        // The constants' step: word `I`'s (fine, fine16), else the chunk's.
+                        let st = if STEP < CHUNK { I } else { 0 };
+                        let (d0, d1) = if STEP == FINE16_STEP {
+                            // The weights themselves, each rounded once.
+                            let weights = |r: usize| {
+                                let bias = T::code_bias(c.zeros[st][TT][r]);
+                                let scale2 = c.scales[st][TT][r] as u32 * 0x1_0001;
+                                dequantize_biased::<T, true>(codes[r][I], bias, scale2, NEG_ZERO2)
+                            };
+                            (weights(0), weights(1))
+                        } else if R == 1 {
                             (T::codes_plus_offset(codes[0][I]), T::codes_plus_offset(codes[1][I]))
                         } else {
                             let bias = [T::code_bias(c.zeros[st][TT][0]), T::code_bias(c.zeros[st][TT][1])];
@@ -462,14 +500,16 @@ pub(crate) unsafe fn matmul_nbits_decode<
                         unroll!(H in [0, 1] {
                             let af = [d0[2 * H], d1[2 * H], d0[2 * H + 1], d1[2 * H + 1]];
                             unroll!(RR in [0, 1] {
-                                if RR < R {
+                                if RR < R && STEP == FINE16_STEP {
+                                    acc[TT][RR] = T::mma(acc[TT][RR], af, a[RR][I][H]);
+                                } else if RR < R {
                                     part[RR] = T::mma(part[RR], af, a[RR][I][H]);
                                 }
                             });
                         });
                         // The step's sums scaled into the accumulators: after each word
-                        // (`FINE`), else after the chunk's last.
-                        if FINE || I == 3 {
+                        // (fine), else after the chunk's last (fine16: already in them).
+                        if STEP != FINE16_STEP && (STEP == FINE_STEP || I == 3) {
                             // Rows g (c0, c1) and g + 8 (c2, c3) of the tile are weight columns
                             // 16t + g and 16t + g + 8; c0 and c2 are token 2q, c1 and c3 token
                             // 2q + 1.
@@ -568,10 +608,11 @@ pub(crate) unsafe fn matmul_nbits_decode<
                         let mut sums = offset_sums(&frags);
                         // `PACKED`: the fragments are the loaded words, so the first use of them
                         // has to be work: the offsets' sums at `R` = 1, the first tile at `R` = 2
-                        // (before the next loads in the PTX, which ptxas keeps).
+                        // and in the fine16 builds (before the next loads in the PTX, which
+                        // ptxas keeps).
                         let mut from = 0;
                         if PACKED {
-                            if R == 2 {
+                            if R == 2 || STEP == FINE16_STEP {
                                 compute(S as u32, &frags, &c, &sums, 0, 1, &mut acc);
                                 from = 1;
                                 unroll!(RR in [0, 1] {
@@ -583,7 +624,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
                                 });
                             } else {
                                 unroll!(ST in [0, 1, 2, 3] {
-                                    if FINE || ST == 0 {
+                                    if STEP == FINE_STEP || ST == 0 {
                                         let mut bits = sums[ST].map(f32::to_bits);
                                         sync::order_point(&mut bits);
                                         sums[ST] = bits.map(f32::from_bits);

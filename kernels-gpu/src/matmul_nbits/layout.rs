@@ -78,7 +78,7 @@ pub const fn packed_code_word(word: u32) -> u32 {
 }
 const _: () = assert!(packed_code_word(0x7654_3210) == 0x7531_6420);
 pub const PACKED_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_CONSTS_BYTES;
-pub const DECODE_PACKED_SHARED_BYTES: usize = decode_packed_shared_bytes(DECODE_WARPS, false);
+pub const DECODE_PACKED_SHARED_BYTES: usize = decode_packed_shared_bytes(DECODE_WARPS, CHUNK);
 /// Blocks of 32 or 64 (the builder's 32, symmetric): a chunk spans several blocks, so the
 /// `decode*_packed_fine` records carry the constants of each [`FINE_STEP`] of K. Word `i` of a
 /// lane's piece (K `32 i + 8 q` of the chunk) lies in step `i`, so each of a lane's 4 words has
@@ -86,42 +86,68 @@ pub const DECODE_PACKED_SHARED_BYTES: usize = decode_packed_shared_bytes(DECODE_
 /// per lane group `g` [`FINE_GROUP_CONSTS_BYTES`]: the scale bits of columns `g, g + 8, g + 16,
 /// g + 24` (4 x u16) for step 0, 1, 2, 3 (32 bytes: pieces 0 and 1), then per step their zero
 /// points (4 x u8; 8 when there are none): piece 2, which the group's lanes `q < 3` copy.
-/// Blocks of 16 stay on `small`: one `mma` K step spans two of them.
 pub const FINE_STEP: usize = 32;
 pub const FINE_STEPS: usize = CHUNK / FINE_STEP;
 pub const FINE_GROUP_CONSTS_BYTES: usize = 48;
 pub const PACKED_FINE_CONSTS_BYTES: usize = 8 * FINE_GROUP_CONSTS_BYTES;
 pub const PACKED_FINE_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_FINE_CONSTS_BYTES;
-/// Smallest block the packed records take (below [`CHUNK`]: the fine records).
-pub const PACKED_MIN_BLOCK: usize = FINE_STEP;
-/// Whether B repacked for blocks of `block_size` has the fine records: blocks below a chunk.
-pub const fn packed_fine(block_size: usize) -> bool {
-    block_size < CHUNK
+/// Blocks of 16: one `mma` K step of a record word spans two blocks (lanes `q < 2` and `q >= 2`),
+/// so no scaling of the f32 sums can tell them apart; the `decode*_packed_fine16` builds round
+/// each weight to T before its `mma`, as `small` does. Word `i` of lane `q` (K `32 i + 8 q`)
+/// lies in block `2 i + q / 2` of the chunk: the lanes of one parity `q / 2` need the blocks of
+/// that parity. The codes as in [`PACKED_RECORD_BYTES`]'s records, then per lane group `g`
+/// [`FINE16_GROUP_CONSTS_BYTES`]: for parity 0 then 1, the scale bits (u16) of word `i` and column
+/// `g + 8 u` at `2 (4 i + u)` (32 bytes each: pieces 0-1 and 2-3), then at byte 64 their zero
+/// points as nibbles, nibble `4 i + u` of parity `h`'s 8 bytes at `64 + 8 h` (8 when there are
+/// none): piece 4, which lane `4 g` copies beside its piece 0.
+pub const FINE16_STEP: usize = 16;
+pub const FINE16_GROUP_CONSTS_BYTES: usize = 80;
+pub const PACKED_FINE16_CONSTS_BYTES: usize = 8 * FINE16_GROUP_CONSTS_BYTES;
+pub const PACKED_FINE16_RECORD_BYTES: usize = DECODE_STAGE_BYTES + PACKED_FINE16_CONSTS_BYTES;
+/// Smallest block the packed records take.
+pub const PACKED_MIN_BLOCK: usize = FINE16_STEP;
+/// The K span of one scale in B repacked for blocks of `block_size` (the records' kind): a
+/// chunk ([`PACKED_RECORD_BYTES`]), [`FINE_STEP`] (blocks of 32 and 64) or [`FINE16_STEP`].
+pub const fn packed_step(block_size: usize) -> usize {
+    if block_size >= CHUNK {
+        CHUNK
+    } else if block_size >= FINE_STEP {
+        FINE_STEP
+    } else {
+        FINE16_STEP
+    }
 }
-/// Bytes of one record, fine or not. (A `decode*_packed` stage is a record as it is in memory.)
-pub const fn record_bytes(fine: bool) -> usize {
-    if fine { PACKED_FINE_RECORD_BYTES } else { PACKED_RECORD_BYTES }
+/// Bytes of one record of the kind `step` ([`packed_step`]). (A `decode*_packed` stage is a
+/// record as it is in memory.)
+pub const fn record_bytes(step: usize) -> usize {
+    if step >= CHUNK {
+        PACKED_RECORD_BYTES
+    } else if step >= FINE_STEP {
+        PACKED_FINE_RECORD_BYTES
+    } else {
+        PACKED_FINE16_RECORD_BYTES
+    }
 }
 /// Bytes of one record for blocks of `block_size`.
 pub const fn packed_record_bytes(block_size: usize) -> usize {
-    record_bytes(packed_fine(block_size))
+    record_bytes(packed_step(block_size))
 }
-/// Dynamic shared memory of a `decode*_packed[_fine]` build of `warps` warps: a ring of
-/// [`DECODE_STAGES`] records per warp.
-pub const fn decode_packed_shared_bytes(warps: usize, fine: bool) -> usize {
-    warps * DECODE_STAGES * record_bytes(fine)
+/// Dynamic shared memory of a `decode*_packed[_fine|_fine16]` build of `warps` warps over the
+/// records of kind `step`: a ring of [`DECODE_STAGES`] records per warp.
+pub const fn decode_packed_shared_bytes(warps: usize, step: usize) -> usize {
+    warps * DECODE_STAGES * record_bytes(step)
 }
 /// `decode8_packed_wide`: twice [`DECODE_WARPS`] on the same 32-column block tile, so that a
 /// grid of as many tiles runs twice the warps (both entries are capped at 128 registers: 2
 /// blocks of 256 threads per SM, against 4 of 128 for `decode8_packed`).
 pub const DECODE_WIDE_WARPS: usize = 8;
 pub const DECODE_WIDE: Tiling = Tiling { wk: DECODE_WIDE_WARPS, ..DECODE };
-pub const DECODE_WIDE_PACKED_SHARED_BYTES: usize = decode_packed_shared_bytes(DECODE_WIDE_WARPS, false);
+pub const DECODE_WIDE_PACKED_SHARED_BYTES: usize = decode_packed_shared_bytes(DECODE_WIDE_WARPS, CHUNK);
 /// `decode16_packed_wide`: `decode16_packed` with 6 warps splitting K (192 threads: 2 blocks per
 /// SM at its 158 registers, 12 warps where a one-wave grid of `decode16_packed` runs 8).
 pub const DECODE16_WIDE_WARPS: usize = 6;
 pub const DECODE16_WIDE: Tiling = Tiling { wk: DECODE16_WIDE_WARPS, ..DECODE };
-pub const DECODE16_WIDE_PACKED_SHARED_BYTES: usize = decode_packed_shared_bytes(DECODE16_WIDE_WARPS, false);
+pub const DECODE16_WIDE_PACKED_SHARED_BYTES: usize = decode_packed_shared_bytes(DECODE16_WIDE_WARPS, CHUNK);
 /// `packed_wgmma` (Hopper, sm_90a module only; M <= 16 over the `decode*_packed` records): block
 /// tile 128 weight columns (the records of [`PACKED_WGMMA_TILES`] 32-column tiles; two
 /// warpgroups of 64, `wgmma`'s register operand) x 16 tokens (its shared-memory operand),
@@ -455,6 +481,10 @@ pub enum Entry {
     Decode8PackedWideFine,
     Decode16PackedFine,
     Decode16PackedWideFine,
+    Decode8PackedFine16,
+    Decode8PackedWideFine16,
+    Decode16PackedFine16,
+    Decode16PackedWideFine16,
     Small,
     SmallZf,
     Large,
@@ -490,7 +520,7 @@ impl Entry {
 /// The `[f16, bf16]` entry points of each [`Entry`], in its order. The device crate cannot
 /// make a kernel's symbol from a string, so its entries (`matmul_nbits/mod.rs`) spell these
 /// names again; the tests check that the PTX has exactly [`ENTRIES`] and [`HOPPER_ENTRIES`].
-const TYPED_ENTRIES: [[&str; 2]; 30] = [
+const TYPED_ENTRIES: [[&str; 2]; 34] = [
     ["matmul_nbits_decode8_f16", "matmul_nbits_decode8_bf16"],
     ["matmul_nbits_decode8_ahead3_f16", "matmul_nbits_decode8_ahead3_bf16"],
     ["matmul_nbits_decode16_f16", "matmul_nbits_decode16_bf16"],
@@ -502,6 +532,10 @@ const TYPED_ENTRIES: [[&str; 2]; 30] = [
     ["matmul_nbits_decode8_packed_wide_fine_f16", "matmul_nbits_decode8_packed_wide_fine_bf16"],
     ["matmul_nbits_decode16_packed_fine_f16", "matmul_nbits_decode16_packed_fine_bf16"],
     ["matmul_nbits_decode16_packed_wide_fine_f16", "matmul_nbits_decode16_packed_wide_fine_bf16"],
+    ["matmul_nbits_decode8_packed_fine16_f16", "matmul_nbits_decode8_packed_fine16_bf16"],
+    ["matmul_nbits_decode8_packed_wide_fine16_f16", "matmul_nbits_decode8_packed_wide_fine16_bf16"],
+    ["matmul_nbits_decode16_packed_fine16_f16", "matmul_nbits_decode16_packed_fine16_bf16"],
+    ["matmul_nbits_decode16_packed_wide_fine16_f16", "matmul_nbits_decode16_packed_wide_fine16_bf16"],
     ["matmul_nbits_small_f16", "matmul_nbits_small_bf16"],
     ["matmul_nbits_small_zf_f16", "matmul_nbits_small_zf_bf16"],
     ["matmul_nbits_large_f16", "matmul_nbits_large_bf16"],

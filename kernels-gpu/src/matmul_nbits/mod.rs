@@ -22,7 +22,8 @@
 //! ONNX Runtime's CUDA kernel does); `decode` scales each block's f32 sums instead (no rounding
 //! of the weights): `decode16*` feed the exact `code - zero` to the tensor cores, `decode8*` the
 //! codes plus fixed offsets, and take what the offsets and the zero point added off each chunk's
-//! f32 sums. Accumulation in f32.
+//! f32 sums (`decode*_packed_fine16`, blocks of 16, whose `mma` K steps span two blocks, round
+//! the weights as `small` does). Accumulation in f32.
 //!
 //! Every kernel takes `(a, b, scales, zeros_u8, zeros_t, bias, y, workspace, dims)` (the
 //! repacker and the helper kernels their own lists) and, unless its module says otherwise:
@@ -38,7 +39,8 @@
 //!
 //! The files, by kernel kind (each with the launch contracts of its kernels):
 //! - [`decode`]: small M (M <= 16): `decode8`, `decode8_ahead3`, `decode16` and their
-//!   `*_packed` / `*_packed_wide` builds over B repacked once, and `small`.
+//!   `*_packed` / `*_packed_wide` builds over B repacked once (`_fine`, `_fine16`: over the
+//!   records of blocks below 128), and `small`.
 //! - [`tiled`]: larger M on `mma.sync`: `tiled32x128`, `tiled64x128`, `tiled128x128` over a
 //!   permuted copy of A (`permute`), and `large`, which takes any zero points and alignment.
 //! - [`wgmma`] (sm_90a module only): larger M on Hopper's warpgroup tensor cores: `wgmma`,
@@ -133,24 +135,25 @@ macro_rules! matmul_nbits_entries {
     (
         $ty:ty, $decode8:ident, $decode8_ahead3:ident, $decode16:ident, $decode8_packed:ident, $decode8_packed_wide:ident, $decode16_packed:ident, $decode16_packed_wide:ident,
         $decode8_packed_fine:ident, $decode8_packed_wide_fine:ident, $decode16_packed_fine:ident,
-        $decode16_packed_wide_fine:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
+        $decode16_packed_wide_fine:ident, $decode8_packed_fine16:ident, $decode8_packed_wide_fine16:ident,
+        $decode16_packed_fine16:ident, $decode16_packed_wide_fine16:ident, $small:ident, $small_zf:ident, $large:ident, $large_zf:ident,
         $tiled32x128:ident, $tiled64x128:ident, $tiled128x128:ident, $permute:ident,
         $reduce:ident
     ) => {
         matmul_nbits_entry!($decode8, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 1, false, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 1, false, DECODE_WARPS, CHUNK>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_ahead3, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 3, false, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 3, false, DECODE_WARPS, CHUNK>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 2, 1, false, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 2, 1, false, DECODE_WARPS, CHUNK>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WARPS, CHUNK>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_packed_wide, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WIDE_WARPS, false>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 3, true, DECODE_WIDE_WARPS, CHUNK>(a, b, s, z, bias, y, ws, d)
         });
         // 2 blocks of 256 threads per SM for the wide build, 4 of 128 for the other: both
         // spill-free under ptxas 13.5 since the records' nibble order (`decode8_packed` takes 132
@@ -160,33 +163,51 @@ macro_rules! matmul_nbits_entries {
         crate::entry_directive!($decode8_packed_wide, ".maxnreg 128");
         crate::entry_directive!($decode8_packed, ".maxnreg 128");
         matmul_nbits_entry!($decode16_packed, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS, false>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS, CHUNK>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode16_packed_wide, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE16_WIDE_WARPS, false>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE16_WIDE_WARPS, CHUNK>(a, b, s, z, bias, y, ws, d)
         });
         // The fine builds at M <= 8 load the activations 1 chunk ahead, not 3: the per-step
         // constants and sums take the registers the deeper ring used (3 ahead spilled 80-156
         // bytes under the 128-register cap, ptxas 13.5).
         matmul_nbits_entry!($decode8_packed_fine, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 1, true, DECODE_WARPS, true>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 1, true, DECODE_WARPS, FINE_STEP>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode8_packed_wide_fine, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 1, 1, true, DECODE_WIDE_WARPS, true>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 1, 1, true, DECODE_WIDE_WARPS, FINE_STEP>(a, b, s, z, bias, y, ws, d)
         });
         // The same caps as the coarse builds, for the same occupancy.
         crate::entry_directive!($decode8_packed_wide_fine, ".maxnreg 128");
         crate::entry_directive!($decode8_packed_fine, ".maxnreg 128");
         matmul_nbits_entry!($decode16_packed_fine, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS, true>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS, FINE_STEP>(a, b, s, z, bias, y, ws, d)
         });
         matmul_nbits_entry!($decode16_packed_wide_fine, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
-            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE16_WIDE_WARPS, true>(a, b, s, z, bias, y, ws, d)
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE16_WIDE_WARPS, FINE_STEP>(a, b, s, z, bias, y, ws, d)
         });
         // Uncapped they take 173-178 registers: one block of the wide build per SM, two of the
         // other. At 168 the coarse builds' occupancy holds (2 of 192 threads, 3 of 128).
         crate::entry_directive!($decode16_packed_wide_fine, ".maxnreg 168");
         crate::entry_directive!($decode16_packed_fine, ".maxnreg 168");
+        // Blocks of 16: the weights rounded to T before each `mma` (no per-step sums to keep);
+        // the same caps, for the same occupancy.
+        matmul_nbits_entry!($decode8_packed_fine16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            decode::matmul_nbits_decode::<$ty, 1, 1, true, DECODE_WARPS, FINE16_STEP>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($decode8_packed_wide_fine16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            decode::matmul_nbits_decode::<$ty, 1, 1, true, DECODE_WIDE_WARPS, FINE16_STEP>(a, b, s, z, bias, y, ws, d)
+        });
+        crate::entry_directive!($decode8_packed_wide_fine16, ".maxnreg 128");
+        crate::entry_directive!($decode8_packed_fine16, ".maxnreg 128");
+        matmul_nbits_entry!($decode16_packed_fine16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE_WARPS, FINE16_STEP>(a, b, s, z, bias, y, ws, d)
+        });
+        matmul_nbits_entry!($decode16_packed_wide_fine16, $ty, |a, b, s, z, _zt, bias, y, ws, d| {
+            decode::matmul_nbits_decode::<$ty, 2, 1, true, DECODE16_WIDE_WARPS, FINE16_STEP>(a, b, s, z, bias, y, ws, d)
+        });
+        crate::entry_directive!($decode16_packed_wide_fine16, ".maxnreg 168");
+        crate::entry_directive!($decode16_packed_fine16, ".maxnreg 168");
         matmul_nbits_entry!($small, $ty, decode::matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, false>);
         matmul_nbits_entry!($small_zf, $ty, decode::matmul_nbits_small::<$ty, { SMALL.nt }, { SMALL.wk }, true>);
         matmul_nbits_entry!(
@@ -250,6 +271,10 @@ matmul_nbits_entries!(
     matmul_nbits_decode8_packed_wide_fine_f16,
     matmul_nbits_decode16_packed_fine_f16,
     matmul_nbits_decode16_packed_wide_fine_f16,
+    matmul_nbits_decode8_packed_fine16_f16,
+    matmul_nbits_decode8_packed_wide_fine16_f16,
+    matmul_nbits_decode16_packed_fine16_f16,
+    matmul_nbits_decode16_packed_wide_fine16_f16,
     matmul_nbits_small_f16,
     matmul_nbits_small_zf_f16,
     matmul_nbits_large_f16,
@@ -273,6 +298,10 @@ matmul_nbits_entries!(
     matmul_nbits_decode8_packed_wide_fine_bf16,
     matmul_nbits_decode16_packed_fine_bf16,
     matmul_nbits_decode16_packed_wide_fine_bf16,
+    matmul_nbits_decode8_packed_fine16_bf16,
+    matmul_nbits_decode8_packed_wide_fine16_bf16,
+    matmul_nbits_decode16_packed_fine16_bf16,
+    matmul_nbits_decode16_packed_wide_fine16_bf16,
     matmul_nbits_small_bf16,
     matmul_nbits_small_zf_bf16,
     matmul_nbits_large_bf16,
