@@ -1436,7 +1436,19 @@ fn gpu_plan_validates_and_splits() {
     let plan = hopper(typed);
     assert_eq!((plan.variant, plan.kernel), (Variant::Wgmma, "matmul_nbits_wgmma_pair_any_f16"));
     assert_eq!(hopper(MatMulNBitsParams { m: 17, ..typed }).kernel, "matmul_nbits_wgmma_pair_any_f16");
-    assert_eq!(hopper(MatMulNBitsParams { m: 1024, k: 8192, ..typed }).kernel, "matmul_nbits_prefill_any_f16");
+    // `prefill_any` reads its constants cooked once per call, after the image in the workspace: a
+    // word and a byte per (row, block), each part a multiple of 256 bytes.
+    let plan = hopper(MatMulNBitsParams { m: 1024, k: 8192, ..typed });
+    assert_eq!(plan.kernel, "matmul_nbits_prefill_any_f16");
+    let (cook, cook_dims) = plan.cook.unwrap();
+    let blocks = typed.n * 8192 / 128;
+    assert_eq!(
+        (cook, cook_dims.grid, cook_dims.block),
+        ("matmul_nbits_cook_consts_f16", (blocks as u32 / 256, 1, 1), (256, 1, 1))
+    );
+    assert_eq!(plan.workspace_bytes, 1024 * 8192 * 2 + 5 * blocks);
+    assert!(hopper(MatMulNBitsParams { m: 1024, k: 8192, ..ok }).cook.is_none(), "the plain builds cook per chunk");
+    assert!(hopper(typed).cook.is_none(), "so does `wgmma_any`");
     assert_eq!(hopper(MatMulNBitsParams { m: 128, n: 28672, ..typed }).kernel, "matmul_nbits_wgmma_streamk_any_f16");
     let block16 = MatMulNBitsParams { block_size: 16, k: 1024, ..params };
     assert_eq!(hopper(MatMulNBitsParams { splits: 3, ..block16 }).kernel, "matmul_nbits_wgmma_any_f16");

@@ -125,6 +125,20 @@ pub(crate) unsafe fn matmul_nbits_raw_planned(
         unsafe { device.launch_overlapping(permute, permute_dims, stream, args)? };
         a = ptrs.workspace;
     }
+    // `prefill_any` reads its constants cooked, from the workspace: the cooking (a plain launch)
+    // starts once everything before it in the stream is done, the permutation included, and the
+    // kernel, its programmatic dependent, waits for it before it reads them.
+    let (mut scales, mut zeros_u8) = (ptrs.scales, zeros_u8);
+    if let Some((cook, cook_dims)) = plan.cook {
+        let cooked = ptrs.workspace + plan.cooked_offset as u64;
+        let cooked_zero = cooked + layout::cooked_zero_offset(params.n, params.k_blocks()) as u64;
+        let args =
+            KernelParams::new().pointers(&[ptrs.scales, zeros_u8, zeros_t, cooked, cooked_zero]).value(plan.args);
+        // SAFETY: five pointers and Dims, as the kernel declares; the cooked constants lie in
+        // the workspace (sized by the plan), apart from the inputs.
+        unsafe { device.launch(cook, cook_dims, stream, args)? };
+        (scales, zeros_u8) = (cooked, cooked_zero);
+    }
     let partials = ptrs.workspace + plan.partials_offset as u64;
     let mut dims = plan.args;
     // (The flags change nothing where the kernel is not a programmatic dependent.)
@@ -139,7 +153,7 @@ pub(crate) unsafe fn matmul_nbits_raw_planned(
         }
     }
     let args =
-        KernelParams::new().pointers(&[a, ptrs.b, ptrs.scales, zeros_u8, zeros_t, bias, ptrs.y, partials]).value(dims);
+        KernelParams::new().pointers(&[a, ptrs.b, scales, zeros_u8, zeros_t, bias, ptrs.y, partials]).value(dims);
     // SAFETY: eight pointers and the Dims struct, as the kernel declares; validity by contract.
     // Kernels that overlap wait for the grid before them (`griddepcontrol.wait`) before they
     // read anything it may write (the decode kernels copy weights before it only when the

@@ -24,13 +24,14 @@
 //! ([`Variant::WgmmaStreamK`]).
 
 use super::layout::{
-    self, CHUNK, DECODE, DECODE_COLUMNS, DECODE_SHARED_BYTES, DECODE_WARPS, DECODE_WIDE, DECODE8_ROWS, DECODE16_WIDE,
-    Dims, ElementType, Entry, FINE_STEP, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T, FLAG_ZERO_U8, LARGE,
-    LARGE_SHARED_BYTES, MAX_CLUSTER_SPLITS, PACKED_MIN_BLOCK, PACKED_WGMMA_COLUMNS, PACKED_WGMMA_SHARED_BYTES,
-    PACKED_WGMMA_THREADS, PERMUTE_THREADS, PREFILL_BM, PREFILL_BN, PREFILL_SHARED_BYTES, PREFILL_THREADS,
-    REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM, WGMMA_BN,
-    WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, decode_packed_shared_bytes, packed_record_bytes,
-    prefill_image_bytes, prefill_image_rows, tiled_shared_bytes, wgmma_streamk_workspace_bytes,
+    self, CHUNK, COOK_THREADS, DECODE, DECODE_COLUMNS, DECODE_SHARED_BYTES, DECODE_WARPS, DECODE_WIDE, DECODE8_ROWS,
+    DECODE16_WIDE, Dims, ElementType, Entry, FINE_STEP, FLAG_A_VEC16, FLAG_B_VEC16, FLAG_BIAS, FLAG_ZERO_T,
+    FLAG_ZERO_U8, LARGE, LARGE_SHARED_BYTES, MAX_CLUSTER_SPLITS, PACKED_MIN_BLOCK, PACKED_WGMMA_COLUMNS,
+    PACKED_WGMMA_SHARED_BYTES, PACKED_WGMMA_THREADS, PERMUTE_THREADS, PREFILL_BM, PREFILL_BN, PREFILL_SHARED_BYTES,
+    PREFILL_THREADS, REDUCE_THREADS, SMALL, TILED_MIN_BLOCK, TILED32X128, TILED64X128, TILED128X128, Tiling, WGMMA_BM,
+    WGMMA_BN, WGMMA_SHARED_BYTES, WGMMA_STREAMK_SLOT_BYTES, WGMMA_THREADS, cooked_consts_bytes,
+    decode_packed_shared_bytes, packed_record_bytes, prefill_image_bytes, prefill_image_rows, tiled_shared_bytes,
+    wgmma_streamk_workspace_bytes,
 };
 use super::pack::valid_block_size;
 use crate::dtype::DType;
@@ -156,6 +157,9 @@ pub struct MatMulNBitsPlan {
     pub splits: usize,
     /// The activation permutation `tiled` reads, into the start of the workspace.
     pub permute: Option<(&'static str, LaunchDims)>,
+    /// `prefill_any`'s constants cooked before it (`matmul_nbits_cook_consts`), into the
+    /// workspace after the permuted activations.
+    pub cook: Option<(&'static str, LaunchDims)>,
     /// The reduction kernel, when K is split and the splits do not sum in clusters.
     pub reduce: Option<(&'static str, LaunchDims)>,
     /// The cluster shape the main kernel is launched with, where its K splits sum in clusters
@@ -167,6 +171,8 @@ pub struct MatMulNBitsPlan {
     pub workspace_bytes: usize,
     /// Offset of the f32 partial sums in the workspace.
     pub(super) partials_offset: usize,
+    /// Offset of the cooked constants in the workspace (`layout::cooked_consts_bytes`).
+    pub(super) cooked_offset: usize,
     /// Bytes of the workspace (offset, length) that must be zero when the kernel starts (the
     /// stream-K flags): the permutation before the kernel clears them.
     pub(super) zeroed: Option<(usize, usize)>,
@@ -361,17 +367,7 @@ impl MatMulNBitsParams {
             Variant::Large => (if typed { name(Entry::LargeZf) } else { name(Entry::Large) }, LARGE),
             Variant::Tiled => (tiled_kernel, tiled),
             // (`Packed` was resolved to one of the two above.)
-            Variant::Packed | Variant::PackedMma => (
-                name(match (rows8, step) {
-                    (true, CHUNK) => Entry::Decode8Packed,
-                    (false, CHUNK) => Entry::Decode16Packed,
-                    (true, FINE_STEP) => Entry::Decode8PackedFine,
-                    (false, FINE_STEP) => Entry::Decode16PackedFine,
-                    (true, _) => Entry::Decode8PackedFine16,
-                    (false, _) => Entry::Decode16PackedFine16,
-                }),
-                DECODE,
-            ),
+            Variant::Packed | Variant::PackedMma => (name(packed_decode_entry(rows8, false, step)), DECODE),
             Variant::PackedWgmma => (name(Entry::PackedWgmma16), PACKED_WGMMA),
             // The same block tile and threads as `tiled128x128` (two warpgroups of 64 x 128).
             // (Stream-K's entry is named below, once the planner may have chosen it.)
@@ -458,16 +454,12 @@ impl MatMulNBitsParams {
         // M = 16; 896 blocks (N = 28672) 3% slower.
         // The wide build's name, threads and shared bytes, where it runs.
         let wide = (variant == Variant::PackedMma && tiles_m * tiles_n * splits <= 2 * sms).then(|| {
-            let entry = match (rows8, step) {
-                (true, CHUNK) => Entry::Decode8PackedWide,
-                (false, CHUNK) => Entry::Decode16PackedWide,
-                (true, FINE_STEP) => Entry::Decode8PackedWideFine,
-                (false, FINE_STEP) => Entry::Decode16PackedWideFine,
-                (true, _) => Entry::Decode8PackedWideFine16,
-                (false, _) => Entry::Decode16PackedWideFine16,
-            };
             let tiling = if rows8 { DECODE_WIDE } else { DECODE16_WIDE };
-            (name(entry), tiling.threads(), decode_packed_shared_bytes(tiling.wk, step))
+            (
+                name(packed_decode_entry(rows8, true, step)),
+                tiling.threads(),
+                decode_packed_shared_bytes(tiling.wk, step),
+            )
         });
         let (kernel, threads) = wide.map_or((kernel, threads), |(name, threads, _)| (name, threads));
         // Two splits of `wgmma` run as clusters of the pair, which sum through distributed
@@ -491,6 +483,16 @@ impl MatMulNBitsParams {
         } else {
             0
         };
+        // `prefill_any` reads its constants cooked once per call (per chunk they took a third of its
+        // instructions: docs/perf-notes/matmul_nbits.md, v37).
+        let cooked_bytes = if prefill && any_format { cooked_consts_bytes(p.n, p.k_blocks()) } else { 0 };
+        if (p.n * p.k_blocks()).div_ceil(COOK_THREADS) > i32::MAX as usize {
+            return Err(bad("N x k_blocks too large for the cooking grid".into()));
+        }
+        let cook = (cooked_bytes > 0).then(|| {
+            let grid = ((p.n * p.k_blocks()).div_ceil(COOK_THREADS) as u32, 1, 1);
+            (name(Entry::CookConsts), LaunchDims { grid, block: (COOK_THREADS as u32, 1, 1), shared_bytes: 0 })
+        });
         // Stream-K: one block per SM (fewer when there are fewer chunks), a slot of partial sums
         // and a flag each.
         let streamk_blocks = (variant == Variant::WgmmaStreamK).then(|| sms.min(tiles * chunks));
@@ -501,7 +503,7 @@ impl MatMulNBitsParams {
         };
         // (Stream-K is a permuted variant: the permutation clears the flags.)
         let zeroed = streamk_blocks.map(|blocks| (permuted_bytes + blocks * WGMMA_STREAMK_SLOT_BYTES, blocks * 4));
-        let workspace_bytes = permuted_bytes + partials_bytes;
+        let workspace_bytes = permuted_bytes + cooked_bytes + partials_bytes;
         let mut flags = match p.zero_points {
             ZeroPointKind::Default => 0,
             ZeroPointKind::PackedU8 => FLAG_ZERO_U8,
@@ -574,15 +576,34 @@ impl MatMulNBitsParams {
             variant,
             splits,
             permute,
+            cook,
             reduce,
             cluster: clustered.then_some((1, 1, splits as u32)),
             workspace_bytes,
-            partials_offset: permuted_bytes,
+            partials_offset: permuted_bytes + cooked_bytes,
+            cooked_offset: permuted_bytes,
             zeroed,
             decode: decode_prologue,
             args,
         })
     }
+}
+
+/// The `decode*_packed` build for 8 rows of A or 16, the wide block or not, over the records of
+/// kind `step` (`layout::packed_step`).
+fn packed_decode_entry(rows8: bool, wide: bool, step: usize) -> Entry {
+    use Entry::*;
+    const COARSE: [[Entry; 2]; 2] = [[Decode16Packed, Decode16PackedWide], [Decode8Packed, Decode8PackedWide]];
+    const FINE: [[Entry; 2]; 2] =
+        [[Decode16PackedFine, Decode16PackedWideFine], [Decode8PackedFine, Decode8PackedWideFine]];
+    const FINE16: [[Entry; 2]; 2] =
+        [[Decode16PackedFine16, Decode16PackedWideFine16], [Decode8PackedFine16, Decode8PackedWideFine16]];
+    let table = match step {
+        CHUNK => &COARSE,
+        FINE_STEP => &FINE,
+        _ => &FINE16,
+    };
+    table[rows8 as usize][wide as usize]
 }
 
 /// Whether a `decode` grid of `blocks` lets the next grid start as soon as its blocks are past
@@ -650,7 +671,7 @@ mod tests {
     use super::{DType, MatMulNBitsParams, RowAlignment, Variant, ZeroPointKind};
     use proptest::prelude::*;
 
-    /// Every kernel the planner launches (main kernel, permutation, reduction) over a grid of
+    /// Every kernel the planner launches (main kernel, permutation, cooking, reduction) over a grid of
     /// shapes, zero points, block sizes, alignments and SM counts, unforced or `Packed` (what
     /// the ORT op asks for), K splits chosen: the portable module's entries without `wgmma`, with
     /// it the sm_90a module's.
@@ -684,6 +705,7 @@ mod tests {
                                         let Ok(plan) = p.plan_for(sms, wgmma, rows) else { continue };
                                         seen.insert(plan.kernel);
                                         seen.extend(plan.permute.map(|(name, _)| name));
+                                        seen.extend(plan.cook.map(|(name, _)| name));
                                         seen.extend(plan.reduce.map(|(name, _)| name));
                                     }
                                 }

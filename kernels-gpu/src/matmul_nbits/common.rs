@@ -4,6 +4,12 @@
 //!
 //! # Launch contract: `matmul_nbits_reduce_{f16,bf16}(bias, y, workspace, dims, splits)`
 //! - grid `(ceil(M * N / 256), 1, 1)`, block `(256, 1, 1)`: `y = sum over splits + bias`.
+//!
+//! # Launch contract: `matmul_nbits_cook_consts_{f16,bf16}(scales, zeros_u8, zeros_t, cooked, cooked_zero, dims)` (sm_90a module)
+//! - grid `(ceil(N * k_blocks / COOK_THREADS), 1, 1)`, block `(COOK_THREADS, 1, 1)`: writes
+//!   `cooked` (`[N, k_blocks]` u32, 4-byte aligned) and `cooked_zero` (`[N, k_blocks]` u8) in the
+//!   layout of `layout::cooked_consts_bytes` from the scales and the zero points `dims.flags`
+//!   names (u8 or typed; none: 8). Neither output overlaps the inputs.
 
 use super::layout::*;
 use crate::device::index;
@@ -322,6 +328,59 @@ pub(crate) unsafe fn load_a8<T>(src: *const T, k8: usize, k: usize, vec16: bool)
         });
         [pair(h[0], h[1]), pair(h[2], h[3]), pair(h[4], h[5]), pair(h[6], h[7])]
     }
+}
+
+/// `matmul_nbits_cook_consts`: thread `i` cooks (weight row, block) `i` (row-major).
+///
+/// # Safety
+/// The launch contract in the module docs.
+#[cfg(dlkern_arch_specific)]
+#[inline(always)]
+pub(crate) unsafe fn cook_consts<T: TensorElement>(
+    scales: *const T,
+    zeros_u8: *const u8,
+    zeros_t: *const T,
+    cooked: *mut u32,
+    cooked_zero: *mut u8,
+    p: Dims,
+) {
+    let i = (index::block_idx_x() * COOK_THREADS as u32 + index::thread_idx_x()) as usize;
+    let k_blocks = p.k_blocks as usize;
+    if i >= p.n as usize * k_blocks {
+        return;
+    }
+    // SAFETY: i < N * k_blocks: every read is of an existing (row, block), every write inside
+    // the outputs (the launch contract).
+    unsafe {
+        let scale = ld_global_nc_u16(scales.add(i).cast()) as u32;
+        let (zero, addend2) = if p.flags & FLAG_ZERO_T != 0 {
+            split_typed_zero::<T>(ld_global_nc_u16(zeros_t.add(i).cast()) as u32, scale)
+        } else if p.flags & FLAG_ZERO_U8 != 0 {
+            // k_blocks > 0 here (i < N * k_blocks); NonZero keeps a division-by-zero panic path
+            // out of the PTX.
+            let per_row = core::num::NonZeroUsize::new(k_blocks).unwrap_or(core::num::NonZeroUsize::MIN);
+            let (row, blk) = (i / per_row, i % per_row);
+            (zero_of_block(zeros_u8.add(row * k_blocks.div_ceil(2)), blk), NEG_ZERO2)
+        } else {
+            (8, NEG_ZERO2)
+        };
+        cooked.add(i).write(scale | (addend2 << 16));
+        cooked_zero.add(i).write(zero as u8);
+    }
+}
+
+/// A zero point in A's type (`zero_bits`) split as [`dequantize_biased`] takes it with the
+/// scale (`scale_bits`): the nearest code `zi` (0..=15), which comes off the codes exactly, and
+/// the pair `-(z - zi) * scale` (twice, rounded to T), the `fma`'s addend: `(code - z) * scale =
+/// (code - zi) * scale - (z - zi) * scale`.
+#[cfg(dlkern_arch_specific)]
+#[inline(always)]
+pub(crate) fn split_typed_zero<T: TensorElement>(zero_bits: u32, scale_bits: u32) -> (u32, u32) {
+    let zero = T::from_bits(zero_bits as u16).to_f32();
+    // A code near the zero point (a saturating cast; any integer in 0..=15 is exact).
+    let whole = ((zero + 0.5) as i32).clamp(0, 15);
+    let rest = -(zero - whole as f32) * T::from_bits(scale_bits as u16).to_f32();
+    (whole as u32, T::pack2(rest, rest))
 }
 
 #[inline(always)]

@@ -417,6 +417,22 @@ pub const TILED_MIN_BLOCK: usize = 32;
 
 /// Threads per block of `matmul_nbits_reduce_*` (one output element each).
 pub const REDUCE_THREADS: usize = 256;
+/// Threads per block of `matmul_nbits_cook_consts_*` (one (weight row, block) each).
+pub const COOK_THREADS: usize = 256;
+
+/// `prefill_any` reads its dequantization constants cooked once per call
+/// (`matmul_nbits_cook_consts_*`) rather than per chunk: per (weight row, block), a 32-bit word
+/// (the scale's bits in the low half, in the high half the bits of the addend its
+/// dequantization's `fma` takes: `-(z - zi) * scale` in A's type, -0 for integer zero points)
+/// and a byte (`zi`: the zero point, or for one in A's type the nearest code to it, 0..=15),
+/// both `[N, k_blocks]`: the words first, then the bytes, each a multiple of 256 bytes.
+pub const fn cooked_consts_bytes(n: usize, k_blocks: usize) -> usize {
+    cooked_zero_offset(n, k_blocks) + (n * k_blocks).next_multiple_of(256)
+}
+/// Offset of the bytes in [`cooked_consts_bytes`]'s layout.
+pub const fn cooked_zero_offset(n: usize, k_blocks: usize) -> usize {
+    (4 * n * k_blocks).next_multiple_of(256)
+}
 
 /// `flags` bits.
 pub const FLAG_ZERO_U8: u32 = 1;
@@ -504,6 +520,7 @@ pub enum Entry {
     WgmmaPairAny,
     WgmmaStreamKAny,
     PrefillAny,
+    CookConsts,
 }
 
 /// How many [`Entry`] kinds, from the first, every module has.
@@ -520,7 +537,7 @@ impl Entry {
 /// The `[f16, bf16]` entry points of each [`Entry`], in its order. The device crate cannot
 /// make a kernel's symbol from a string, so its entries (`matmul_nbits/mod.rs`) spell these
 /// names again; the tests check that the PTX has exactly [`ENTRIES`] and [`HOPPER_ENTRIES`].
-const TYPED_ENTRIES: [[&str; 2]; 34] = [
+const TYPED_ENTRIES: [[&str; 2]; 35] = [
     ["matmul_nbits_decode8_f16", "matmul_nbits_decode8_bf16"],
     ["matmul_nbits_decode8_ahead3_f16", "matmul_nbits_decode8_ahead3_bf16"],
     ["matmul_nbits_decode16_f16", "matmul_nbits_decode16_bf16"],
@@ -555,6 +572,7 @@ const TYPED_ENTRIES: [[&str; 2]; 34] = [
     ["matmul_nbits_wgmma_pair_any_f16", "matmul_nbits_wgmma_pair_any_bf16"],
     ["matmul_nbits_wgmma_streamk_any_f16", "matmul_nbits_wgmma_streamk_any_bf16"],
     ["matmul_nbits_prefill_any_f16", "matmul_nbits_prefill_any_bf16"],
+    ["matmul_nbits_cook_consts_f16", "matmul_nbits_cook_consts_bf16"],
 ];
 
 /// The repacker's entry point (one for every element type).

@@ -51,7 +51,8 @@
 //!   (`prefill_any`: any format, as `wgmma_any`).
 //! - [`pack`]: `matmul_nbits_pack_decode`, the device's repacking of B.
 //! - [`common`]: what several of them share (codes, dequantization, activations, stores, K
-//!   splits) and the split-K reduction `reduce`.
+//!   splits), the split-K reduction `reduce` and `cook_consts` (sm_90a module only), which
+//!   cooks `prefill_any`'s constants.
 //! - [`layout`]: tile shapes, flags and the scalar-argument struct, compiled into the host
 //!   launcher too.
 //!
@@ -372,4 +373,27 @@ mod hopper {
     }
     permute_image_entry!(matmul_nbits_permute_image_f16, F16);
     permute_image_entry!(matmul_nbits_permute_image_bf16, Bf16);
+
+    macro_rules! cook_consts_entry {
+        ($name:ident, $ty:ty) => {
+            /// The dequantization constants `prefill_any` reads, cooked.
+            ///
+            /// # Safety
+            /// The launch contract in [`common`]'s docs.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $name(
+                scales: *const $ty,
+                zeros_u8: *const u8,
+                zeros_t: *const $ty,
+                cooked: *mut u32,
+                cooked_zero: *mut u8,
+                dims: Dims,
+            ) {
+                // SAFETY: forwarded launch contract.
+                unsafe { common::cook_consts::<$ty>(scales, zeros_u8, zeros_t, cooked, cooked_zero, dims) }
+            }
+        };
+    }
+    cook_consts_entry!(matmul_nbits_cook_consts_f16, F16);
+    cook_consts_entry!(matmul_nbits_cook_consts_bf16, Bf16);
 }

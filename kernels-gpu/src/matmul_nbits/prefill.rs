@@ -29,8 +29,10 @@
 //!   shared memory [`PREFILL_SHARED_BYTES`] (over 48 KiB: the launcher raises the function's
 //!   limit).
 //! - zero points none or u8 (`zeros_t` unused), `block_size >= 32`; `matmul_nbits_prefill_any_*`:
-//!   zero points in A's type (`zeros_t`, `flags & FLAG_ZERO_T`) at any block size, or blocks of
-//!   16 with any zero points (the `_any` dequantization of [`super::wgmma`]). `b` 16-byte aligned with
+//!   zero points in A's type at any block size, or blocks of 16 with any zero points (the `_any`
+//!   dequantization of [`super::wgmma`]), their constants cooked by `matmul_nbits_cook_consts`
+//!   (`layout::cooked_consts_bytes`): its words as `scales` (4-byte aligned), its bytes as
+//!   `zeros_u8`, `zeros_t` unused. `b` 16-byte aligned with
 //!   `row_bytes % 16 == 0`. K is not split (`chunks_per_split` unused); writes `y` (+ bias),
 //!   `workspace` unused.
 //! - may be launched as a programmatic dependent of the `permute_image` grid writing `a`:
@@ -178,13 +180,13 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, co
         copy_codes(1);
         copy_codes(2);
         sync::wait_for_prerequisite_grids();
-        let consts = LaneConsts::new::<T, ANY_FORMAT>(scales, zeros_u8, zeros_t, rows, &p);
+        let consts = LaneConsts::new::<T, ANY_FORMAT, ANY_FORMAT>(scales, zeros_u8, zeros_t, rows, &p);
         let typed = consts.typed();
         let dequantize_chunk = |j: u32, c: ChunkConsts, f: &mut Fragments| {
             let codes = codes_s(j % CODE_SLOTS);
             let lo = ld_shared_v4(codes.offset((ctid * 16) as u32));
             let hi = ld_shared_v4(codes.offset(((CONSUMER_THREADS + ctid) * 16) as u32));
-            dequantize_fragments::<T, ANY_FORMAT>(lo, hi, c, typed, f);
+            dequantize_fragments::<T, ANY_FORMAT, ANY_FORMAT>(lo, hi, c, typed, f);
         };
 
         // One arrival per consumer warp on the stage's `empty` barrier.
@@ -201,12 +203,13 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, co
         // zeroing on a path to the final wait.
         pin_accumulators_f32(&mut acc);
         // The constants of even and odd chunks, each loaded two chunks before its use.
-        let (mut even_consts, mut odd_consts) = (consts.load::<ANY_FORMAT>(0, &p), consts.load::<ANY_FORMAT>(1, &p));
+        let (mut even_consts, mut odd_consts) =
+            (consts.load::<ANY_FORMAT, ANY_FORMAT>(0, &p), consts.load::<ANY_FORMAT, ANY_FORMAT>(1, &p));
         let (mut f0, mut f1): (Fragments, Fragments) = ([[0; 4]; 8], [[0; 4]; 8]);
         mbarrier::wait_parity(full(0), 0);
         wait_group::<2>();
         dequantize_chunk(0, even_consts, &mut f0);
-        even_consts = consts.load::<ANY_FORMAT>(2, &p);
+        even_consts = consts.load::<ANY_FORMAT, ANY_FORMAT>(2, &p);
 
         // Chunk `$j`: its fragments are in `$cur` (its copies have landed); `$consts` holds
         // chunk `$j + 1`'s constants. A macro, not a closure: `ptxas` serializes `wgmma`s whose
@@ -236,7 +239,7 @@ pub(crate) unsafe fn matmul_nbits_prefill<T: TensorElement, const BF16: bool, co
                     wait_group::<2>();
                     dequantize_chunk(j + 1, $consts, &mut $next);
                 }
-                $consts = consts.load::<ANY_FORMAT>(j + 3, &p);
+                $consts = consts.load::<ANY_FORMAT, ANY_FORMAT>(j + 3, &p);
             }};
         }
         alternate_chunks!(chunks, chunk_step, f0, f1, even_consts, odd_consts);

@@ -47,10 +47,10 @@
 //!   blocks (`.reqnctapercluster`), so a plain launch pairs the two splits of each tile, which
 //!   sum through distributed shared memory; `y` (+ bias) is written, `workspace` is unused.
 
-use super::common::{BlockConsts, NEG_ZERO2, dequantize_biased, split_chunk_range};
+use super::common::{BlockConsts, NEG_ZERO2, dequantize_biased, split_chunk_range, split_typed_zero};
 use crate::device::async_copy::{commit_group, cp_async_16_zfill, wait_group};
 use crate::device::cluster;
-use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, st_global_v4};
+use crate::device::memory::{ld_global_cg_v4, ld_global_nc_u16, ld_global_nc_u32, st_global_v4};
 use crate::device::shared::{dynamic_shared_base, ld_shared_v4};
 use crate::device::wgmma::{self, SharedMatrix, fence_proxy_async_shared, pin_accumulators_f32};
 use crate::device::{SharedAddr, WARP_SIZE, index, mbarrier, sync};
@@ -89,7 +89,8 @@ impl WgmmaElement for Bf16 {
 }
 
 /// A (weight row, block)'s scale bits and zero-point byte as loaded, and the shift of its
-/// nibble (typed zero points, `ANY_FORMAT` only: the zero point's bits in A's type, shift 0).
+/// nibble (typed zero points, `ANY_FORMAT` only: the zero point's bits in A's type, shift 0;
+/// cooked constants: the cooked word, scale and addend bits, and `zi`, shift 0).
 #[derive(Clone, Copy)]
 pub(super) struct RawConsts {
     scale: u32,
@@ -127,6 +128,8 @@ pub(super) type ChunkConsts = [[RawConsts; 2]; 2];
 
 /// Where a lane's scales and zero points are: those of its two weight rows (`g` and `g + 8` of
 /// its warp's 16; rows past N read the last row's, which feed only outputs never stored).
+/// `COOKED` (`prefill_any`): the constants as `matmul_nbits_cook_consts` wrote them, its words
+/// in place of the scales and its bytes in place of the u8 zero points.
 #[derive(Clone, Copy)]
 pub(super) struct LaneConsts {
     scale: [*const u16; 2],
@@ -140,9 +143,10 @@ pub(super) struct LaneConsts {
 impl LaneConsts {
     /// # Safety
     /// `scales` and the zero points the flags name (`zeros_u8`, or with `ANY_FORMAT` `zeros_t`)
-    /// hold `p.n` rows.
+    /// hold `p.n` rows; `COOKED`: `scales` and `zeros_u8` the cooked words and bytes of `p.n`
+    /// rows.
     #[inline(always)]
-    pub(super) unsafe fn new<T, const ANY_FORMAT: bool>(
+    pub(super) unsafe fn new<T, const ANY_FORMAT: bool, const COOKED: bool>(
         scales: *const T,
         zeros_u8: *const u8,
         zeros_t: *const T,
@@ -155,6 +159,15 @@ impl LaneConsts {
         // SAFETY: rows below N (the caller's contract). A pointer to zero points the flags do
         // not name is never read, so it may wrap.
         unsafe {
+            if COOKED {
+                return LaneConsts {
+                    scale: core::array::from_fn(|h| scales.cast::<u32>().add(clamped(h) * k_blocks).cast()),
+                    zero: core::array::from_fn(|h| zeros_u8.add(clamped(h) * k_blocks)),
+                    zero_u8: true,
+                    zero_typed: false,
+                    q: index::lane_id() % 4,
+                };
+            }
             LaneConsts {
                 scale: core::array::from_fn(|h| scales.add(clamped(h) * k_blocks).cast()),
                 zero: core::array::from_fn(|h| {
@@ -187,10 +200,14 @@ impl LaneConsts {
     /// # Safety
     /// As [`Self::new`].
     #[inline(always)]
-    pub(super) unsafe fn load<const ANY_FORMAT: bool>(&self, chunk: u32, p: &Dims) -> ChunkConsts {
-        // SAFETY: blocks of rows below N, of the zero points the flags name.
+    pub(super) unsafe fn load<const ANY_FORMAT: bool, const COOKED: bool>(&self, chunk: u32, p: &Dims) -> ChunkConsts {
+        // SAFETY: blocks of rows below N, of the zero points the flags name (or cooked).
         let raw = |h: usize, blk: u32, shift: u32| unsafe {
             let blk = blk as usize;
+            if COOKED {
+                let word = ld_global_nc_u32(self.scale[h].cast::<u32>().add(blk));
+                return RawConsts { scale: word, zero_byte: self.zero[h].add(blk).read() as u32, shift: 0 };
+            }
             let scale = ld_global_nc_u16(self.scale[h].add(blk)) as u32;
             if ANY_FORMAT && self.zero_typed {
                 RawConsts { scale, zero_byte: ld_global_nc_u16(self.zero[h].cast::<u16>().add(blk)) as u32, shift: 0 }
@@ -232,26 +249,35 @@ struct CookedConsts {
 }
 
 impl CookedConsts {
+    /// From constants `matmul_nbits_cook_consts` cooked: the pairs of the word's halves.
+    #[inline(always)]
+    fn of_cooked<T: TensorElement>(c: RawConsts) -> Self {
+        let (scale, addend) = (c.scale & 0xFFFF, c.scale >> 16);
+        CookedConsts {
+            bias: T::code_bias(c.zero_byte),
+            scale2: scale | (scale << 16),
+            addend2: addend | (addend << 16),
+        }
+    }
+
     #[inline(always)]
     fn of<T: TensorElement>(c: RawConsts, typed: bool) -> Self {
         let scale2 = c.scale2();
         if !typed {
             return CookedConsts { bias: T::code_bias(c.zero()), scale2, addend2: NEG_ZERO2 };
         }
-        let zero = T::from_bits(c.zero_byte as u16).to_f32();
-        // A code near the zero point (a saturating cast; any integer in 0..=15 is exact).
-        let whole = ((zero + 0.5) as i32).clamp(0, 15);
-        let rest = -(zero - whole as f32) * T::from_bits(c.scale as u16).to_f32();
-        CookedConsts { bias: T::code_bias(whole as u32), scale2, addend2: T::pack2(rest, rest) }
+        let (whole, addend2) = split_typed_zero::<T>(c.zero_byte, c.scale);
+        CookedConsts { bias: T::code_bias(whole), scale2, addend2 }
     }
 }
 
 /// A lane's codes of one chunk (16 bytes of each of its two rows) to `(code - zero) * scale`,
 /// as A fragments: word `i` of a row gives steps `2i` (pairs (0,4), (1,5)) and `2i + 1` ((2,6),
 /// (3,7)). `ANY_FORMAT`: words 0-1 (K `32q..32q + 16`) take half 0's constants, words 2-3 half
-/// 1's, and the zero points may be fractional (`typed`, see [`CookedConsts`]).
+/// 1's, and the zero points may be fractional (`typed`, see [`CookedConsts`]); `COOKED`: the
+/// constants were cooked before the kernel (`typed` is not read).
 #[inline(always)]
-pub(super) fn dequantize_fragments<T: TensorElement, const ANY_FORMAT: bool>(
+pub(super) fn dequantize_fragments<T: TensorElement, const ANY_FORMAT: bool, const COOKED: bool>(
     lo: [u32; 4],
     hi: [u32; 4],
     c: ChunkConsts,
@@ -261,7 +287,11 @@ pub(super) fn dequantize_fragments<T: TensorElement, const ANY_FORMAT: bool>(
     if ANY_FORMAT {
         // A half's constants are cooked just before its two words: fewer of them live at once.
         unroll!(HALF in [0, 1] {
-            let k = [CookedConsts::of::<T>(c[0][HALF], typed), CookedConsts::of::<T>(c[1][HALF], typed)];
+            let k = if COOKED {
+                [CookedConsts::of_cooked::<T>(c[0][HALF]), CookedConsts::of_cooked::<T>(c[1][HALF])]
+            } else {
+                [CookedConsts::of::<T>(c[0][HALF], typed), CookedConsts::of::<T>(c[1][HALF], typed)]
+            };
             unroll!(W in [0, 1] {
                 let i = 2 * HALF + W;
                 let d_lo = dequantize_biased::<T, true>(lo[i], k[0].bias, k[0].scale2, k[0].addend2);
@@ -349,7 +379,7 @@ unsafe fn tile_sums<T: WgmmaElement, const ANY_FORMAT: bool>(
     // SAFETY: rows below N of `b`, `scales` and the zero points.
     let b_src: [*const u8; 2] = core::array::from_fn(|h| unsafe { b.add(clamped(rows[h]) * row_bytes) });
     // SAFETY: the launch contract sizes `scales` and the zero points.
-    let consts = unsafe { LaneConsts::new::<T, ANY_FORMAT>(scales, zeros_u8, zeros_t, rows, p) };
+    let consts = unsafe { LaneConsts::new::<T, ANY_FORMAT, false>(scales, zeros_u8, zeros_t, rows, p) };
     let typed = consts.typed();
 
     let mut acc = [0.0f32; 64];
@@ -387,12 +417,12 @@ unsafe fn tile_sums<T: WgmmaElement, const ANY_FORMAT: bool>(
             load_codes(j);
         };
         // This lane's constants of local chunk `j`, loaded two chunks before their use.
-        let raw_consts = |j: u32| consts.load::<ANY_FORMAT>(first + j, p);
+        let raw_consts = |j: u32| consts.load::<ANY_FORMAT, false>(first + j, p);
         let dequantize_chunk = |j: u32, c: ChunkConsts, f: &mut Fragments| {
             let codes = codes_s(j % WGMMA_STAGES as u32);
             let lo = ld_shared_v4(codes.offset((tid * 16) as u32));
             let hi = ld_shared_v4(codes.offset(((WGMMA_THREADS + tid) * 16) as u32));
-            dequantize_fragments::<T, ANY_FORMAT>(lo, hi, c, typed, f);
+            dequantize_fragments::<T, ANY_FORMAT, false>(lo, hi, c, typed, f);
         };
 
         // Copies run two chunks ahead of the dequantization, three of the tensor cores.
