@@ -486,8 +486,8 @@ impl MatMulNBitsParams {
         // `prefill_any` reads its constants cooked once per call (per chunk they took a third of its
         // instructions: docs/perf-notes/matmul_nbits.md, v37).
         let cooked_bytes = if prefill && any_format { cooked_consts_bytes(p.n, p.k_blocks()) } else { 0 };
-        if (p.n * p.k_blocks()).div_ceil(COOK_THREADS) > i32::MAX as usize {
-            return Err(bad("N x k_blocks too large for the cooking grid".into()));
+        if cooked_bytes > 0 && p.n * p.k_blocks() > u32::MAX as usize {
+            return Err(bad("N x k_blocks too large for the cooking kernel (at most 2^32 - 1)".into()));
         }
         let cook = (cooked_bytes > 0).then(|| {
             let grid = ((p.n * p.k_blocks()).div_ceil(COOK_THREADS) as u32, 1, 1);

@@ -344,28 +344,28 @@ pub(crate) unsafe fn cook_consts<T: TensorElement>(
     cooked_zero: *mut u8,
     p: Dims,
 ) {
-    let i = (index::block_idx_x() * COOK_THREADS as u32 + index::thread_idx_x()) as usize;
-    let k_blocks = p.k_blocks as usize;
-    if i >= p.n as usize * k_blocks {
+    // In 32 bits (the planner keeps N * k_blocks below 2^32): a 64-bit division is a subroutine.
+    let i = index::block_idx_x() * COOK_THREADS as u32 + index::thread_idx_x();
+    if i >= p.n * p.k_blocks {
         return;
     }
     // SAFETY: i < N * k_blocks: every read is of an existing (row, block), every write inside
     // the outputs (the launch contract).
     unsafe {
-        let scale = ld_global_nc_u16(scales.add(i).cast()) as u32;
+        let scale = ld_global_nc_u16(scales.add(i as usize).cast()) as u32;
         let (zero, addend2) = if p.flags & FLAG_ZERO_T != 0 {
-            split_typed_zero::<T>(ld_global_nc_u16(zeros_t.add(i).cast()) as u32, scale)
+            split_typed_zero::<T>(ld_global_nc_u16(zeros_t.add(i as usize).cast()) as u32, scale)
         } else if p.flags & FLAG_ZERO_U8 != 0 {
             // k_blocks > 0 here (i < N * k_blocks); NonZero keeps a division-by-zero panic path
             // out of the PTX.
-            let per_row = core::num::NonZeroUsize::new(k_blocks).unwrap_or(core::num::NonZeroUsize::MIN);
-            let (row, blk) = (i / per_row, i % per_row);
-            (zero_of_block(zeros_u8.add(row * k_blocks.div_ceil(2)), blk), NEG_ZERO2)
+            let per_row = core::num::NonZeroU32::new(p.k_blocks).unwrap_or(core::num::NonZeroU32::MIN);
+            let (row, blk) = ((i / per_row) as usize, (i % per_row) as usize);
+            (zero_of_block(zeros_u8.add(row * (p.k_blocks as usize).div_ceil(2)), blk), NEG_ZERO2)
         } else {
             (8, NEG_ZERO2)
         };
-        cooked.add(i).write(scale | (addend2 << 16));
-        cooked_zero.add(i).write(zero as u8);
+        cooked.add(i as usize).write(scale | (addend2 << 16));
+        cooked_zero.add(i as usize).write(zero as u8);
     }
 }
 
