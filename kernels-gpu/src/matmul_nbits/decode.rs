@@ -354,7 +354,7 @@ pub(crate) unsafe fn matmul_nbits_decode<
                         cp_async_16(consts_piece(stage, q), group.add(16 * q as usize));
                     }
                 } else if q == 0 {
-                    cp_async_16(consts_piece(stage, 0), record.add(16 * g as usize));
+                    cp_async_16(consts_piece(stage, 0), group);
                 }
             }
         };
